@@ -1,0 +1,256 @@
+"""A pre-norm decoder-only Transformer LM (CS336 A1 architecture), written from scratch.
+
+    x = Embedding(tokens)
+    for each block:  x = x + Attn(RMSNorm(x)) ;  x = x + SwiGLU(RMSNorm(x))
+    logits = Linear(RMSNorm(x))            # untied LM head
+
+Attention is causal multi-head self-attention with RoPE on the queries and keys of every head; the
+attention kernel is picked by name (see ``cs336_basics.attention``). Shapes in comments:
+B batch, T sequence, D d_model, H heads, Dh head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from einops import rearrange
+from torch import Tensor
+
+from cs336_basics.attention import AttentionFn, get_attention_backend
+from cs336_basics.nn_utils import softmax
+
+
+class Linear(nn.Module):
+    """y = x W^T, no bias; W is ``(d_out, d_in)``, truncated-normal init with std sqrt(2/(d_in+d_out)) cut at 3 std."""
+
+    def __init__(self, d_in: int, d_out: int, device=None, dtype=None):
+        super().__init__()
+        self.d_in, self.d_out = d_in, d_out
+        self.weight = nn.Parameter(torch.empty(d_out, d_in, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = math.sqrt(2.0 / (self.d_in + self.d_out))
+        nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.T
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}"
+
+
+class Embedding(nn.Module):
+    """Lookup table ``(vocab_size, d_model)``, truncated-normal init (std 1, cut at 3)."""
+
+    def __init__(self, vocab_size: int, d_model: int, device=None, dtype=None):
+        super().__init__()
+        self.vocab_size, self.d_model = vocab_size, d_model
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        return self.weight[token_ids]
+
+    def extra_repr(self) -> str:
+        return f"vocab_size={self.vocab_size}, d_model={self.d_model}"
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * g, computed in fp32 and cast back to the input dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        in_dtype = x.dtype
+        x = x.float()
+        rms_inv = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x * rms_inv * self.weight.float()).to(in_dtype)
+
+
+def silu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(x)
+
+
+class SwiGLU(nn.Module):
+    """W2(SiLU(W1 x) * W3 x); W1, W3: d_model -> d_ff, W2: d_ff -> d_model."""
+
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(silu(self.w1(x)) * self.w3(x))
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al., 2021): rotate each pair (x[2k], x[2k+1]) at position i by i * theta^(-2k/dim).
+
+    cos/sin tables ``(context_length, dim/2)`` are non-persistent buffers (they follow ``.to()``
+    but are not in the state dict).
+    """
+
+    def __init__(self, context_length: int, dim: int, theta: float = 10000.0, device=None):
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"RotaryEmbedding: dim must be even, got {dim}")
+        self.context_length, self.dim, self.theta = context_length, dim, theta
+        inv_freq = theta ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float64) / dim)  # (dim/2,)
+        angles = torch.outer(torch.arange(context_length, device=device, dtype=torch.float64), inv_freq)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, token_positions: Tensor) -> Tensor:
+        """x: (..., T, dim); token_positions: broadcastable to (..., T). Returns x rotated, same dtype."""
+        cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, dim/2)
+        x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return rotated.flatten(-2).to(x.dtype)
+
+
+def scaled_dot_product_attention(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d)) V; ``mask`` (boolean, broadcastable to (..., Tq, Tk)) is True where attention is allowed."""
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return softmax(scores, dim=-1) @ V
+
+
+class CausalMultiHeadSelfAttention(nn.Module):
+    """Causal multi-head self-attention with RoPE on q and k; the kernel is ``attention_backend``
+    (a registered name, or a function ``(q, k, v, is_causal) -> out`` on ``(B, H, T, Dh)``)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        positional_encoder: RotaryEmbedding | None = None,
+        attention_backend: str | AttentionFn = "reference",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if num_heads < 1 or d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.positional_encoder = positional_encoder
+        self.attention_backend_name = attention_backend if isinstance(attention_backend, str) else getattr(
+            attention_backend, "__name__", "custom"
+        )
+        self.attention_fn: AttentionFn = (
+            get_attention_backend(attention_backend) if isinstance(attention_backend, str) else attention_backend
+        )
+
+    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+        T = x.shape[-2]
+        q, k, v = (rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        if self.positional_encoder is not None:
+            if token_positions is None:
+                token_positions = torch.arange(T, device=x.device)
+            pos = token_positions.unsqueeze(-2) if token_positions.dim() > 1 else token_positions  # add a head dim
+            q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
+        out = self.attention_fn(q, k, v, True)  # (..., H, T, Dh)
+        return self.output_proj(rearrange(out, "... h t d -> ... t (h d)"))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(ln1(x)), then + ffn(ln2(x))."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        positional_encoder: RotaryEmbedding | None = None,
+        attention_backend: str | AttentionFn = "reference",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.attn = CausalMultiHeadSelfAttention(
+            d_model, num_heads, positional_encoder, attention_backend, device=device, dtype=dtype
+        )
+        self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), token_positions)
+        return x + self.ffn(self.ln2(x))
+
+
+class BasicsTransformerLM(nn.Module):
+    """Token ids ``(B, T)`` -> logits ``(B, T, V)``.
+
+    ``check_inputs`` validates token ids against the vocabulary (one device->host sync per forward;
+    turn it off for benchmarks once the data is known to be good).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        context_length: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int,
+        rope_theta: float = 10000.0,
+        attention_backend: str | AttentionFn = "reference",
+        check_inputs: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in dict(
+            vocab_size=vocab_size, context_length=context_length, d_model=d_model,
+            num_layers=num_layers, num_heads=num_heads, d_ff=d_ff,
+        ).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self.d_model, self.num_layers, self.num_heads, self.d_ff = d_model, num_layers, num_heads, d_ff
+        self.check_inputs = check_inputs
+        self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        rope = RotaryEmbedding(context_length, d_model // num_heads, rope_theta, device=device)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, rope, attention_backend, device=device, dtype=dtype)
+            for _ in range(num_layers)
+        )
+        self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+
+    def _validate(self, token_ids: Tensor) -> None:
+        if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+            raise ValueError(f"token ids must be an integer tensor, got {token_ids.dtype}")
+        if token_ids.shape[-1] > self.context_length:
+            raise ValueError(
+                f"sequence length {token_ids.shape[-1]} exceeds context_length {self.context_length}"
+            )
+        if self.check_inputs and token_ids.numel() and not torch.compiler.is_compiling():
+            lo, hi = int(token_ids.min()), int(token_ids.max())  # host sync
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got values in [{lo}, {hi}]")
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        self._validate(token_ids)
+        x = self.token_embeddings(token_ids)  # (B, T, D)
+        positions = torch.arange(token_ids.shape[-1], device=token_ids.device)
+        for layer in self.layers:
+            x = layer(x, positions)
+        return self.lm_head(self.ln_final(x))  # (B, T, V)

@@ -1,0 +1,3 @@
+from cs336_systems.cli import main
+
+raise SystemExit(main())

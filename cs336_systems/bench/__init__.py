@@ -1,0 +1,1 @@
+"""Benchmarks: one sweep per handout problem, each turning configurations into records."""

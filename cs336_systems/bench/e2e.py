@@ -1,0 +1,138 @@
+"""End-to-end benchmark of one training step (handout problem ``benchmarking_script``).
+
+For each configuration: build the model with random weights, make a random batch, run ``warmup``
+untimed steps, then time ``steps`` steps phase by phase (forward, backward, optimizer), with a
+device synchronize around every phase (``timeit.default_timer``) and CUDA events as a cross-check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+
+from cs336_basics.model import BasicsTransformerLM
+from cs336_basics.nn_utils import cross_entropy
+from cs336_basics.optimizer import AdamW
+from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
+from cs336_systems.profiling.timing import PhaseTimer, matmul_peak_tflops, summarize
+
+Mode = Literal["forward", "forward-backward", "train-step"]
+MODES: tuple[Mode, ...] = ("forward", "forward-backward", "train-step")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    preset: str = "small"
+    context_length: int = 512
+    batch_size: int | None = None  # None: the preset's (4)
+    mode: Mode = "train-step"
+    precision: str = "fp32"  # fp32: no autocast (nullcontext); bf16: torch.autocast(bfloat16)
+    compile: bool = False
+    attention: str = "reference"
+    warmup: int = 5
+    steps: int = 10
+    device: str | None = None  # None: cuda if available, else cpu
+
+    def __post_init__(self):
+        get_preset(self.preset)  # raises ValueError for an unknown preset
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.warmup < 0 or self.steps < 1:
+            raise ValueError(f"need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
+        if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):
+            raise ValueError("context_length and batch_size must be positive")
+        from cs336_basics.attention import get_attention_backend
+
+        get_attention_backend(self.attention)  # raises ValueError for an unknown backend
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _autocast(cfg: BenchConfig, device: torch.device):
+    if cfg.precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def run_benchmark(cfg: BenchConfig) -> dict:
+    """Run one configuration; returns a flat record (``status`` is ``ok`` or ``OOM``)."""
+    device = cfg.torch_device
+    model_cfg = get_preset(cfg.preset)
+    batch = cfg.batch_size or model_cfg.batch_size
+    model_cfg = model_cfg.replace(context_length=max(cfg.context_length, 1), batch_size=batch)
+    record = {**asdict(cfg), "batch_size": batch, "device": str(device)}
+    model = optimizer = None
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
+                                    check_inputs=False, device=device)
+        step_model = torch.compile(model) if cfg.compile else model
+        optimizer = AdamW(model.parameters(), lr=1e-4) if cfg.mode == "train-step" else None
+        x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
+        y = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
+        timer = PhaseTimer(device)
+
+        def one_step(record_it: bool) -> None:
+            with timer.phase("step", record_it):
+                with timer.phase("forward", record_it), _autocast(cfg, device):
+                    if cfg.mode == "forward":
+                        with torch.no_grad():
+                            step_model(x)
+                        return
+                    loss = cross_entropy(step_model(x), y)
+                with timer.phase("backward", record_it):
+                    loss.backward()
+                if optimizer is not None:
+                    with timer.phase("optimizer", record_it):
+                        optimizer.step()
+                if cfg.mode != "forward":
+                    model.zero_grad(set_to_none=True)
+
+        for _ in range(cfg.warmup):
+            one_step(False)
+        for _ in range(cfg.steps):
+            one_step(True)
+
+        tokens = batch * cfg.context_length
+        flops_per_token = (forward_flops_per_token if cfg.mode == "forward" else training_flops_per_token)(
+            model_cfg, cfg.context_length)
+        step = summarize(timer.host["step"])
+        peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+        tflops = flops_per_token * tokens / (step["mean_ms"] * 1e-3) / 1e12
+        record.update(status="ok", n_params=sum(p.numel() for p in model.parameters()))
+        for phase in ("step", "forward", "backward", "optimizer"):
+            if phase in timer.host:
+                record.update({f"{phase}_{k}": v for k, v in summarize(timer.host[phase]).items()})
+                if device.type == "cuda":
+                    record[f"{phase}_event_mean_ms"] = summarize(timer.event_seconds(phase))["mean_ms"]
+        record.update(
+            tokens_per_s=tokens / (step["mean_ms"] * 1e-3),
+            model_tflops=tflops,
+            peak_tflops=peak,
+            mfu=tflops / peak,
+            peak_memory_gib=(torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
+        )
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_oom(err):
+            raise
+        record.update(status="OOM", error=str(err).splitlines()[0][:200])
+    finally:
+        del model, optimizer
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return record

@@ -1,0 +1,49 @@
+"""``cs336-systems <command>`` (also ``python -m cs336_systems``).
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+modules are imported only when their command runs, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("cs336_systems.commands.info", "torch / triton / CUDA versions, GPUs, NCCL"),
+    "bench": ("cs336_systems.commands.bench", "end-to-end timing of forward / backward / optimizer (benchmarking_script)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cs336-systems", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        # Arguments are added lazily for the chosen command only (see main()).
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    # First pass: find the command; second pass: parse its own arguments.
+    if argv and argv[0] in COMMANDS:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        sub = argparse.ArgumentParser(prog=f"cs336-systems {argv[0]}", description=COMMANDS[argv[0]][1])
+        module.add_arguments(sub)
+        args = sub.parse_args(argv[1:])
+        try:
+            return int(module.run(args) or 0)
+        except ValueError as err:  # bad input: a clear message, not a traceback
+            print(f"cs336-systems {argv[0]}: error: {err}", file=sys.stderr)
+            return 2
+    parser.parse_args(argv)  # prints help / usage error
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

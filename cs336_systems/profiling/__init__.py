@@ -1,0 +1,1 @@
+"""Timers, NVTX ranges, torch.profiler kernel tables and memory snapshots."""
