@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("cs336_systems.commands.info", "torch / triton / CUDA versions, GPUs, NCCL"),
     "bench": ("cs336_systems.commands.bench", "end-to-end timing of forward / backward / optimizer (benchmarking_script)"),
+    "report": ("cs336_systems.commands.report", "rebuild REPORT.md from results/"),
 }
 
 

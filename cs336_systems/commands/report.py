@@ -1,0 +1,18 @@
+"""``cs336-systems report``: rebuild REPORT.md from results/ alone."""
+
+from __future__ import annotations
+
+import argparse
+
+from cs336_systems.report import build_report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--output", default="REPORT.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = build_report(args.results_dir, args.output)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""One module per handout problem (or group of problems); see ``cs336_systems.report``."""
