@@ -52,9 +52,7 @@ def get_attention_backend(name: str) -> AttentionFn:
         if ep is not None:
             _BACKENDS[name] = ep.load()
     if name not in _BACKENDS:
-        raise ValueError(
-            f"unknown attention backend {name!r}; available: {', '.join(available_attention_backends())}"
-        )
+        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(available_attention_backends())}")
     return _BACKENDS[name]
 
 

@@ -119,7 +119,10 @@ class RotaryEmbedding(nn.Module):
 
 
 def scaled_dot_product_attention(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
-    """softmax(Q K^T / sqrt(d)) V; ``mask`` (boolean, broadcastable to (..., Tq, Tk)) is True where attention is allowed."""
+    """softmax(Q K^T / sqrt(d)) V.
+
+    ``mask``: boolean, broadcastable to ``(..., Tq, Tk)``, True where attention is allowed.
+    """
     scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -148,8 +151,10 @@ class CausalMultiHeadSelfAttention(nn.Module):
         self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.positional_encoder = positional_encoder
-        self.attention_backend_name = attention_backend if isinstance(attention_backend, str) else getattr(
-            attention_backend, "__name__", "custom"
+        self.attention_backend_name = (
+            attention_backend
+            if isinstance(attention_backend, str)
+            else getattr(attention_backend, "__name__", "custom")
         )
         self.attention_fn: AttentionFn = (
             get_attention_backend(attention_backend) if isinstance(attention_backend, str) else attention_backend
@@ -157,7 +162,10 @@ class CausalMultiHeadSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
         T = x.shape[-2]
-        q, k, v = (rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_heads)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
         if self.positional_encoder is not None:
             if token_positions is None:
                 token_positions = torch.arange(T, device=x.device)
@@ -216,8 +224,12 @@ class BasicsTransformerLM(nn.Module):
     ):
         super().__init__()
         for name, value in dict(
-            vocab_size=vocab_size, context_length=context_length, d_model=d_model,
-            num_layers=num_layers, num_heads=num_heads, d_ff=d_ff,
+            vocab_size=vocab_size,
+            context_length=context_length,
+            d_model=d_model,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            d_ff=d_ff,
         ).items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -239,9 +251,7 @@ class BasicsTransformerLM(nn.Module):
         if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
             raise ValueError(f"token ids must be an integer tensor, got {token_ids.dtype}")
         if token_ids.shape[-1] > self.context_length:
-            raise ValueError(
-                f"sequence length {token_ids.shape[-1]} exceeds context_length {self.context_length}"
-            )
+            raise ValueError(f"sequence length {token_ids.shape[-1]} exceeds context_length {self.context_length}")
         if self.check_inputs and token_ids.numel() and not torch.compiler.is_compiling():
             lo, hi = int(token_ids.min()), int(token_ids.max())  # host sync
             if lo < 0 or hi >= self.vocab_size:

@@ -13,7 +13,10 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("cs336_systems.commands.info", "torch / triton / CUDA versions, GPUs, NCCL"),
-    "bench": ("cs336_systems.commands.bench", "end-to-end timing of forward / backward / optimizer (benchmarking_script)"),
+    "bench": (
+        "cs336_systems.commands.bench",
+        "end-to-end timing of forward / backward / optimizer (benchmarking_script)",
+    ),
     "report": ("cs336_systems.commands.report", "rebuild REPORT.md from results/"),
 }
 

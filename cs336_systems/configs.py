@@ -13,8 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,20 +61,37 @@ class ModelConfig:
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for ``BasicsTransformerLM``."""
-        return dict(vocab_size=self.vocab_size, context_length=self.context_length, d_model=self.d_model,
-                    num_layers=self.num_layers, num_heads=self.num_heads, d_ff=self.d_ff,
-                    rope_theta=self.rope_theta)
+        return dict(
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            d_model=self.d_model,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            rope_theta=self.rope_theta,
+        )
 
 
 PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(name="tiny", vocab_size=512, context_length=128, d_model=64, d_ff=192, num_layers=2, num_heads=4),
+    "tiny": ModelConfig(
+        name="tiny", vocab_size=512, context_length=128, d_model=64, d_ff=192, num_layers=2, num_heads=4
+    ),
     "small": ModelConfig(name="small", d_model=768, d_ff=3072, num_layers=12, num_heads=12),
     "medium": ModelConfig(name="medium", d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
     "large": ModelConfig(name="large", d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
     "xl": ModelConfig(name="xl", d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
     "2.7B": ModelConfig(name="2.7B", d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
-    "8b": ModelConfig(name="8b", vocab_size=151_936, context_length=32_768, d_model=4096, d_ff=11_008,
-                      num_layers=34, num_heads=32, batch_size=2, dtype="bf16"),
+    "8b": ModelConfig(
+        name="8b",
+        vocab_size=151_936,
+        context_length=32_768,
+        d_model=4096,
+        d_ff=11_008,
+        num_layers=34,
+        num_heads=32,
+        batch_size=2,
+        dtype="bf16",
+    ),
 }
 HANDOUT_PRESETS = ("small", "medium", "large", "xl", "2.7B")
 
@@ -89,6 +112,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 # --- arithmetic ------------------------------------------------------------------------------
+
 
 def count_parameters(cfg: ModelConfig) -> int:
     """Exact parameter count of ``BasicsTransformerLM(**cfg.model_kwargs())``.

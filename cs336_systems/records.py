@@ -27,17 +27,25 @@ RESULTS_DIR = Path("results")
 def _git_commit() -> str:
     try:
         root = Path(__file__).resolve().parents[1]
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return (commit + ("+dirty" if dirty else "")) if commit else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def device_name(device: torch.device | str | None = None) -> str:
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = (
+        torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    )
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
@@ -78,8 +86,12 @@ def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
     }
 
 
-def write_records(problem: str, rows: list[dict[str, Any]], results_dir: str | Path | None = None,
-                  device: torch.device | str | None = None) -> Path:
+def write_records(
+    problem: str,
+    rows: list[dict[str, Any]],
+    results_dir: str | Path | None = None,
+    device: torch.device | str | None = None,
+) -> Path:
     """Write ``rows`` (each gets the same provenance) to a new file under ``results_dir/problem``."""
     results_dir = Path(results_dir) if results_dir is not None else RESULTS_DIR
     prov = provenance(device)

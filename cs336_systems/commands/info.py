@@ -32,14 +32,19 @@ def collect() -> dict[str, str]:
         "CUDA available": str(torch.cuda.is_available()),
         "GPU count": str(torch.cuda.device_count()),
         "distributed available": str(dist.is_available()),
-        "NCCL": (".".join(map(str, torch.cuda.nccl.version())) if dist.is_available() and dist.is_nccl_available()
-                 else "not available"),
+        "NCCL": (
+            ".".join(map(str, torch.cuda.nccl.version()))
+            if dist.is_available() and dist.is_nccl_available()
+            else "not available"
+        ),
         "gloo": str(dist.is_available() and dist.is_gloo_available()),
         "attention backends": ", ".join(available_attention_backends()),
     }
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        info[f"GPU {i}"] = f"{p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs"
+        info[f"GPU {i}"] = (
+            f"{p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs"
+        )
     return info
 
 
