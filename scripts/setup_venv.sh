@@ -34,18 +34,27 @@ else
   "${PIP[@]}" "torch==${TORCH_CPU_VERSION}" "triton==${TRITON_VERSION}"
 fi
 
-# Our own two packages first, without touching torch; then whatever runtime/dev dependency is
-# still missing (none on a lent GPU machine, which has no registry but ships them all).
-"${PIP[@]}" --no-deps -e . || "${PIP[@]}" --no-deps --no-build-isolation -e .
+# Our own two packages first, without touching torch. Where the venv already has a recent
+# setuptools (a venv over a system python), build without isolation: nothing is downloaded, which is
+# what a machine with no package registry needs.
+if "$VENV/bin/python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 68)' 2>/dev/null; then
+  "${PIP[@]}" --no-deps --no-build-isolation -e .
+else
+  "${PIP[@]}" --no-deps -e .
+fi
+
+# Then whatever runtime dependency or test tool is still missing (on a lent GPU machine: none).
 missing=$("$VENV/bin/python" - <<'PY'
 import importlib.util
 wanted = {"einops": "einops", "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib",
           "tqdm": "tqdm", "tabulate": "tabulate", "pytest": "pytest", "pytest_timeout": "pytest-timeout",
-          "xdist": "pytest-xdist", "ruff": "ruff"}
+          "xdist": "pytest-xdist"}
 print(" ".join(pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None))
 PY
 )
 if [ -n "$missing" ]; then
-  echo "setup: installing $missing"
+  echo "setup: installing the project's dependencies (missing: $missing)"
   "${PIP[@]}" -e ".[dev]"
+elif [ ! -x "$VENV/bin/ruff" ] && ! "$VENV/bin/python" -c 'import ruff' 2>/dev/null; then
+  "${PIP[@]}" --retries 0 --timeout 10 ruff || echo "setup: ruff not installed (no registry?); only 'make lint' needs it"
 fi
