@@ -5,3 +5,38 @@ added here as their code lands (FlashAttention-2, DDP, sharded optimizer, FSDP);
 """
 
 from __future__ import annotations
+
+
+# --- data-parallel training (cs336_systems.parallel.ddp) ------------------------------------------
+def get_ddp_individual_parameters(module):
+    """2025 name: DDP overlapping one async all-reduce per parameter with backward."""
+    from cs336_systems.parallel.ddp import OverlapDDP
+
+    return OverlapDDP(module)
+
+
+def ddp_individual_parameters_on_after_backward(ddp_model, optimizer) -> None:
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp(module):
+    """2026 name of the per-parameter overlapping wrapper."""
+    return get_ddp_individual_parameters(module)
+
+
+def ddp_on_after_backward(ddp_model, optimizer) -> None:
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp_bucketed(module, bucket_size_mb: float):
+    from cs336_systems.parallel.ddp import BucketedDDP
+
+    return BucketedDDP(module, bucket_size_mb=bucket_size_mb)
+
+
+def ddp_bucketed_on_after_backward(ddp_model, optimizer) -> None:
+    ddp_model.finish_gradient_synchronization()
+
+
+def ddp_bucketed_on_train_batch_start(ddp_model, optimizer) -> None:
+    ddp_model.on_train_batch_start()

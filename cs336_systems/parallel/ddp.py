@@ -1,0 +1,366 @@
+"""Data-parallel wrappers: each takes a finished ``nn.Module`` and averages its gradients over ranks.
+
+=================  ==========================================================================
+``NaiveDDP``       after backward, one all-reduce per gradient tensor (handout ``naive_ddp``)
+``FlatDDP``        after backward, one all-reduce of all gradients flattened together
+                   (``minimal_ddp_flat_benchmarking``)
+``OverlapDDP``     during backward, an async all-reduce per gradient as soon as it is accumulated
+                   (``register_post_accumulate_grad_hook``; ``ddp_overlap_individual_parameters``)
+``BucketedDDP``    during backward, an async all-reduce per bucket of at most ``bucket_size_mb``,
+                   launched once the bucket's last gradient is ready (``ddp_overlap_bucketed``)
+=================  ==========================================================================
+
+All four share one API (``wrapper(x)`` runs the module; ``finish_gradient_synchronization()`` before
+``optimizer.step()``; ``no_sync()`` for gradient accumulation; ``.module``) and one contract:
+
+* at construction, every rank checks that all ranks hold the same parameter and buffer names,
+  shapes and dtypes (``ValueError`` listing the differences otherwise), then rank 0's parameters and
+  buffers are broadcast, so ranks seeded differently start identical;
+* gradients are averaged (sum over ranks, then divided by the world size);
+* parameters with ``requires_grad=False`` get no communication; a tied parameter (one tensor
+  reachable under several names) is reduced once;
+* a parameter that requires grad but has no gradient by ``finish_gradient_synchronization()``
+  raises ``RuntimeError`` naming it, instead of hanging in a collective or letting ranks diverge.
+
+Buckets (``OverlapDDP`` is ``BucketedDDP`` with one parameter per bucket, reduced in place) are filled
+in reverse ``module.parameters()`` order, the order in which backward produces gradients, and
+launched strictly in bucket order on every rank: a bucket that is complete before an earlier one
+waits for it, so all ranks issue the same sequence of collectives even if autograd finishes
+gradients in a slightly different order than predicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+MB = 1024 * 1024  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
+
+
+@dataclass
+class CommStats:
+    """Host-side accounting of the collectives a wrapper issued (reset by the caller).
+
+    ``seconds`` is wall time spent inside collective calls and ``wait()``s; with NCCL the calls return
+    once the work is queued, so this is *not* the GPU's communication time (the benchmark measures
+    that from profiler kernels); with gloo it is close to it.
+    """
+
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def reset(self) -> None:
+        self.calls, self.bytes, self.seconds = 0, 0, 0.0
+
+
+class _DataParallel(nn.Module):
+    """Shared machinery: state check and broadcast, parameter bookkeeping, ``no_sync``, accounting."""
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise ValueError(f"{type(self).__name__}: torch.distributed is not initialised; call "
+                             "cs336_systems.parallel.process_group.init_distributed() (or run under torchrun)")
+        self.module = module
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.stats = CommStats()
+        self._sync_enabled = True
+        # Unique trainable parameters in module.parameters() order (which already lists a tied tensor once).
+        self._names: dict[nn.Parameter, str] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            self._names.setdefault(p, name)
+        self.trainable: list[nn.Parameter] = [p for p in module.parameters() if p.requires_grad]
+        self._check_same_structure()
+        self._broadcast_state()
+
+    # -- construction -----------------------------------------------------------------------
+    def _structure(self) -> list[tuple[str, str, tuple[int, ...], str, bool]]:
+        rows = [("param", n, tuple(p.shape), str(p.dtype), p.requires_grad)
+                for n, p in self.module.named_parameters()]
+        rows += [("buffer", n, tuple(b.shape), str(b.dtype), False) for n, b in self.module.named_buffers()]
+        return rows
+
+    def _check_same_structure(self) -> None:
+        mine = self._structure()
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.process_group)
+        reference = everyone[0]
+        for rank, theirs in enumerate(everyone):
+            if theirs == reference:
+                continue
+            ref_set, their_set = set(reference), set(theirs)
+            diff = [f"rank 0 only: {r[0]} {r[1]} {r[2]} {r[3]} requires_grad={r[4]}" for r in reference
+                    if r not in their_set]
+            diff += [f"rank {rank} only: {r[0]} {r[1]} {r[2]} {r[3]} requires_grad={r[4]}" for r in theirs
+                     if r not in ref_set]
+            if not diff:
+                diff = ["same entries in a different order"]
+            raise ValueError(f"{type(self).__name__}: rank {rank}'s module differs from rank 0's; every rank "
+                             "must wrap the same architecture:\n  " + "\n  ".join(diff[:20]))
+
+    @torch.no_grad()
+    def _broadcast_state(self) -> None:
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        for t in [*self.module.parameters(), *self.module.buffers()]:
+            dist.broadcast(t.data, src=src, group=self.process_group)
+
+    # -- API --------------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate local gradients without communication; the first
+        backward after the block (and its ``finish_gradient_synchronization``) averages the sum."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def finish_gradient_synchronization(self) -> None:
+        raise NotImplementedError
+
+    def on_train_batch_start(self) -> None:
+        """Hook for the start of a step: nothing is left over from the previous one."""
+
+    def close(self) -> None:
+        """Remove hooks so that ``.module`` can be trained (or wrapped) without this wrapper."""
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool):
+        t0 = time.perf_counter()
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group, async_op=async_op)
+        self.stats.calls += 1
+        self.stats.bytes += tensor.numel() * tensor.element_size()
+        self.stats.seconds += time.perf_counter() - t0
+        return work
+
+    def _wait(self, work) -> None:
+        t0 = time.perf_counter()
+        work.wait()
+        self.stats.seconds += time.perf_counter() - t0
+
+    def _require_grads(self, params: list[nn.Parameter]) -> None:
+        missing = [self._names[p] for p in params if p.grad is None]
+        if missing:
+            raise RuntimeError(
+                f"{type(self).__name__}: no gradient for {len(missing)} parameter(s) that require grad: "
+                f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. Every rank must produce a "
+                "gradient for every trainable parameter before finish_gradient_synchronization() (freeze unused "
+                "parameters with requires_grad_(False))")
+
+
+class NaiveDDP(_DataParallel):
+    """After backward, all-reduce every gradient tensor on its own (one collective per parameter)."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        self._require_grads(self.trainable)
+        for p in self.trainable:
+            self._all_reduce(p.grad, async_op=False)
+            p.grad.div_(self.world_size)
+
+
+class FlatDDP(_DataParallel):
+    """After backward, flatten all gradients into one buffer per (device, dtype), all-reduce it once,
+    and copy the averages back."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        self._require_grads(self.trainable)
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for p in self.trainable:
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        for grads in groups.values():
+            flat = _flatten_dense_tensors(grads)
+            self._all_reduce(flat, async_op=False)
+            flat.div_(self.world_size)
+            torch._foreach_copy_(grads, _unflatten_dense_tensors(flat, grads))
+
+
+@dataclass(eq=False)
+class _Bucket:
+    params: list[nn.Parameter]
+    index: int
+    ready: set[int] = field(default_factory=set)  # id() of params whose gradient has arrived this step
+    work: object | None = None  # the async all-reduce in flight
+    flat: torch.Tensor | None = None  # the buffer being reduced (None: a one-tensor bucket reduced in place)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.ready) == len(self.params)
+
+
+class BucketedDDP(_DataParallel):
+    """Overlap gradient all-reduce with backward, bucket by bucket.
+
+    ``bucket_size_mb``: at most this many MiB of gradients per bucket (a larger tensor gets a bucket
+    of its own); ``None``: one bucket per parameter, reduced in place without a copy (``OverlapDDP``).
+    A bucket also never mixes devices or dtypes.
+    """
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
+                 process_group: dist.ProcessGroup | None = None):
+        if bucket_size_mb is not None and not bucket_size_mb > 0:
+            raise ValueError(f"{type(self).__name__}: bucket_size_mb must be > 0, got {bucket_size_mb!r}")
+        super().__init__(module, process_group)
+        self.bucket_size_mb = bucket_size_mb
+        self.buckets = self._assign_buckets()
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._next_to_launch = 0
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
+
+    def _assign_buckets(self) -> list[_Bucket]:
+        cap = None if self.bucket_size_mb is None else self.bucket_size_mb * MB
+        buckets: list[list[nn.Parameter]] = []
+        size = 0
+        for p in reversed(self.trainable):
+            nbytes = p.numel() * p.element_size()
+            current = buckets[-1] if buckets else None
+            fits = (current is not None and cap is not None and size + nbytes <= cap
+                    and current[0].device == p.device and current[0].dtype == p.dtype)
+            if fits:
+                current.append(p)
+                size += nbytes
+            else:
+                buckets.append([p])
+                size = nbytes
+        return [_Bucket(params, i) for i, params in enumerate(buckets)]
+
+    # -- backward-time hooks ----------------------------------------------------------------
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if not self._sync_enabled:
+            return
+        bucket = self._bucket_of[id(param)]
+        if bucket.index < self._next_to_launch:
+            raise RuntimeError(
+                f"{type(self).__name__}: gradient of {self._names[param]} arrived after its bucket was already "
+                "reduced this step (a second backward without finish_gradient_synchronization()?); run all but "
+                "the last backward of an accumulation inside no_sync()")
+        bucket.ready.add(id(param))
+        # Launch every complete bucket from the next one in order: the same sequence on every rank.
+        while self._next_to_launch < len(self.buckets) and self.buckets[self._next_to_launch].complete:
+            self._launch(self.buckets[self._next_to_launch])
+            self._next_to_launch += 1
+
+    @torch.no_grad()
+    def _launch(self, bucket: _Bucket) -> None:
+        if len(bucket.params) == 1:
+            bucket.flat = None
+            bucket.work = self._all_reduce(bucket.params[0].grad, async_op=True)
+        else:
+            bucket.flat = _flatten_dense_tensors([p.grad for p in bucket.params])
+            bucket.work = self._all_reduce(bucket.flat, async_op=True)
+
+    # -- API --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_enabled:
+            return
+        try:
+            if self._next_to_launch < len(self.buckets):
+                pending = [p for b in self.buckets[self._next_to_launch:] for p in b.params]
+                missing = [p for p in pending if id(p) not in self._bucket_of[id(p)].ready]
+                if missing:
+                    # Buckets already launched are still in flight: let them land before raising.
+                    for b in self.buckets[: self._next_to_launch]:
+                        self._wait(b.work)
+                    names = [self._names[p] for p in missing]
+                    raise RuntimeError(
+                        f"{type(self).__name__}: no gradient arrived for {len(names)} parameter(s) that require "
+                        f"grad: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}. Every rank must produce "
+                        "a gradient for every trainable parameter in each synchronised backward (freeze unused "
+                        "parameters with requires_grad_(False))")
+            for bucket in self.buckets:
+                self._wait(bucket.work)
+                if bucket.flat is None:
+                    bucket.params[0].grad.div_(self.world_size)
+                else:
+                    bucket.flat.div_(self.world_size)
+                    grads = [p.grad for p in bucket.params]
+                    torch._foreach_copy_(grads, _unflatten_dense_tensors(bucket.flat, grads))
+        finally:
+            self._reset_step()
+
+    def _reset_step(self) -> None:
+        for bucket in self.buckets:
+            bucket.ready.clear()
+            bucket.work = bucket.flat = None
+        self._next_to_launch = 0
+
+    def on_train_batch_start(self) -> None:
+        if self._next_to_launch or any(b.ready for b in self.buckets):
+            raise RuntimeError(f"{type(self).__name__}: the previous step's gradients were never synchronised; "
+                               "call finish_gradient_synchronization() after backward")
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+class OverlapDDP(BucketedDDP):
+    """One async all-reduce per parameter, issued from its post-accumulate-grad hook during backward."""
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None):
+        super().__init__(module, bucket_size_mb=None, process_group=process_group)
+
+
+class LocalModule(nn.Module):
+    """No data parallelism (one process, or the single-GPU baseline): the same API, no communication."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+        self.stats = CommStats()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        yield
+
+    def finish_gradient_synchronization(self) -> None:
+        pass
+
+    def on_train_batch_start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TorchDDP(nn.parallel.DistributedDataParallel):
+    """PyTorch's ``DistributedDataParallel`` (the peer in benchmarks) behind our API: its reducer
+    synchronises inside backward, so ``finish_gradient_synchronization`` has nothing left to do."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None,
+                 process_group: dist.ProcessGroup | None = None):
+        device = next(module.parameters()).device
+        kwargs = {} if bucket_size_mb is None else {"bucket_cap_mb": bucket_size_mb}
+        super().__init__(module, device_ids=[device] if device.type == "cuda" else None,
+                         process_group=process_group, **kwargs)
+        self.stats = CommStats()  # collectives run inside the reducer; not visible here
+
+    def finish_gradient_synchronization(self) -> None:
+        pass
+
+    def on_train_batch_start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
