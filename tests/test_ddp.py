@@ -1,0 +1,340 @@
+"""DDP wrappers on CPU with gloo and 2 ranks: parity with single-process training on the global batch.
+
+Each test spawns two processes on a free port (``cs336_systems.parallel.process_group.spawn``) with a
+timeout, so a hang is a failure. Every rank trains the wrapped model on its half of a freshly
+shuffled global batch and, side by side, a single-process reference on the whole batch, and compares
+after every step.
+
+Tolerance: both sides are fp32 and compute the same mean-over-examples gradient; they differ only
+in summation order (two half-batch sums averaged vs one full sum, matmul blocking), i.e. a few ulp
+relative per gradient element (fp32 eps ~1.2e-7). SGD turns that into parameter differences of
+order lr * |g| * 1e-6; AdamW's update m / sqrt(v) is scale-free, so a relative gradient error
+becomes a relative error of the update (size ~lr). After a few steps both stay far below
+rtol = 1e-5, atol = 1e-6 (observed: ~1e-7), while any real bug (a missing division by the world size,
+one rank's gradient dropped, a parameter reduced twice) moves parameters by ~lr = 1e-2..1e-3.
+Ranks must end *bitwise* identical: they apply the same all-reduced gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.multiprocessing import ProcessRaisedException
+
+from cs336_basics.model import BasicsTransformerLM
+from cs336_basics.nn_utils import cross_entropy
+from cs336_basics.optimizer import AdamW
+from cs336_systems.parallel import wrap_model
+from cs336_systems.parallel.process_group import spawn
+from tests import adapters
+
+WORLD = 2
+TIMEOUT_S = 60
+RTOL, ATOL = 1e-5, 1e-6
+
+
+# --- models ------------------------------------------------------------------------------------
+class ToyModel(nn.Module):
+    """A frozen parameter, a bias without grad, a LayerNorm; odd sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(7, 13)
+        self.ln = nn.LayerNorm(13)
+        self.fc2 = nn.Linear(13, 5)
+        self.fc2.bias.requires_grad_(False)
+        self.no_grad_fixed_param = nn.Parameter(torch.tensor([2.0, 2.0]), requires_grad=False)
+        self.register_buffer("scale", torch.rand(5))
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.ln(self.fc1(x)))) * self.scale
+
+
+class TiedModel(nn.Module):
+    """fc3 reuses fc1's weight: one tensor under two names, reduced once."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(9, 9, bias=False)
+        self.fc2 = nn.Linear(9, 9)
+        self.fc3 = nn.Linear(9, 9, bias=False)
+        self.fc3.weight = self.fc1.weight
+        self.head = nn.Linear(9, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))))
+
+
+class UnusedParamModel(nn.Module):
+    def __init__(self, width: int = 6):
+        super().__init__()
+        self.used = nn.Linear(width, 3)
+        self.unused = nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def tiny_lm() -> nn.Module:
+    return BasicsTransformerLM(vocab_size=37, context_length=11, d_model=12, num_layers=2, num_heads=3, d_ff=20)
+
+
+MODELS = {"toy": ToyModel, "tied": TiedModel, "lm": tiny_lm}
+N_GLOBAL = 6  # global batch; 3 examples per rank
+
+
+def make_batch(model_name: str, step: int, n: int = N_GLOBAL):
+    """The same global batch on every rank (seeded by step), freshly shuffled each step."""
+    g = torch.Generator().manual_seed(1234 + step)
+    if model_name == "lm":
+        x = torch.randint(0, 37, (n, 11), generator=g)
+        y = torch.randint(0, 37, (n, 11), generator=g)
+    else:
+        d_in, d_out = {"toy": (7, 5), "tied": (9, 3)}[model_name]
+        x, y = torch.randn(n, d_in, generator=g), torch.randn(n, d_out, generator=g)
+    perm = torch.randperm(n, generator=g)
+    return x[perm], y[perm]
+
+
+def loss_fn(model_name: str, out, y):
+    return cross_entropy(out, y) if model_name == "lm" else nn.functional.mse_loss(out, y)
+
+
+def make_optimizer(model_name: str, params):
+    return AdamW(params, lr=1e-2) if model_name == "lm" else torch.optim.SGD(params, lr=0.1)
+
+
+def build(info, model_name: str, strategy: str, bucket_size_mb):
+    torch.manual_seed(100 + info.rank)  # ranks start different; the wrapper must make them equal
+    local = MODELS[model_name]()
+    local_init = copy.deepcopy(local.state_dict())
+    if strategy in ("adapter-individual", "adapter-ddp", "adapter-bucketed"):
+        ddp = {"adapter-individual": adapters.get_ddp_individual_parameters, "adapter-ddp": adapters.get_ddp,
+               "adapter-bucketed": lambda m: adapters.get_ddp_bucketed(m, bucket_size_mb)}[strategy](local)
+    else:
+        ddp = wrap_model(local, strategy, bucket_size_mb)
+    return ddp, local_init
+
+
+def finish(strategy, ddp, opt):
+    if strategy == "adapter-individual":
+        adapters.ddp_individual_parameters_on_after_backward(ddp, opt)
+    elif strategy == "adapter-ddp":
+        adapters.ddp_on_after_backward(ddp, opt)
+    elif strategy == "adapter-bucketed":
+        adapters.ddp_bucketed_on_after_backward(ddp, opt)
+    else:
+        ddp.finish_gradient_synchronization()
+
+
+# --- workers (module level: they run in spawned processes) -------------------------------------
+def parity_worker(info, model_name: str, strategy: str, bucket_size_mb, steps: int):
+    ddp, local_init = build(info, model_name, strategy, bucket_size_mb)
+    state0 = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    if info.rank == 0:  # rank 0's own initialisation is what everyone got
+        for k, v in local_init.items():
+            assert torch.equal(state0[k], v), k
+    ref = copy.deepcopy(ddp.module)
+    opt, ref_opt = make_optimizer(model_name, ddp.parameters()), make_optimizer(model_name, ref.parameters())
+    max_diff = 0.0
+    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
+    for step in range(steps):
+        x, y = make_batch(model_name, step)
+        ref_opt.zero_grad()
+        loss_fn(model_name, ref(x), y).backward()
+        ref_opt.step()
+        if strategy == "adapter-bucketed":
+            adapters.ddp_bucketed_on_train_batch_start(ddp, opt)
+        opt.zero_grad()
+        loss_fn(model_name, ddp(x[lo:hi]), y[lo:hi]).backward()
+        finish(strategy, ddp, opt)
+        opt.step()
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m, n=name, s=step: f"{n} step {s}: {m}")
+            max_diff = max(max_diff, (p - q).abs().max().item())
+    final = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    return {"state0": state0, "local_init": local_init, "final": final, "max_diff": max_diff,
+            "calls_per_step": ddp.stats.calls / steps}
+
+
+def accumulation_worker(info, strategy: str, bucket_size_mb):
+    """Two micro-batches, the first inside no_sync(), equal one step on the whole global batch."""
+    ddp, _ = build(info, "lm", strategy, bucket_size_mb)
+    ref = copy.deepcopy(ddp.module)
+    opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
+    n = 2 * N_GLOBAL  # global batch: 2 micro-batches x 2 ranks x 3 examples
+    per_rank = n // WORLD
+    for step in range(3):
+        x, y = make_batch("lm", step, n)
+        ref_opt.zero_grad()
+        loss_fn("lm", ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        xs, ys = x[info.rank * per_rank:(info.rank + 1) * per_rank], y[info.rank * per_rank:(info.rank + 1) * per_rank]
+        with ddp.no_sync():
+            (loss_fn("lm", ddp(xs[:3]), ys[:3]) / 2).backward()
+            ddp.finish_gradient_synchronization()  # a no-op inside no_sync
+        calls_before = ddp.stats.calls
+        (loss_fn("lm", ddp(xs[3:]), ys[3:]) / 2).backward()
+        ddp.finish_gradient_synchronization()
+        assert ddp.stats.calls > calls_before
+        opt.step()
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m, nm=name: f"{nm}: {m}")
+    return {k: v.clone() for k, v in ddp.module.state_dict().items()}
+
+
+def mismatch_worker(info, strategy: str):
+    torch.manual_seed(info.rank)
+    model = nn.Linear(4, 3 if info.rank == 0 else 5)
+    wrap_model(model, strategy, 1.0)
+
+
+def unused_grad_worker(info, strategy: str):
+    ddp = wrap_model(UnusedParamModel(), strategy, 1e-5)
+    ddp(torch.randn(4, 6)).sum().backward()
+    try:
+        ddp.finish_gradient_synchronization()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+def double_backward_worker(info):
+    ddp = wrap_model(TiedModel(), "bucketed", 1e-5)
+    x = torch.randn(4, 9)
+    ddp(x).sum().backward()
+    try:
+        ddp(x).sum().backward()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+def bucket_worker(info, bucket_size_mb):
+    ddp = wrap_model(tiny_lm(), "bucketed", bucket_size_mb)
+    return [[ddp._names[p] for p in b.params] for b in ddp.buckets]
+
+
+def raising_worker(info):
+    if info.rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # rank 0 would wait here forever for rank 1
+
+
+def sleeping_worker(info):
+    import time
+
+    time.sleep(3600)
+
+
+# --- tests -----------------------------------------------------------------------------------
+STRATEGY_CASES = [
+    ("naive", None), ("flat", None), ("overlap", None),
+    ("bucketed", 1e-6),   # smaller than any tensor: one bucket per parameter
+    ("bucketed", 0.004),  # a few buckets (4 KiB: tiny LM ~7, toy/tied 1-2)
+    ("bucketed", 1000.0),  # one bucket
+]
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), STRATEGY_CASES)
+def test_parity_with_single_process(model_name, strategy, bucket_size_mb):
+    r0, r1 = spawn(parity_worker, WORLD, (model_name, strategy, bucket_size_mb, 4), timeout_s=TIMEOUT_S)
+    # Ranks started from different seeds: rank 1's own init differs, but after construction both hold rank 0's.
+    assert any(not torch.equal(r1["local_init"][k], r0["local_init"][k]) for k in r0["local_init"]
+               if k != "no_grad_fixed_param")
+    for k in r0["state0"]:
+        assert torch.equal(r0["state0"][k], r1["state0"][k]), k
+        assert torch.equal(r0["final"][k], r1["final"][k]), f"ranks diverged on {k}"
+    if model_name == "toy":  # frozen parameter and bias untouched by training
+        assert torch.equal(r0["final"]["no_grad_fixed_param"], torch.tensor([2.0, 2.0]))
+        assert torch.equal(r0["final"]["fc2.bias"], r0["state0"]["fc2.bias"])
+    n_trainable = {"toy": 5, "tied": 5, "lm": 2 + 2 * 9 + 1}[model_name]  # tied: 6 names, fc1.weight once
+    if strategy in ("naive", "overlap") or bucket_size_mb == 1e-6:
+        assert r0["calls_per_step"] == n_trainable
+    elif strategy == "flat" or bucket_size_mb == 1000.0:
+        assert r0["calls_per_step"] == 1
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize("strategy", ["adapter-individual", "adapter-ddp", "adapter-bucketed"])
+def test_course_adapters(strategy):
+    r0, r1 = spawn(parity_worker, WORLD, ("toy", strategy, 0.0016, 3), timeout_s=TIMEOUT_S)
+    for k in r0["final"]:
+        assert torch.equal(r0["final"][k], r1["final"][k])
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("naive", None), ("flat", None), ("overlap", None),
+                                                          ("bucketed", 0.004)])
+def test_no_sync_accumulation_equals_large_batch(strategy, bucket_size_mb):
+    r0, r1 = spawn(accumulation_worker, WORLD, (strategy, bucket_size_mb), timeout_s=TIMEOUT_S)
+    for k in r0:
+        assert torch.equal(r0[k], r1[k])
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize("strategy", ["naive", "bucketed"])
+def test_different_architectures_rejected(strategy):
+    with pytest.raises(ProcessRaisedException, match="differs from rank 0"):
+        spawn(mismatch_worker, WORLD, (strategy,), timeout_s=TIMEOUT_S)
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize("strategy", ["naive", "flat", "overlap", "bucketed"])
+def test_missing_gradient_is_named(strategy):
+    messages = spawn(unused_grad_worker, WORLD, (strategy,), timeout_s=TIMEOUT_S)
+    for msg in messages:
+        assert msg is not None and "unused.weight" in msg and "unused.bias" in msg and "used.weight" not in msg.replace(
+            "unused.weight", "")
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+def test_second_backward_without_no_sync_raises():
+    for msg in spawn(double_backward_worker, WORLD, timeout_s=TIMEOUT_S):
+        assert msg is not None and "no_sync" in msg
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+def test_bucket_assignment_reverse_order_and_caps():
+    one_each, few, one = (spawn(bucket_worker, WORLD, (b,), timeout_s=TIMEOUT_S)[0] for b in (1e-6, 0.004, 1000.0))
+    names = [n for b in one_each for n in b]
+    lm = tiny_lm()
+    assert names == [n for n, _ in reversed(list(lm.named_parameters()))]
+    assert all(len(b) == 1 for b in one_each)
+    assert len(one) == 1 and one[0] == names
+    assert 1 < len(few) < len(names) and [n for b in few for n in b] == names
+    sizes = dict((n, p.numel() * 4) for n, p in lm.named_parameters())
+    for b in few:  # at most the cap, unless a single tensor is larger
+        assert len(b) == 1 or sum(sizes[n] for n in b) <= 0.004 * 2**20
+
+
+@pytest.mark.timeout(30)
+def test_raising_rank_fails_fast_instead_of_hanging():
+    with pytest.raises(ProcessRaisedException, match="rank 1 fails on purpose"):
+        spawn(raising_worker, WORLD, timeout_s=20)
+
+
+@pytest.mark.timeout(30)
+def test_hung_group_is_killed_at_timeout():
+    with pytest.raises(TimeoutError, match="did not finish"):
+        spawn(sleeping_worker, WORLD, timeout_s=2)
+
+
+def test_wrap_model_rejects_unknown_strategy():
+    with pytest.raises(ValueError, match="unknown parallel strategy"):
+        wrap_model(nn.Linear(2, 2), "zero9")
+
+
+def test_wrapper_needs_process_group():
+    from cs336_systems.parallel.ddp import NaiveDDP
+
+    with pytest.raises(ValueError, match="not initialised"):
+        NaiveDDP(nn.Linear(2, 2))
