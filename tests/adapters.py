@@ -7,6 +7,21 @@ added here as their code lands (FlashAttention-2, DDP, sharded optimizer, FSDP);
 from __future__ import annotations
 
 
+# --- FlashAttention-2 (cs336_systems.attention) ----------------------------------------------------
+def get_flashattention_autograd_function_pytorch():
+    """The tiled PyTorch FlashAttention-2 ``autograd.Function`` (forward and recomputation backward)."""
+    from cs336_systems.attention.flash_torch import FlashAttention2Torch
+
+    return FlashAttention2Torch
+
+
+def get_flashattention_autograd_function_triton():
+    """The Triton FlashAttention-2 ``autograd.Function`` (Triton forward and backward kernels)."""
+    from cs336_systems.attention.flash_triton import FlashAttention2Triton
+
+    return FlashAttention2Triton
+
+
 # --- data-parallel training (cs336_systems.parallel.ddp) ------------------------------------------
 def get_ddp_individual_parameters(module):
     """2025 name: DDP overlapping one async all-reduce per parameter with backward."""

@@ -1,0 +1,36 @@
+"""Attention implementations chosen by name (``BasicsTransformerLM(attention_backend=...)``).
+
+- ``flash_torch``: :class:`~cs336_systems.attention.flash_torch.FlashAttention2Torch`, tiled FlashAttention-2
+  in plain PyTorch (the reference for the kernels).
+- ``flash_triton``: :class:`~cs336_systems.attention.flash_triton.FlashAttention2Triton`, Triton forward and
+  backward kernels.
+
+Both are registered as backends through the ``cs336_basics.attention_backends`` entry points, and also when
+this package is imported. The Triton module is imported lazily (it needs Triton, and ``TRITON_INTERPRET``
+must be decided before it is imported).
+"""
+
+from __future__ import annotations
+
+from cs336_basics.attention import register_attention_backend
+from cs336_systems.attention.flash_torch import FlashAttention2Torch, flash_torch_attention
+
+
+def flash_triton_attention(q, k, v, is_causal):
+    """Backend ``flash_triton`` (imports the Triton module on first use)."""
+    from cs336_systems.attention.flash_triton import flash_triton_attention as fn
+
+    return fn(q, k, v, is_causal)
+
+
+def __getattr__(name):
+    if name == "FlashAttention2Triton":
+        from cs336_systems.attention.flash_triton import FlashAttention2Triton
+
+        return FlashAttention2Triton
+    raise AttributeError(name)
+
+
+register_attention_backend("flash_triton", flash_triton_attention)
+
+__all__ = ["FlashAttention2Torch", "FlashAttention2Triton", "flash_torch_attention", "flash_triton_attention"]

@@ -1,0 +1,125 @@
+"""Tile sizes, warps and pipeline stages of the FlashAttention-2 Triton kernels.
+
+Two sources, in this order:
+1. ``CS336_FLASH_TUNE=auto``: a bounded autotune. For a new key (sequence-length bucket, padded head
+   dim, dtype, causal) each kernel times at most ``MAX_CANDIDATES`` configurations for a few
+   milliseconds each, and the winner is cached in memory and in ``~/.cache/cs336_systems/flash_tune.json``
+   (so a second process tunes nothing). Compiling the candidates takes most of the time: well under a
+   minute for one key.
+2. Otherwise (the default) the pinned table below, filled from sweeps on an H100 (see
+   docs/flash_tuning_notes.md); no tuning happens at run time.
+On the CPU (the Triton interpreter) tiles are 16 x 16 so the interpreter stays quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    fwd: KernelConfig
+    dkdv: KernelConfig  # program owns a key tile (block_n) and walks query tiles (block_m)
+    dq: KernelConfig  # program owns a query tile (block_m) and walks key tiles (block_n)
+
+
+CPU_CONFIG = FlashConfig(KernelConfig(16, 16, 1, 1), KernelConfig(16, 16, 1, 1), KernelConfig(16, 16, 1, 1))
+
+
+def _pinned(d_pad: int, elem_bytes: int) -> FlashConfig:
+    """Pinned choices by padded head dim and element size (measured on an H100; notes in docs)."""
+    if elem_bytes == 4:  # fp32: twice the shared memory per element, so half the key tile
+        if d_pad <= 64:
+            return FlashConfig(KernelConfig(64, 32, 4, 3), KernelConfig(32, 64, 4, 2), KernelConfig(64, 32, 4, 2))
+        if d_pad <= 128:
+            return FlashConfig(KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 2), KernelConfig(32, 32, 4, 2))
+        return FlashConfig(KernelConfig(32, 16, 4, 2), KernelConfig(16, 32, 4, 1), KernelConfig(32, 16, 4, 1))
+    if d_pad <= 64:
+        return FlashConfig(KernelConfig(128, 64, 4, 3), KernelConfig(32, 128, 4, 3), KernelConfig(128, 32, 4, 3))
+    if d_pad <= 128:
+        return FlashConfig(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 4, 3), KernelConfig(128, 32, 4, 3))
+    return FlashConfig(KernelConfig(64, 64, 4, 2), KernelConfig(32, 64, 8, 1), KernelConfig(64, 32, 8, 1))
+
+
+def candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
+    """The bounded search space of one kernel (the pinned config first)."""
+    pinned = getattr(_pinned(d_pad, elem_bytes), kernel)
+    if elem_bytes == 4 or d_pad > 128:
+        pool: list[KernelConfig] = []
+    elif kernel == "fwd":
+        pool = [KernelConfig(128, 64, 4, 3), KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3),
+                KernelConfig(64, 64, 4, 4)]
+    elif kernel == "dkdv":
+        pool = [KernelConfig(32, 128, 4, 3), KernelConfig(64, 128, 8, 2), KernelConfig(64, 64, 4, 3),
+                KernelConfig(32, 64, 4, 4)]
+    else:
+        pool = [KernelConfig(128, 32, 4, 3), KernelConfig(128, 64, 8, 2), KernelConfig(64, 64, 4, 3),
+                KernelConfig(64, 32, 4, 4)]
+    out = [pinned] + [c for c in pool if c != pinned]
+    return out[:MAX_CANDIDATES]
+
+
+MAX_CANDIDATES = 4
+_CACHE_PATH = Path(os.environ.get("CS336_FLASH_TUNE_CACHE", Path.home() / ".cache" / "cs336_systems" /
+                                  "flash_tune.json"))
+_memory_cache: dict[str, dict] | None = None
+
+
+def seq_bucket(n: int) -> int:
+    """Next power of two (>= 64): configs are chosen per bucket, not per exact length."""
+    return max(64, 1 << (max(1, n) - 1).bit_length())
+
+
+def tune_key(kernel: str, n_q: int, n_k: int, d_pad: int, dtype: torch.dtype, causal: bool) -> str:
+    return f"{kernel}|q{seq_bucket(n_q)}|k{seq_bucket(n_k)}|d{d_pad}|{str(dtype).removeprefix('torch.')}|c{int(causal)}"
+
+
+def _load_cache() -> dict[str, dict]:
+    global _memory_cache
+    if _memory_cache is None:
+        try:
+            _memory_cache = json.loads(_CACHE_PATH.read_text())
+        except (OSError, ValueError):
+            _memory_cache = {}
+    return _memory_cache
+
+
+def cached(key: str) -> KernelConfig | None:
+    entry = _load_cache().get(key)
+    return KernelConfig(**entry) if entry else None
+
+
+def remember(key: str, cfg: KernelConfig) -> None:
+    cache = _load_cache()
+    cache[key] = asdict(cfg)
+    try:
+        _CACHE_PATH.parent.mkdir(parents=True, exist_ok=True)
+        _CACHE_PATH.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    except OSError:
+        pass  # a read-only home only loses the on-disk copy
+
+
+def autotune_enabled() -> bool:
+    mode = os.environ.get("CS336_FLASH_TUNE", "pinned")
+    if mode not in ("pinned", "auto"):
+        raise ValueError(f"CS336_FLASH_TUNE must be 'pinned' or 'auto', got {mode!r}")
+    return mode == "auto"
+
+
+def pinned_config(device: torch.device, d_pad: int, dtype: torch.dtype) -> FlashConfig:
+    if device.type != "cuda":
+        return CPU_CONFIG
+    return _pinned(d_pad, torch.finfo(dtype).bits // 8)
