@@ -17,6 +17,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cs336_systems.commands.bench",
         "end-to-end timing of forward / backward / optimizer (benchmarking_script)",
     ),
+    "comm-bench": ("cs336_systems.commands.comm_bench",
+                   "all-reduce latency / bandwidth, gloo and NCCL, 2-6 processes (distributed_communication_single_node)"),
+    "train": ("cs336_systems.commands.train", "train the LM, one process or under torchrun, --parallel none|naive|flat|..."),
+    "ddp-bench": ("cs336_systems.commands.ddp_bench",
+                  "DDP wrappers vs torch DDP: step time, communication, exposed overhead, traces (naive_ddp_benchmarking ...)"),
     "report": ("cs336_systems.commands.report", "rebuild REPORT.md from results/"),
 }
 

@@ -154,3 +154,28 @@ def _start_method() -> str:
         multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "cs336_systems.parallel.ddp"])
         return "forkserver"
     return "spawn"
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str | None = None,
+                    device_type: str | None = None, timeout_s: float = 600.0) -> list[Any] | None:
+    """Run ``fn(info, *args)`` on every rank and return all ranks' results on the main process.
+
+    Under torchrun: this process joins the group (its ``WORLD_SIZE`` must equal ``world_size``), runs
+    ``fn``, and the results are gathered with ``all_gather_object``; rank 0 gets the list, other ranks
+    get None. Otherwise: ``world_size`` local processes are spawned on a free port (single node).
+    """
+    if under_torchrun():
+        if int(os.environ["WORLD_SIZE"]) != world_size:
+            raise ValueError(f"asked for {world_size} processes but torchrun started {os.environ['WORLD_SIZE']}")
+        owns_group = not dist.is_initialized()
+        info = init_distributed(backend, device_type, timeout_s)
+        try:
+            result = fn(info, *args)
+            gathered: list = [None] * info.world_size
+            dist.all_gather_object(gathered, result)
+        finally:
+            if owns_group:
+                destroy_distributed()
+        return gathered if info.is_main else None
+    return spawn(fn, world_size, args, backend=backend, device_type=device_type or "cpu", timeout_s=timeout_s,
+                 threads=None)
