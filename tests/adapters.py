@@ -55,3 +55,11 @@ def ddp_bucketed_on_after_backward(ddp_model, optimizer) -> None:
 
 def ddp_bucketed_on_train_batch_start(ddp_model, optimizer) -> None:
     ddp_model.on_train_batch_start()
+
+
+# --- optimizer-state sharding and FSDP (cs336_systems.parallel.sharded_optimizer / .fsdp) ----------
+def get_sharded_optimizer(params, optimizer_cls, **kwargs):
+    """Optimizer-state sharding: each rank keeps ``optimizer_cls`` state for its own parameters only."""
+    from cs336_systems.parallel.sharded_optimizer import ShardedOptimizer
+
+    return ShardedOptimizer(params, optimizer_cls, **kwargs)
