@@ -1,14 +1,19 @@
-"""End-to-end benchmark of one training step (handout problem ``benchmarking_script``).
+"""End-to-end benchmark of one training step (handout problems ``benchmarking_script``,
+``benchmarking_mixed_precision`` (c), ``torch_compile`` (b), ``gradient_checkpointing`` (b)).
 
 For each configuration: build the model with random weights, make a random batch, run ``warmup``
 untimed steps, then time ``steps`` steps phase by phase (forward, backward, optimizer), with a
-device synchronize around every phase (``timeit.default_timer``) and CUDA events as a cross-check.
+device synchronize around every phase (``timeit.default_timer``, the handout's method) and CUDA
+events recorded around the same regions as a cross-check. ``run_benchmark_isolated`` runs one
+configuration in a fresh interpreter, which the warm-up study needs: otherwise a configuration
+with zero warm-up steps would profit from the kernels and library handles loaded by the previous one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing as mp
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -17,12 +22,15 @@ import torch
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
+from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.profiling.timing import PhaseTimer, matmul_peak_tflops, summarize
 
 Mode = Literal["forward", "forward-backward", "train-step"]
 MODES: tuple[Mode, ...] = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("ours", "torch-fused")  # cs336_basics.optimizer.AdamW (foreach) or torch.optim.AdamW(fused=True)
+PHASES = ("step", "forward", "backward", "optimizer")
 
 
 @dataclass(kw_only=True)
@@ -34,6 +42,8 @@ class BenchConfig:
     precision: str = "fp32"  # fp32: no autocast (nullcontext); bf16: torch.autocast(bfloat16)
     compile: bool = False
     attention: str = "reference"
+    checkpoint: str = "none"  # activation checkpointing: "none", "nested" or k (every k blocks)
+    optimizer: str = "ours"
     warmup: int = 5
     steps: int = 10
     device: str | None = None  # None: cuda if available, else cpu
@@ -41,13 +51,21 @@ class BenchConfig:
     def __post_init__(self):
         get_preset(self.preset)  # raises ValueError for an unknown preset
         if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
+            raise ValueError(f"benchmarking_script: unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+            raise ValueError(f"benchmarking_script: unknown precision {self.precision!r}; "
+                             f"choose from {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"benchmarking_script: unknown optimizer {self.optimizer!r}; "
+                             f"choose from {', '.join(OPTIMIZERS)}")
         if self.warmup < 0 or self.steps < 1:
-            raise ValueError(f"need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
+            raise ValueError(f"benchmarking_script: need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
         if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError("context_length and batch_size must be positive")
+            raise ValueError("benchmarking_script: context_length and batch_size must be positive")
+        self.checkpoint = parse_checkpoint_spec(self.checkpoint)
+        if self.checkpoint not in ("none", "nested") and int(self.checkpoint) > get_preset(self.preset).num_layers:
+            raise ValueError(f"gradient_checkpointing: k={self.checkpoint} exceeds the {self.preset} preset's "
+                             f"{get_preset(self.preset).num_layers} blocks")
         from cs336_basics.attention import get_attention_backend
 
         get_attention_backend(self.attention)  # raises ValueError for an unknown backend
@@ -57,8 +75,9 @@ class BenchConfig:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _autocast(cfg: BenchConfig, device: torch.device):
-    if cfg.precision == "bf16":
+def autocast_context(precision: str, device: torch.device):
+    """bf16: ``torch.autocast``; fp32: a no-op context (the handout's ``nullcontext``)."""
+    if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -67,40 +86,58 @@ def is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
+def model_flops_per_step(cfg: BenchConfig, batch: int) -> int:
+    """Model FLOPs of one measured step (recomputation by checkpointing is not counted: MFU convention)."""
+    model_cfg = get_preset(cfg.preset)
+    per_token = (forward_flops_per_token if cfg.mode == "forward" else training_flops_per_token)(
+        model_cfg, cfg.context_length)
+    return per_token * batch * cfg.context_length
+
+
+def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
+    if cfg.mode != "train-step":
+        return None
+    if cfg.optimizer == "torch-fused":
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cfg.torch_device.type == "cuda")
+    return AdamW(model.parameters(), lr=1e-4)
+
+
 def run_benchmark(cfg: BenchConfig) -> dict:
     """Run one configuration; returns a flat record (``status`` is ``ok`` or ``OOM``)."""
     device = cfg.torch_device
     model_cfg = get_preset(cfg.preset)
     batch = cfg.batch_size or model_cfg.batch_size
-    model_cfg = model_cfg.replace(context_length=max(cfg.context_length, 1), batch_size=batch)
+    model_cfg = model_cfg.replace(context_length=cfg.context_length, batch_size=batch)
     record = {**asdict(cfg), "batch_size": batch, "device": str(device)}
-    model = optimizer = None
+    model = optimizer = step_model = None
     try:
         if device.type == "cuda":
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                     check_inputs=False, device=device)
+        apply_activation_checkpointing(model, cfg.checkpoint)
         step_model = torch.compile(model) if cfg.compile else model
-        optimizer = AdamW(model.parameters(), lr=1e-4) if cfg.mode == "train-step" else None
+        optimizer = _make_optimizer(cfg, model)
         x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         y = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         timer = PhaseTimer(device)
 
         def one_step(record_it: bool) -> None:
             with timer.phase("step", record_it):
-                with timer.phase("forward", record_it), _autocast(cfg, device):
-                    if cfg.mode == "forward":
-                        with torch.no_grad():
-                            step_model(x)
-                        return
+                if cfg.mode == "forward":
+                    with timer.phase("forward", record_it), autocast_context(cfg.precision, device), \
+                            torch.no_grad():
+                        step_model(x)
+                    return
+                with timer.phase("forward", record_it), autocast_context(cfg.precision, device):
                     loss = cross_entropy(step_model(x), y)
                 with timer.phase("backward", record_it):
                     loss.backward()
                 if optimizer is not None:
                     with timer.phase("optimizer", record_it):
                         optimizer.step()
-                if cfg.mode != "forward":
-                    model.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
 
         for _ in range(cfg.warmup):
             one_step(False)
@@ -108,19 +145,19 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             one_step(True)
 
         tokens = batch * cfg.context_length
-        flops_per_token = (forward_flops_per_token if cfg.mode == "forward" else training_flops_per_token)(
-            model_cfg, cfg.context_length)
         step = summarize(timer.host["step"])
         peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
-        tflops = flops_per_token * tokens / (step["mean_ms"] * 1e-3) / 1e12
+        tflops = model_flops_per_step(cfg, batch) / (step["mean_ms"] * 1e-3) / 1e12
         record.update(status="ok", n_params=sum(p.numel() for p in model.parameters()))
-        for phase in ("step", "forward", "backward", "optimizer"):
+        for phase in PHASES:
             if phase in timer.host:
                 record.update({f"{phase}_{k}": v for k, v in summarize(timer.host[phase]).items()})
                 if device.type == "cuda":
                     record[f"{phase}_event_mean_ms"] = summarize(timer.event_seconds(phase))["mean_ms"]
         record.update(
+            step_times_ms=[s * 1e3 for s in timer.host["step"]],
             tokens_per_s=tokens / (step["mean_ms"] * 1e-3),
+            model_flops_per_step=model_flops_per_step(cfg, batch),
             model_tflops=tflops,
             peak_tflops=peak,
             mfu=tflops / peak,
@@ -131,8 +168,17 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             raise
         record.update(status="OOM", error=str(err).splitlines()[0][:200])
     finally:
-        del model, optimizer
+        model = optimizer = step_model = None
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if cfg.compile:
+            torch._dynamo.reset()  # a later configuration must not reuse (or hit the limit of) these graphs
     return record
+
+
+def run_benchmark_isolated(cfg: BenchConfig) -> dict:
+    """``run_benchmark`` in a fresh interpreter (spawn): nothing is warm from earlier configurations."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(run_benchmark, (cfg,))

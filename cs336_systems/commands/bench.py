@@ -1,8 +1,16 @@
-"""``cs336-systems bench``: end-to-end benchmark sweep (benchmarking_script).
+"""``cs336-systems bench``: end-to-end benchmark sweep.
+
+Sweeps presets x context lengths x modes x precisions x compile x attention backends x
+checkpointing x optimizers and writes one record per configuration under
+``results/<problem>/`` (``--problem``: which handout question the sweep answers). An
+out-of-memory configuration is recorded as ``OOM`` and the sweep goes on.
 
 ``--default`` is the main job of ``make bench``: on a CUDA machine the handout's end-to-end
 benchmark (presets small..2.7B, context 512, train step, fp32 and bf16); on a CPU-only machine the
 ``tiny`` preset for a few steps, which finishes in seconds.
+
+``--warmup-study`` runs every configuration with 0, 1, 2 and 5 warm-up steps, each in a fresh
+interpreter so that nothing is warm from the configuration before it.
 """
 
 from __future__ import annotations
@@ -14,13 +22,24 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from cs336_systems.bench.e2e import MODES, PRECISIONS, BenchConfig, run_benchmark
+import cs336_systems.profiling.nvtx  # noqa: F401  (registers the "reference_nvtx" attention backend)
+from cs336_systems.bench.e2e import (
+    MODES,
+    OPTIMIZERS,
+    PRECISIONS,
+    BenchConfig,
+    run_benchmark,
+    run_benchmark_isolated,
+)
 from cs336_systems.configs import HANDOUT_PRESETS
 from cs336_systems.records import write_records
 
-TABLE_COLUMNS = ["preset", "context_length", "mode", "precision", "compile", "attention", "status",
-                 "forward_mean_ms", "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms", "step_std_ms",
-                 "tokens_per_s", "mfu", "peak_memory_gib"]
+PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
+            "mfu_target")
+WARMUP_STUDY = (0, 1, 2, 5)
+TABLE_COLUMNS = ["preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint", "optimizer",
+                 "warmup", "status", "forward_mean_ms", "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms",
+                 "step_std_ms", "tokens_per_s", "mfu", "peak_memory_gib"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,11 +50,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's (4)")
     p.add_argument("--mode", nargs="+", choices=MODES, default=["train-step"])
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["fp32"])
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", nargs="?", const="yes", default="no", choices=["no", "yes", "both"],
+                   help="torch.compile the model: no (default), yes (bare --compile), or both (eager and compiled)")
     p.add_argument("--attention", nargs="+", default=["reference"], help="attention backend name(s)")
+    p.add_argument("--checkpoint", nargs="+", default=["none"],
+                   help="activation checkpointing: 'none', 'nested', or k = checkpoint every k blocks")
+    p.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=["ours"])
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup-study", action="store_true",
+                   help=f"run each configuration with {', '.join(map(str, WARMUP_STUDY))} warm-up steps, each in a "
+                        "fresh process (overrides --warmup)")
+    p.add_argument("--isolate", action="store_true", help="run each configuration in a fresh process")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--problem", default="benchmarking_script", choices=PROBLEMS,
+                   help="the handout problem these records answer (their folder under results/)")
     p.add_argument("--results-dir", default="results", help="where records are written")
     p.add_argument("--no-save", action="store_true", help="print the table only")
 
@@ -49,25 +78,35 @@ def configs_from_args(args: argparse.Namespace) -> list[BenchConfig]:
         return [BenchConfig(preset="tiny", context_length=128, mode=m, precision="fp32", warmup=2, steps=5,
                             device="cpu") for m in MODES]
     presets = list(HANDOUT_PRESETS) if args.preset == ["all"] else args.preset
-    grid = itertools.product(presets, args.context_length, args.mode, args.precision, args.attention)
-    return [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
-                        compile=args.compile, attention=a, warmup=args.warmup, steps=args.steps, device=args.device)
-            for p, c, m, pr, a in grid]
+    compiles = {"no": [False], "yes": [True], "both": [False, True]}[args.compile]
+    warmups = list(WARMUP_STUDY) if args.warmup_study else [args.warmup]
+    grid = itertools.product(presets, args.context_length, args.mode, args.precision, compiles, args.attention,
+                             args.checkpoint, args.optimizer, warmups)
+    return [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr, compile=co,
+                        attention=a, checkpoint=ck, optimizer=o, warmup=w, steps=args.steps, device=args.device)
+            for p, c, m, pr, co, a, ck, o, w in grid]
 
 
 def format_table(records: list[dict]) -> str:
     df = pd.DataFrame(records)
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
+    # Drop columns that do not vary and carry defaults, so the table stays readable.
+    for col, default in (("checkpoint", "none"), ("optimizer", "ours"), ("compile", False)):
+        if col in df.columns and (df[col] == default).all():
+            cols.remove(col)
     return df[cols].to_markdown(index=False, floatfmt=".3g")
 
 
 def run(args: argparse.Namespace) -> int:
     configs = configs_from_args(args)
+    isolate = args.isolate or args.warmup_study
     records = []
     for cfg in tqdm(configs, desc="bench", unit="config", disable=len(configs) < 2):
-        records.append(run_benchmark(cfg))
+        record = run_benchmark_isolated(cfg) if isolate else run_benchmark(cfg)
+        record["study"] = "warmup" if args.warmup_study else "sweep"
+        records.append(record)
     print(format_table(records))
     if not args.no_save:
-        path = write_records("benchmarking_script", records, args.results_dir, device=configs[0].torch_device)
+        path = write_records(args.problem, records, args.results_dir, device=configs[0].torch_device)
         print(f"\nrecords: {path}")
     return 0

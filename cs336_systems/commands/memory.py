@@ -1,0 +1,51 @@
+"""``cs336-systems memory``: peak memory per configuration, memory_viz snapshots, offline timeline
+plots, the largest allocations with their source lines (memory_profiling)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import pandas as pd
+from tqdm import tqdm
+
+from cs336_systems.bench.e2e import PRECISIONS
+from cs336_systems.bench.memory import MODES, MemoryConfig, run_memory_profile
+from cs336_systems.records import write_records
+
+COLUMNS = ["preset", "context_length", "mode", "precision", "status", "peak_memory_gib", "baseline_gib",
+           "after_forward_gib", "params_and_optimizer_state_gib", "block_saved_for_backward_mib",
+           "residual_stream_mib_fp32"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", nargs="+", default=["2.7B"])
+    p.add_argument("--context-length", nargs="+", type=int, default=[128, 256, 512])
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--snapshot-dir", default=None,
+                   help="write memory_viz pickles (GPU) and timeline PNGs here")
+    p.add_argument("--device", default=None)
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--no-save", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    configs = [MemoryConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
+                            warmup=args.warmup, device=args.device, snapshot_dir=args.snapshot_dir)
+               for p, c, m, pr in itertools.product(args.preset, args.context_length, args.mode, args.precision)]
+    records = [run_memory_profile(cfg) for cfg in tqdm(configs, desc="memory", unit="config",
+                                                       disable=len(configs) < 2)]
+    df = pd.DataFrame(records)
+    print(df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g"))
+    for rec in records:
+        if rec.get("largest_allocations"):
+            print(f"\nlargest allocations, {rec['preset']} ctx {rec['context_length']} {rec['mode']} "
+                  f"{rec['precision']}:")
+            print(pd.DataFrame(rec["largest_allocations"]).to_markdown(index=False, floatfmt=".4g"))
+    if not args.no_save:
+        path = write_records("memory_profiling", records, args.results_dir, device=configs[0].torch_device)
+        print(f"\nrecords: {path}")
+    return 0
