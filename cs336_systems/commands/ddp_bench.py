@@ -1,0 +1,70 @@
+"""``cs336-systems ddp-bench``: step time and communication of the DDP wrappers vs PyTorch DDP
+(naive_ddp_benchmarking, minimal_ddp_flat_benchmarking, ddp_overlap_individual_parameters_benchmarking,
+ddp_bucketed_benchmarking).
+
+    torchrun --nproc-per-node 2 -m cs336_systems ddp-bench --preset xl --precision fp32 bf16
+    cs336-systems ddp-bench --preset tiny --device cpu        # spawns 2 gloo processes itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from cs336_systems.bench.ddp import PRECISIONS, PROBLEM, VARIANTS, DDPBenchConfig, render_timeline, run_ddp_bench
+from cs336_systems.parallel.process_group import under_torchrun
+from cs336_systems.records import write_records
+
+TABLE_COLUMNS = ["precision", "label", "step_ms", "step_std_ms", "nocomm_step_ms", "exposed_comm_ms", "fwd_bwd_ms",
+                 "sync_ms", "comm_kernel_ms", "comm_hidden_ms", "comm_calls_per_step", "peak_memory_gib"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="xl")
+    p.add_argument("--context-length", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
+    p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--bucket-sizes-mb", nargs="+", type=float, default=[1.0, 10.0, 100.0, 1000.0])
+    p.add_argument("--world-size", type=int, default=None, help="default: torchrun's WORLD_SIZE, else 2")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--no-profile", action="store_true", help="skip the profiled step (no kernel-level numbers)")
+    p.add_argument("--timeline-variants", nargs="+", default=["naive", "overlap"],
+                   help="labels whose kernel timeline is kept (naive, flat, overlap, bucketed-100MB, ...)")
+    p.add_argument("--trace-dir", default=None, help="also write the timeline PNG here")
+    p.add_argument("--attention", default="reference")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--no-save", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    world = args.world_size or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
+    cfg = DDPBenchConfig(preset=args.preset, context_length=args.context_length, batch_size=args.batch_size,
+                         precisions=tuple(args.precision), variants=tuple(args.variants),
+                         bucket_sizes_mb=tuple(args.bucket_sizes_mb), world_size=world, warmup=args.warmup,
+                         steps=args.steps, profile=not args.no_profile,
+                         timeline_variants=tuple(args.timeline_variants), attention=args.attention,
+                         device=args.device, timeout_s=args.timeout_s)
+    rows = run_ddp_bench(cfg)
+    if rows is None:  # not rank 0
+        return 0
+    df = pd.DataFrame(rows)
+    print(df[[c for c in TABLE_COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".4g"))
+    if not args.no_save:
+        print(f"records: {write_records(PROBLEM, rows, args.results_dir, device=torch.device(cfg.device_type))}")
+    if args.trace_dir:
+        for precision in cfg.precisions:
+            path = render_timeline([r for r in rows if r["precision"] == precision],
+                                   Path(args.trace_dir) / f"ddp_timeline_{args.preset}_{precision}.png",
+                                   f"{args.preset}, {world} ranks, batch {args.batch_size}/rank, context "
+                                   f"{args.context_length}: one profiled step on rank 0")
+            if path:
+                print(f"timeline: {path}")
+    return 0
