@@ -338,3 +338,37 @@ def test_wrapper_needs_process_group():
 
     with pytest.raises(ValueError, match="not initialised"):
         NaiveDDP(nn.Linear(2, 2))
+
+
+# --- NCCL on two GPUs (device machine only) --------------------------------------------------
+def nccl_parity_worker(info, strategy: str, bucket_size_mb):
+    torch.manual_seed(100 + info.rank)
+    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb)
+    ref = copy.deepcopy(ddp.module)
+    opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
+    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
+    for step in range(4):
+        x, y = (t.to(info.device) for t in make_batch("lm", step))
+        ref_opt.zero_grad()
+        loss_fn("lm", ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
+        ddp.finish_gradient_synchronization()
+        opt.step()
+    # GPU matmuls may pick different kernels for batch 3 and 6 (and TF32 is off by default): same bound as CPU
+    # plus a margin for cuBLAS split-K reductions.
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    return {k: v.cpu() for k, v in ddp.module.state_dict().items()}
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("naive", None), ("flat", None), ("overlap", None),
+                                                          ("bucketed", 0.004), ("torch-ddp", None)])
+def test_nccl_parity_two_gpus(strategy, bucket_size_mb):
+    r0, r1 = spawn(nccl_parity_worker, WORLD, (strategy, bucket_size_mb), backend="nccl", device_type="cuda",
+                   timeout_s=150)
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), k
