@@ -63,3 +63,19 @@ def get_sharded_optimizer(params, optimizer_cls, **kwargs):
     from cs336_systems.parallel.sharded_optimizer import ShardedOptimizer
 
     return ShardedOptimizer(params, optimizer_cls, **kwargs)
+
+
+def get_fsdp(module, compute_dtype=None):
+    """Fully-sharded data parallel: Linear / Embedding weights sharded, norms replicated."""
+    from cs336_systems.parallel.fsdp import FSDP
+
+    return FSDP(module, compute_dtype=compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model, optimizer) -> None:
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model) -> dict:
+    """Every parameter at full shape by its original name (a collective: call on every rank)."""
+    return fsdp_model.full_state_dict()
