@@ -75,7 +75,8 @@ def _loss(logits, y):
 
 def _fp16_params(model: nn.Module) -> dict[str, torch.Tensor]:
     """The reference's mixed precision: the weights FSDP shards, and nn.Linear biases, cast to fp16."""
-    cast = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, (Linear, Embedding, nn.Linear, nn.Embedding))}
+    sharded = (Linear, Embedding, nn.Linear, nn.Embedding)
+    cast = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, sharded)}
     cast |= {f"{n}.bias" for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.bias is not None}
     return {n: (p.half() if n in cast else p) for n, p in model.named_parameters()}
 
