@@ -7,30 +7,31 @@ PLAN=${1:-smoke}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-pip install --no-deps --no-build-isolation -e . -q >"$OUT/pip.log" 2>&1 || echo "pip install failed (PYTHONPATH used)"
-R="$OUT/results"; T="$OUT/traces"; mkdir -p "$R" "$T"
+pip install --no-deps --no-build-isolation -e . -q >/tmp/pip.log 2>&1 || echo "pip install failed (PYTHONPATH used)"
+R="$OUT/results"; T="$OUT/traces"; L="$R/logs"; mkdir -p "$R" "$T" "$L"
 CLI="python3 -m cs336_systems"
 step() {  # step <seconds> <name> <command...>
   local limit=$1 name=$2; shift 2
   local t0=$SECONDS
   echo "=== $name"
-  timeout "$limit" "$@" >"$OUT/log-$name.txt" 2>&1; local rc=$?
-  tail -n 25 "$OUT/log-$name.txt" | grep -v '^USDT' | cut -c1-220
+  timeout "$limit" "$@" >"$L/$name.txt" 2>&1; local rc=$?
+  tail -n 25 "$L/$name.txt" | grep -v '^USDT' | cut -c1-220
   echo "=== $name rc=$rc $((SECONDS - t0))s"
+  tar czf "$OUT/results.tgz" -C "$OUT" results  # refreshed after every step: survives a kill at the time limit
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv
 python3 -c "import cs336_systems, torch; from cs336_basics.attention import available_attention_backends as a; print(torch.__version__, a())"
 case "$PLAN" in
 a)  # end-to-end sweeps, warm-up study, checkpointing, memory, profile (about 8 minutes)
-  step 90 tests python3 -m pytest -q -m gpu tests/test_bench.py tests/test_profiling.py -p no:cacheprovider
-  step 45 precision $CLI precision --results-dir "$R"
-  step 150 bench-sweep $CLI bench --preset all --mode forward forward-backward train-step --precision fp32 bf16 \
+  step 60 tests python3 -m pytest -q -m gpu tests/test_bench.py tests/test_profiling.py -p no:cacheprovider
+  step 30 precision $CLI precision --results-dir "$R"
+  step 130 bench-sweep $CLI bench --preset all --mode forward forward-backward train-step --precision fp32 bf16 \
     --warmup 5 --steps 10 --problem benchmarking_script --results-dir "$R"
-  step 75 warmup-study $CLI bench --preset small --mode train-step --warmup-study --steps 10 --results-dir "$R"
-  step 110 checkpoint $CLI bench --preset xl --context-length 2048 --precision fp32 --mode train-step \
+  step 60 warmup-study $CLI bench --preset small --mode train-step --warmup-study --steps 10 --results-dir "$R"
+  step 100 checkpoint $CLI bench --preset xl --context-length 2048 --precision fp32 --mode train-step \
     --checkpoint none 1 2 3 4 6 8 nested --warmup 1 --steps 2 --problem gradient_checkpointing --results-dir "$R"
-  step 100 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
-  step 60 profile $CLI profile --preset small --context-length 512 --steps 3 --results-dir "$R" --trace-dir "$T"
+  step 80 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
+  step 50 profile $CLI profile --preset small --context-length 512 --steps 3 --results-dir "$R" --trace-dir "$T"
   ;;
 b)  # torch.compile end to end, the MFU target, attention grid eager vs compiled (about 8 minutes)
   step 130 compile $CLI bench --preset small medium --mode forward train-step --precision bf16 --compile both \
@@ -47,9 +48,9 @@ b)  # torch.compile end to end, the MFU target, attention grid eager vs compiled
     --warmup 2 --steps 3 --results-dir "$R"
   ;;
 esac
-cd "$OUT" && tar czf results.tgz results && rm -rf results
-# Keep what comes back under the limits (8 files): logs, results, and the traces folder tarred.
-tar czf logs.tgz log-*.txt pip.log && rm -f log-*.txt pip.log
-find traces -name '*.pickle' -size +20M -exec gzip {} \;
+cd "$OUT" && rm -rf results
+# Keep what comes back under the limits (8 files, 16 MiB each): one memory_viz pickle per mode, gzipped.
+find traces -name '*.pickle' ! -name '*ctx512-*-fp32.pickle' -delete
+gzip -f traces/*.pickle 2>/dev/null
 tar czf traces.tgz traces && rm -rf traces
 ls -la "$OUT"
