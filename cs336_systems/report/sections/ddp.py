@@ -1,0 +1,324 @@
+"""Data-parallel training: all-reduce sweep, the four DDP wrappers vs PyTorch DDP, the overhead model,
+and the communication accounting (computed in ``cs336_systems.parallel.accounting``)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from cs336_systems.parallel import accounting as acc
+from cs336_systems.records import read_records
+
+PROBLEM_IDS = (
+    "distributed_communication_single_node", "naive_ddp", "naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
+    "ddp_overlap_individual_parameters", "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed",
+    "ddp_bucketed_benchmarking", "communication_accounting",
+)
+COMM = "distributed_communication_single_node"
+DDP = "ddp_bucketed_benchmarking"
+
+
+def _latest(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    out: dict[tuple, dict] = {}
+    for r in rows:  # oldest file first: later runs replace earlier ones
+        out[tuple(str(r.get(k)) for k in keys)] = r
+    return list(out.values())
+
+
+def _device(r: dict) -> str:
+    return r.get("provenance", {}).get("device", "?")
+
+
+def _provenance(rows: list[dict]) -> str:
+    seen, lines = set(), []
+    for r in rows:
+        p = r.get("provenance", {})
+        key = (p.get("device"), p.get("date"), p.get("command"))
+        if key not in seen:
+            seen.add(key)
+            gpus = f" ({p['gpu_count']} GPUs visible)" if p.get("gpu_count") else ""
+            lines.append(f"*Measured on {p.get('device')}{gpus}, torch {p.get('torch')}, "
+                         f"{p.get('date')}, commit {p.get('git_commit')}: `{p.get('command')}`*")
+    return "\n\n".join(lines)
+
+
+def _md(df: pd.DataFrame, fmt: str = ".4g") -> str:
+    return df.to_markdown(index=False, floatfmt=fmt)
+
+
+# --- distributed_communication_single_node --------------------------------------------------------
+def _comm_section(ctx) -> str | None:
+    rows = _latest(read_records(COMM, ctx.results_dir), ("backend", "world_size", "size_mb"))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (r["backend"], r["world_size"], r["size_mb"]))
+    df = pd.DataFrame([{"backend": r["backend"], "device": _device(r), "processes": r["world_size"],
+                        "size MB": r["size_mb"], "latency ms (median)": r["latency_median_ms"],
+                        "± std": r["latency_std_ms"], "algbw GB/s": r["algbw_gbps"], "busbw GB/s": r["busbw_gbps"]}
+                       for r in rows])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for (backend, ws), g in df.groupby(["backend", "processes"]):
+        a1.loglog(g["size MB"], g["latency ms (median)"], marker="o", label=f"{backend}, {ws} proc")
+        a2.semilogx(g["size MB"], g["busbw GB/s"], marker="o", label=f"{backend}, {ws} proc")
+    a1.set(xlabel="all-reduce size (MB, float32)", ylabel="latency (ms, slowest rank, median)")
+    a2.set(xlabel="all-reduce size (MB, float32)", ylabel="bus bandwidth (GB/s)", yscale="log")
+    a1.legend(fontsize=8)
+    a1.grid(True, which="both", alpha=0.3)
+    a2.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path = ctx.figure_path("allreduce.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+    notes = []
+    for backend, g in df.groupby("backend"):
+        big = g[g["size MB"] == g["size MB"].max()]
+        best = big.loc[big["busbw GB/s"].idxmax()]
+        notes.append(f"{backend}: at {best['size MB']:g} MB the best bus bandwidth is {best['busbw GB/s']:.3g} GB/s "
+                     f"({best['processes']} processes)")
+    gloo = df[df.backend == "gloo"]
+    if len(gloo.processes.unique()) > 1:
+        lat = gloo.groupby("processes")["latency ms (median)"].max()
+        notes.append(f"gloo's largest-size latency grows from {lat.iloc[0]:.0f} ms ({lat.index[0]} processes) to "
+                     f"{lat.iloc[-1]:.0f} ms ({lat.index[-1]} processes): the CPU processes share the machine's cores "
+                     "and memory bandwidth, so more ranks add traffic without adding links")
+    return (f"## {COMM}\n\n`cs336-systems comm-bench` (5 warm-up iterations, barrier + synchronize around each timed "
+            "all-reduce, latency = slowest rank; bus bandwidth = algbw x 2(n-1)/n as in nccl-tests).\n\n"
+            f"![all-reduce]({ctx.link(path)})\n\n{_md(df)}\n\n" + "; ".join(notes) + ". Small all-reduces are "
+            "latency bound (a fixed per-call cost dominates and bandwidth is far below the large-size value); large "
+            "ones run at the transport's bandwidth. NCCL moves GPU memory over NVLink, gloo copies through host "
+            "memory and TCP, hence orders of magnitude between them at every size.\n\n" + _provenance(rows) + "\n")
+
+
+# --- implementation problems ------------------------------------------------------------------------
+IMPLEMENTATION = {
+    "naive_ddp": (
+        "`cs336_systems.parallel.ddp.NaiveDDP`: after backward, `finish_gradient_synchronization()` all-reduces every "
+        "gradient tensor separately (sum, then divide by the world size). Verified in `tests/test_ddp.py` "
+        "(gloo, 2 ranks): trained on a toy model with a frozen parameter and a bias without grad, a model with "
+        "tied weights and a tiny `BasicsTransformerLM` with AdamW, its weights match single-process training on "
+        "the global batch after every step (max deviation ~3e-7, fp32 summation order), and both ranks end "
+        "bitwise identical."),
+    "ddp_overlap_individual_parameters": (
+        "`cs336_systems.parallel.ddp.OverlapDDP` (adapters `get_ddp_individual_parameters` / `get_ddp`): a "
+        "`register_post_accumulate_grad_hook` on each trainable parameter issues an async all-reduce of its "
+        "gradient in place; `finish_gradient_synchronization()` waits on the handles and divides. Launches follow "
+        "reverse parameter order on every rank, so all ranks issue the same collective sequence. Rank 0's "
+        "parameters and buffers are broadcast at construction, tied tensors reduced once, frozen ones skipped; a "
+        "parameter without gradient raises naming it; `no_sync()` supports accumulation."),
+    "ddp_overlap_bucketed": (
+        "`cs336_systems.parallel.ddp.BucketedDDP(module, bucket_size_mb)` (adapters `get_ddp_bucketed`, "
+        "`ddp_bucketed_on_after_backward`, `ddp_bucketed_on_train_batch_start`): parameters are packed in "
+        "reverse order into buckets of at most `bucket_size_mb` MiB (one dtype/device each; a larger tensor gets "
+        "its own); when a bucket's last gradient arrives, its gradients are flattened and all-reduced "
+        "asynchronously, buckets launched strictly in order; `finish_gradient_synchronization()` waits, divides "
+        "and copies back. Tested with one bucket per parameter, a few buckets, and one bucket."),
+}
+
+
+# --- DDP benchmarks ---------------------------------------------------------------------------------
+def _ddp_rows(ctx) -> list[dict]:
+    rows = read_records(DDP, ctx.results_dir)
+    gpu = [r for r in rows if r.get("backend") == "nccl"]
+    return _latest(gpu or rows, ("preset", "precision", "label", "batch_size", "context_length"))
+
+
+def _ddp_table(rows: list[dict]) -> pd.DataFrame:
+    base = {r["precision"]: r["step_ms"] for r in rows if r["label"] == "none"}
+    peer = {r["precision"]: r["step_ms"] for r in rows if r["label"] == "torch-ddp"}
+    out = []
+    for r in rows:
+        out.append({
+            "precision": r["precision"], "variant": r["label"], "step ms": r["step_ms"], "± std": r["step_std_ms"],
+            "vs 1 GPU": r["step_ms"] / base[r["precision"]] - 1 if r["precision"] in base else math.nan,
+            "vs torch DDP": r["step_ms"] / peer[r["precision"]] - 1 if r["precision"] in peer else math.nan,
+            "exposed comm ms": r["exposed_comm_ms"], "in collectives ms": r.get("comm_kernel_ms", math.nan),
+            "of it overlapped ms": r.get("comm_hidden_ms", math.nan), "sync wait ms": r["sync_ms"],
+            "calls/step": r["comm_calls_per_step"], "peak GiB": r.get("peak_memory_gib")})
+    return pd.DataFrame(out)
+
+
+def _fmt_pct(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    for c in ("vs 1 GPU", "vs torch DDP"):
+        df[c] = df[c].map(lambda x: "" if pd.isna(x) else f"{100 * x:+.1f}%")
+    return df
+
+
+def _setup(rows: list[dict]) -> str:
+    r = rows[0]
+    return (f"Setup: `{r['preset']}` ({r['n_params'] / 1e9:.2f} B parameters, {r['grad_bytes'] / 1e9:.1f} GB of fp32 "
+            f"gradients per step), {r['world_size']} ranks x batch {r['batch_size']} x context {r['context_length']}, "
+            f"{r['backend']}, AdamW, {r['warmup']} warm-up + {r['steps']} timed steps per variant (median of the "
+            "slowest rank). *step*: synchronize-to-synchronize; *exposed comm*: step minus the same step inside "
+            "`no_sync()` (no collectives); *in collectives*: summed NCCL kernel time of one profiled step, and the "
+            "part of it that ran concurrently with compute kernels; *sync wait*: CUDA-event time the compute stream "
+            "spent in `finish_gradient_synchronization()`. `none` = the plain model, no wrapper (single-GPU step).")
+
+
+def _select(df: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
+    return _fmt_pct(df[df.variant.isin(labels)])
+
+
+def _overhead_model(ctx, rows: list[dict]) -> str:
+    comm = [r for r in read_records(COMM, ctx.results_dir) if r.get("backend") == rows[0]["backend"]
+            and r.get("world_size") == rows[0]["world_size"]]
+    comm = _latest(comm, ("size_mb",))
+    text = ("**(b) Overhead model.** Let backward produce n_b equal buckets whose compute time equals their transfer "
+            "time c = s / (n_b w), and let each all-reduce cost o on top. Bucket i's transfer starts after its "
+            "compute and after bucket i-1's transfer, so the communication stream ends at n_b (o + c) + c while "
+            "backward ends at n_b c:\n\n    overhead(n_b) = s / (n_b w) + n_b o\n\nMinimising over n_b: "
+            "n_b* = sqrt(s / (w o)), i.e. optimal bucket size b* = s / n_b* = sqrt(s w o), with overhead "
+            "2 sqrt(s o / w).")
+    if len(comm) < 2:
+        return text + " (No all-reduce records on this backend / world size to fit o and w yet.)"
+    o, w = acc.fit_latency_model([r["bytes"] for r in comm], [r["latency_median_ms"] / 1e3 for r in comm])
+    s = rows[0]["grad_bytes"]
+    n_opt, b_opt = acc.optimal_buckets(s, w, max(o, 1e-9))
+    lines = [text, "",
+             f"Fitting latency = o + bytes / w to this run's all-reduce records ({rows[0]['backend']}, "
+             f"{rows[0]['world_size']} ranks, {len(comm)} sizes) gives o = {o * 1e6:.1f} us, w = {w / 1e9:.1f} GB/s; "
+             f"with s = {s / 1e9:.2f} GB the model predicts n_b* = {n_opt:.0f} buckets of "
+             f"b* = {b_opt / 2**20:.0f} MiB. "
+             "Predicted vs measured overhead per bucket size:", ""]
+    table = []
+    for r in rows:
+        if r["variant"] != "bucketed":
+            continue
+        nb = max(1, math.ceil(s / (r["bucket_size_mb"] * 2**20)))
+        table.append({"precision": r["precision"], "bucket MiB": f"{r['bucket_size_mb']:g}", "buckets (model)": nb,
+                      "calls/step (measured)": r["comm_calls_per_step"],
+                      "model overhead ms": acc.ddp_overhead_s(s, w, o, nb) * 1e3,
+                      "measured exposed ms": r["exposed_comm_ms"]})
+    if table:
+        lines.append(_md(pd.DataFrame(table), ".3g"))
+    lines.append("\nThe model's assumption (per-bucket compute = per-bucket transfer) holds only roughly: where "
+                 "backward is much longer than the transfer, every bucket but the last hides completely and the "
+                 "measured overhead sits below the model; the trend (huge buckets expose one large transfer, "
+                 "tiny buckets pay per-call costs) is what it predicts.")
+    return "\n".join(lines)
+
+
+def _ddp_sections(ctx) -> dict[str, str]:
+    rows = _ddp_rows(ctx)
+    if not rows:
+        return {}
+    order = {lab: i for i, lab in enumerate(["none", "naive", "flat", "overlap"])}
+    rows.sort(key=lambda r: (r["precision"], order.get(r["label"], 4), r.get("bucket_size_mb") or 0,
+                             r["label"] == "torch-ddp"))
+    df = _ddp_table(rows)
+    prov = _provenance(rows)
+    cpu_note = ("\n\n*These records come from a CPU (gloo) run: they check the pipeline, not the hardware; the GPU "
+                "numbers come from `scripts/device/ddp.sh`.*" if rows[0]["backend"] != "nccl" else "")
+    head = _setup(rows) + cpu_note
+    out = {}
+    out["naive_ddp_benchmarking"] = (f"## naive_ddp_benchmarking\n\n{head}\n\n"
+                                     f"{_md(_select(df, ['none', 'naive']))}\n\n{prov}\n")
+    out["minimal_ddp_flat_benchmarking"] = (
+        "## minimal_ddp_flat_benchmarking\n\nOne all-reduce of all gradients flattened together vs one per tensor "
+        f"(same run):\n\n{_md(_select(df, ['none', 'naive', 'flat']))}\n")
+    png = None
+    from cs336_systems.bench.ddp import render_timeline
+
+    timeline_rows = [r for r in rows if r.get("timeline")]
+    if timeline_rows:
+        precision = "bf16" if any(r["precision"] == "bf16" for r in timeline_rows) else timeline_rows[0]["precision"]
+        png = render_timeline([r for r in timeline_rows if r["precision"] == precision],
+                              ctx.figure_path(f"ddp_timeline_{precision}.png"),
+                              f"{rows[0]['preset']}: one profiled training step on rank 0 (blue: compute kernels, "
+                              "red: NCCL all-reduce kernels)")
+    out["ddp_overlap_individual_parameters_benchmarking"] = (
+        "## ddp_overlap_individual_parameters_benchmarking\n\n(a) Per-parameter async all-reduce from gradient hooks "
+        f"vs the two post-backward variants:\n\n{_md(_select(df, ['none', 'naive', 'flat', 'overlap']))}\n\n"
+        "(b) Kernel timelines of one profiled step (torch.profiler, rendered from the recorded kernel intervals): "
+        "in `naive` every all-reduce kernel starts after the last backward kernel; in the overlapped variants they "
+        "run during backward." + (f"\n\n![timeline]({ctx.link(png)})" if png else "") + "\n")
+    perf = []
+    for precision in sorted({r["precision"] for r in rows}):
+        by = {r["label"]: r for r in rows if r["precision"] == precision}
+        buckets = [r for r in by.values() if r["variant"] == "bucketed"]
+        if not buckets or "none" not in by:
+            continue
+        best = min(buckets, key=lambda r: r["step_ms"])
+        vs1 = best["step_ms"] / by["none"]["step_ms"] - 1
+        line = (f"- {precision}: best bucketed ({best['label']}) {best['step_ms']:.1f} ms vs single-GPU "
+                f"{by['none']['step_ms']:.1f} ms ({100 * vs1:+.1f}%: {'within' if vs1 <= 0.05 else 'NOT within'} 5%)")
+        if "torch-ddp" in by:
+            vsp = best["step_ms"] / by["torch-ddp"]["step_ms"] - 1
+            line += (f"; vs PyTorch DDP {by['torch-ddp']['step_ms']:.1f} ms ({100 * vsp:+.1f}%: "
+                     f"{'at most' if vsp <= 0 else 'SLOWER than'} the peer)")
+        perf.append(line)
+    out["ddp_bucketed_benchmarking"] = (
+        "## ddp_bucketed_benchmarking\n\n(a) Bucket sizes 1 / 10 / 100 / 1000 MiB next to the other wrappers and "
+        f"PyTorch DDP (default 25 MiB buckets), measured in the same run:\n\n{_md(_fmt_pct(df))}\n\n"
+        "Targets (issue #5):\n\n" + "\n".join(perf) + "\n\n" + _overhead_model(ctx, rows) + "\n")
+    return out
+
+
+# --- communication_accounting ---------------------------------------------------------------------
+def _accounting() -> str:
+    m, mesh = acc.FFNStack(), acc.Mesh()
+    state = m.fp32_state_bytes
+    act_tok = m.activation_bytes_per_token
+    n_fsdp = acc.min_fsdp_degree(m, 95e9, tokens=0)
+    b_dev = acc.fsdp_tp_min_batch_per_device(m, mesh)
+    n_dev = mesh.x * mesh.y
+    per_dev_tokens = math.ceil(b_dev)
+    ex_tokens = 4096
+    ex_n = acc.min_fsdp_degree(m, 95e9, tokens=ex_tokens)
+    return f"""## communication_accounting
+
+Computed by `cs336_systems.parallel.accounting` (XXL: d_model {m.d_model}, d_ff {m.d_ff}, {m.num_blocks} blocks of two
+linears; {m.params / 1e9:.1f} B parameters).
+
+(a) FP32 master weights + gradients + AdamW m and v = 16 B/parameter = **{state / 1e12:.2f} TB**
+({state / 2**30:,.0f} GiB), i.e. {acc.devices_for(state, 80e9)} H100s of 80 GB for the state alone. Saved for backward
+in BF16 (each linear's input: d_model + d_ff values per block): **{act_tok / 1e6:.1f} MB per token**
+({act_tok * ex_tokens / 1e9:.0f} GB for a {ex_tokens}-token batch), on top of the state.
+
+(b) Per device with state and half of the activations sharded over N_FSDP devices:
+state / N + A / 2 + A / (2N), A = {act_tok / 1e6:.1f} MB x tokens. Below 95 GB (one v5p) takes N_FSDP >= **{n_fsdp}**
+counting the state alone, and N_FSDP >= {ex_n} with a {ex_tokens}-token batch: the unsharded half of the
+activations ({act_tok * ex_tokens / 2 / 1e9:.0f} GB there) caps how far sharding helps.
+
+(c) X = {mesh.x} (FSDP, M_X = {mesh.m_x}), Y = {mesh.y} (TP, M_Y = {mesh.m_y}), W_ici = {mesh.w_ici:.2g} B/s,
+C = {mesh.flops:.2g} FLOP/s. Per block and device, T_math = 4bDF/C against T_FSDP = 4DF/(Y W M_X) plus
+T_TP = 4bYD/(W M_Y) (Scaling Book, part 5); compute bound when b >= (F/(Y W M_X)) / (F/C - Y/(W M_Y)) =
+**{b_dev:.1f} tokens per device**, so at least {per_dev_tokens} per device and **{per_dev_tokens * n_dev:,} tokens**
+overall on {n_dev} chips.
+
+(d) To shrink the global batch while staying compute bound: raise arithmetic intensity per byte communicated.
+Keep the weights' all-gathers off the critical path by overlapping them with compute (prefetch the next layer,
+T = max(T_math, T_comm) instead of the sum); give TP the fast axis and a larger share of the mesh only as far as
+T_TP stays below T_math, since the FSDP term falls as 1/Y; communicate in lower precision (FP8 all-gathers halve
+T_FSDP); replace part of the data/FSDP axis by pipeline parallelism, whose communication is only activations at
+stage boundaries and is independent of the weight size (GPipe, Huang et al. 2019; 1F1B / interleaved schedules,
+Narayanan et al. 2021), paying with bubbles that micro-batching amortises; and use expert/sequence parallelism
+where the model allows (Scaling Book, parts 5-6; Ultra-Scale Playbook).
+"""
+
+
+def build(ctx) -> str | None:
+    parts = []
+    comm = _comm_section(ctx)
+    if comm:
+        parts.append(comm)
+    ddp = _ddp_sections(ctx)
+    parts.append(f"## naive_ddp\n\n{IMPLEMENTATION['naive_ddp']}\n")
+    for pid in ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking"):
+        if pid in ddp:
+            parts.append(ddp[pid])
+    parts.append(f"## ddp_overlap_individual_parameters\n\n{IMPLEMENTATION['ddp_overlap_individual_parameters']}\n")
+    if "ddp_overlap_individual_parameters_benchmarking" in ddp:
+        parts.append(ddp["ddp_overlap_individual_parameters_benchmarking"])
+    parts.append(f"## ddp_overlap_bucketed\n\n{IMPLEMENTATION['ddp_overlap_bucketed']}\n")
+    if "ddp_bucketed_benchmarking" in ddp:
+        parts.append(ddp["ddp_bucketed_benchmarking"])
+    parts.append(_accounting())
+    return "\n".join(parts)
