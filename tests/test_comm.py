@@ -77,3 +77,34 @@ def test_ddp_bench_tiny_end_to_end(tmp_path):
         assert r["step_ms"] > 0 and r["nocomm_step_ms"] > 0 and r["status"] == "ok"
     assert "timeline" in by["naive"] and "timeline" in by["overlap"] and "timeline" not in by["flat"]
     assert render_timeline(rows, tmp_path / "t.png").stat().st_size > 0
+    # The report section renders these records (tables, targets, overhead model, timeline) without a GPU.
+    from cs336_systems.records import write_records
+    from cs336_systems.report import ReportContext
+    from cs336_systems.report.sections import ddp as section
+
+    write_records("ddp_bucketed_benchmarking", rows, tmp_path / "results", device="cpu")
+    text = section.build(ReportContext(tmp_path / "results", tmp_path / "REPORT.md"))
+    for pid in section.PROBLEM_IDS[1:]:
+        assert f"## {pid}\n" in text, pid
+    assert "ddp_timeline_fp32.png" in text and (tmp_path / "figures" / "ddp_timeline_fp32.png").exists()
+
+
+def test_accounting_arithmetic():
+    from cs336_systems.parallel import accounting as acc
+
+    m = acc.FFNStack()
+    assert m.params == 126 * 2 * 16384 * 53248
+    assert m.fp32_state_bytes == 16 * m.params
+    n = acc.min_fsdp_degree(m, 95e9, tokens=1000)
+    assert acc.fsdp_bytes_per_device(m, n, 1000) <= 95e9 < acc.fsdp_bytes_per_device(m, n - 1, 1000)
+    b = acc.fsdp_tp_min_batch_per_device(m, acc.Mesh())  # compute time equals communication time there
+    mesh, d, f = acc.Mesh(), m.d_model, m.d_ff
+    t_math = 4 * b * d * f / mesh.flops
+    t_comm = 4 * d * f / (mesh.y * mesh.w_ici * mesh.m_x) + 4 * b * mesh.y * d / (mesh.w_ici * mesh.m_y)
+    assert t_math == pytest.approx(t_comm, rel=1e-12)
+    s, w, o = 8e9, 2e11, 3e-5
+    n_opt, b_opt = acc.optimal_buckets(s, w, o)
+    best = min(range(1, 2000), key=lambda k: acc.ddp_overhead_s(s, w, o, k))
+    assert abs(best - n_opt) <= 1 and b_opt == pytest.approx(s / n_opt)
+    o_fit, w_fit = acc.fit_latency_model([1e6, 1e7, 1e8], [o + x / w for x in (1e6, 1e7, 1e8)])
+    assert o_fit == pytest.approx(o, rel=1e-6) and w_fit == pytest.approx(w, rel=1e-6)
