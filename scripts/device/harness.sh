@@ -33,14 +33,14 @@ a)  # end-to-end sweeps, warm-up study, checkpointing, memory, profile (about 8 
   step 80 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
   step 50 profile $CLI profile --preset small --context-length 512 --steps 3 --results-dir "$R" --trace-dir "$T"
   ;;
-b)  # torch.compile end to end, the MFU target, attention grid eager vs compiled (about 8 minutes)
-  step 130 compile $CLI bench --preset small medium --mode forward train-step --precision bf16 --compile both \
-    --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
+b)  # the MFU target, attention grid eager vs compiled, torch.compile end to end (about 9 minutes)
   step 150 mfu $CLI bench --preset xl --precision bf16 --compile both --attention sdpa --optimizer ours torch-fused \
     --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
+  step 190 attention $CLI attention-bench --results-dir "$R"
+  step 110 compile $CLI bench --preset small medium --mode forward train-step --precision bf16 --compile both \
+    --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
   step 60 mfu-flash $CLI bench --preset xl --precision bf16 --compile yes --attention flash_triton \
     --optimizer torch-fused --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
-  step 190 attention $CLI attention-bench --results-dir "$R"
   ;;
 *)  # smoke
   step 120 tests python3 -m pytest -q -m gpu tests/test_bench.py tests/test_profiling.py -x -p no:cacheprovider

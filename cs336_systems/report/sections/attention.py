@@ -47,8 +47,10 @@ def _attention(ctx) -> str | None:
     ooms = [r for r in runs if r["status"] == "OOM" and not r.get("compile")]
     if acc:
         gib_per_score = acc["bytes_per_score"]
+        which = ("the smallest configuration that runs out of memory" if acc["status"] == "OOM"
+                 else "no configuration ran out of memory; the largest one")
         parts.append(
-            f"Memory accounting ({'the smallest configuration that runs out of memory' if acc['status'] == 'OOM' else 'no configuration ran out of memory; the largest one'}: "
+            f"Memory accounting ({which}: "
             f"d = {acc['head_dim']}, T = {acc['seq_len']}): Q, K, V and O take {acc['qkv_and_output_gib']:.3f} GiB; "
             f"the reference implementation saves {acc['saved_score_matrices']:.2f} score-sized fp32 tensors for "
             f"backward ({gib_per_score:.0f} bytes per score: the masked scores, their exponentials, the "

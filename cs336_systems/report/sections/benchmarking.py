@@ -43,7 +43,8 @@ def build(ctx) -> str | None:
     parts = ["## benchmarking_script\n",
              "`cs336-systems bench` builds a `BasicsTransformerLM` with random weights, a random batch, runs the "
              "warm-up steps, then times each measured step phase by phase with `timeit.default_timer()` and "
-             "`torch.cuda.synchronize()` around every phase, with CUDA events around the same regions as a cross-check. "
+             "`torch.cuda.synchronize()` around every phase, with CUDA events around the same regions as a "
+             "cross-check. "
              "MFU is model FLOPs (6N + 12LTd per token for training, a third of it for forward only; "
              "`cs336_systems.configs`) over the matmul peak measured on the same device in the same precision.\n",
              provenance(sweep) + "\n"]

@@ -64,6 +64,8 @@ def build(ctx) -> str | None:
                       ([kk for kk in ks if kk < k][-1:] + [kk for kk in ks if kk > k][:1])]
         none = next((r for r in rows if r["checkpoint"] == "none"), None)
         nested = next((r for r in good if r["checkpoint"] == "nested"), None)
+        none_text = ("runs out of memory" if none and none["status"] == "OOM"
+                     else f"peaks at {none['peak_memory_gib']:.2f} GiB" if none else "")
         # residuals of one block, estimated from two measured k: peak(k) ~ const + (N/k) |x| + k R
         parts.append(
             f"With one level of checkpointing in groups of k blocks, the forward keeps N/k = {cfg.num_layers}/k "
@@ -75,10 +77,9 @@ def build(ctx) -> str | None:
             f"{best['peak_memory_gib']:.2f} GiB at k = {k}"
             + (", against " + ", ".join(f"{r['peak_memory_gib']:.2f} GiB at k = {r['checkpoint']}" for r in neighbours)
                if neighbours else "")
-            + (f"; without checkpointing the step {'runs out of memory' if none['status'] == 'OOM' else 'peaks at %.2f GiB' % none['peak_memory_gib']}"
-               if none else "")
-            + (f"; nested bisection peaks at {nested['peak_memory_gib']:.2f} GiB for a {nested['step_mean_ms'] / best['step_mean_ms']:.2f}x "
-               f"longer step than k = {k}" if nested else "")
+            + (f"; without checkpointing the step {none_text}" if none else "")
+            + (f"; nested bisection peaks at {nested['peak_memory_gib']:.2f} GiB for a "
+               f"{nested['step_mean_ms'] / best['step_mean_ms']:.2f}x longer step than k = {k}" if nested else "")
             + f". The step time of k = {k} is {best['step_mean_ms']:.0f} ms; every k recomputes one forward, so "
               f"times differ little across k.\n")
         fig, ax = plt.subplots(figsize=(6.5, 3.5))

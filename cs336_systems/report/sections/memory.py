@@ -35,7 +35,8 @@ def build(ctx) -> str | None:
         lines = []
         for mode in ("forward", "train-step"):
             if all((mode, "fp32", c) in piv for c in ctxs):
-                lines.append(f"{mode} fp32 peaks: " + ", ".join(f"{piv[(mode, 'fp32', c)]:.2f} GiB at {c}" for c in ctxs))
+                lines.append(f"{mode} fp32 peaks: "
+                             + ", ".join(f"{piv[(mode, 'fp32', c)]:.2f} GiB at {c}" for c in ctxs))
         diffs = [(piv[(m, "bf16", c)] - piv[(m, "fp32", c)]) for m in ("forward", "train-step") for c in ctxs
                  if (m, "bf16", c) in piv and (m, "fp32", c) in piv]
         text = "; ".join(lines) + "."
@@ -92,7 +93,8 @@ def build(ctx) -> str | None:
     if saved:
         parts.append("### (f) Saved for backward by one block\n")
         parts.append(
-            f"Counted with autograd's saved-tensor hooks (distinct storages) for one {saved['preset']} block at context "
+            f"Counted with autograd's saved-tensor hooks (distinct storages) for one {saved['preset']} block at "
+            f"context "
             f"{saved['context_length']}: {saved['block_saved_for_backward_mib']:.1f} MiB, of which "
             f"{saved['block_saved_excluding_params_mib']:.1f} MiB are activations (the rest are the block's weights, "
             f"which matmuls save by reference), i.e. "

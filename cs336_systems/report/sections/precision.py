@@ -31,7 +31,8 @@ def _accumulation(ctx) -> str | None:
                 f"the result is {mixed['result']:.5f}: the only error left is fp16's representation of 0.01 "
                 f"({mixed['summand_as_stored']:.8f}) times 1000, whether the upcast is implicit or explicit. "
                 f"Hence low-precision inputs are fine, but accumulations must be kept in fp32.")
-    return "\n".join(["## mixed_precision_accumulation\n", provenance(rows) + "\n", table(df, ".8g") + "\n", text + "\n"])
+    return "\n".join(["## mixed_precision_accumulation\n", provenance(rows) + "\n", table(df, ".8g") + "\n",
+                      text + "\n"])
 
 
 def _mixed(ctx) -> str | None:
@@ -51,7 +52,8 @@ def _mixed(ctx) -> str | None:
         parts.append(df[cols].T.to_markdown() + "\n")
         fp16 = next((t for t in toy if t["autocast"] == "fp16"), None)
         if fp16:
-            parts.append(f"Read off the tensors on {fp16['device']}: parameters stay {fp16['parameters (inside autocast)']} "
+            parts.append(f"Read off the tensors on {fp16['device']}: parameters stay "
+                         f"{fp16['parameters (inside autocast)']} "
                          f"inside autocast (it casts copies for each matmul, not the parameters), the fc1 output is "
                          f"{fp16['fc1 output']}, LayerNorm's output is {fp16['layernorm output']} (autocast runs "
                          f"layer_norm in fp32), the logits are {fp16['logits']}, the loss {fp16['loss']} and the "
@@ -78,8 +80,9 @@ def _mixed(ctx) -> str | None:
         rows = []
         for preset in [p for p in ("tiny", *HANDOUT_PRESETS) if any(r["preset"] == p for r in both)]:
             for mode in ("forward", "forward-backward", "train-step"):
-                f = next((r for r in both if r["preset"] == preset and r["mode"] == mode and r["precision"] == "fp32"), None)
-                b = next((r for r in both if r["preset"] == preset and r["mode"] == mode and r["precision"] == "bf16"), None)
+                same = [r for r in both if r["preset"] == preset and r["mode"] == mode]
+                f = next((r for r in same if r["precision"] == "fp32"), None)
+                b = next((r for r in same if r["precision"] == "bf16"), None)
                 if f and b:
                     rows.append({"preset": preset, "mode": mode, "fp32 fwd ms": f["forward_mean_ms"],
                                  "bf16 fwd ms": b["forward_mean_ms"],
