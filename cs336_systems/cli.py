@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("cs336_systems.commands.train", "train the LM, one process or under torchrun, --parallel none|naive|flat|..."),
     "ddp-bench": ("cs336_systems.commands.ddp_bench",
                   "DDP wrappers vs torch DDP: step time, communication, exposed overhead, traces (naive_ddp_benchmarking ...)"),
+    "shard-bench": ("cs336_systems.commands.shard_bench",
+                    "sharded optimizer and FSDP vs DDP, ZeRO and FSDP2: memory breakdown, step time, traces"),
     "flash-bench": ("cs336_systems.commands.flash_bench",
                     "FlashAttention-2 vs its peers (flash_benchmarking, leaderboard)"),
     "report": ("cs336_systems.commands.report", "rebuild REPORT.md from results/"),

@@ -1,0 +1,359 @@
+"""Memory and step time of optimizer-state sharding and FSDP against their PyTorch peers (handout
+problems ``optimizer_state_sharding_accounting`` and ``fsdp_accounting``).
+
+Variants (each builds a fresh model on every rank, so memory after construction is its own):
+
+=============  ==============================================================================
+``none``       the plain model and AdamW, no communication: the single-GPU step at the same batch
+``ddp``        our bucketed DDP (25 MiB buckets) + AdamW: unsharded data parallelism
+``zero1``      the same DDP + ``ShardedOptimizer(AdamW)``: optimizer state sharded
+``torch-zero`` PyTorch DDP + ``ZeroRedundancyOptimizer(AdamW)``
+``fsdp``       our ``FSDP`` (compute dtype bf16 under bf16) + AdamW on the shards
+``torch-fsdp2``PyTorch ``fully_shard`` per Transformer block and on the root (bf16 params and
+               reduction under bf16) + AdamW
+=============  ==============================================================================
+
+The optimizer is ``torch.optim.AdamW(foreach=True)`` everywhere (it also steps FSDP2's DTensors).
+Per variant and rank: allocated and peak memory after construction, right before and right after
+``optimizer.step()`` (peaks reset at the start of each phase), the memory a forward leaves for
+backward, and the step time (median over ``steps``, slowest rank). The breakdown into parameters,
+gradients and optimizer state is computed from the tensors each rank holds (their element counts
+times their dtype size), activations from the bytes autograd saves in a forward of the plain model
+(``saved_tensors_hooks``, unique storages); the report sets them against the measured numbers.
+For ``fsdp`` and ``torch-fsdp2`` one step is profiled (CUDA kernels): communication time, how much
+of it overlapped compute, the kernel timeline, and a Chrome trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import json
+import statistics
+import tempfile
+import timeit
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from cs336_basics.model import BasicsTransformerLM
+from cs336_basics.nn_utils import cross_entropy
+from cs336_systems.bench.ddp import _is_comm, _union_ms
+from cs336_systems.bench.e2e import is_oom
+from cs336_systems.configs import count_parameters, get_preset
+from cs336_systems.parallel.process_group import DistInfo, run_distributed
+
+PROBLEM = "optimizer_state_sharding_accounting"  # records of every variant (FSDP's too) live here
+VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
+PRECISIONS = ("fp32", "bf16")
+GIB = 2**30
+
+
+@dataclass(kw_only=True)
+class ShardBenchConfig:
+    preset: str = "xl"
+    context_length: int = 512
+    batch_size: int = 4  # per rank
+    precision: str = "bf16"
+    variants: tuple[str, ...] = VARIANTS
+    world_size: int = 2
+    warmup: int = 2
+    steps: int = 5
+    profile: tuple[str, ...] = ("fsdp", "torch-fsdp2")
+    trace_dir: str | None = None
+    attention: str = "reference"
+    device: str | None = None
+    timeout_s: float = 900.0
+
+    def __post_init__(self):
+        get_preset(self.preset)
+        bad = [v for v in (*self.variants, *self.profile) if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"shard-bench: unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"shard-bench: unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.world_size < 2:
+            raise ValueError("shard-bench: world_size must be >= 2 (the single-GPU step is the 'none' variant)")
+        if self.warmup < 1 or self.steps < 2:
+            raise ValueError(f"shard-bench: need warmup >= 1 and steps >= 2, got {self.warmup}, {self.steps}")
+
+    @property
+    def device_type(self) -> str:
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class _Memory:
+    """CUDA allocator counters (GiB); zeros on CPU, where there is no allocator to ask."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated(self) -> float:
+        return torch.cuda.memory_allocated(self.device) / GIB if self.cuda else 0.0
+
+    def peak(self) -> float:
+        return torch.cuda.max_memory_allocated(self.device) / GIB if self.cuda else 0.0
+
+
+def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
+    """(step module, optimizer, finish(), model) for a variant."""
+    from cs336_systems.parallel.ddp import BucketedDDP, LocalModule, TorchDDP
+    from cs336_systems.parallel.fsdp import FSDP
+    from cs336_systems.parallel.sharded_optimizer import ShardedOptimizer
+
+    model_cfg = get_preset(cfg.preset).replace(context_length=cfg.context_length)
+    torch.manual_seed(0)
+    model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention, check_inputs=False,
+                                device=device)
+    adamw = dict(lr=1e-5, weight_decay=0.1, foreach=True)
+    bf16 = cfg.precision == "bf16"
+    if variant == "none":
+        wrapped = LocalModule(model)
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+    elif variant in ("ddp", "zero1"):
+        wrapped = BucketedDDP(model, bucket_size_mb=25.0)
+        opt = (torch.optim.AdamW(model.parameters(), **adamw) if variant == "ddp"
+               else ShardedOptimizer(model.parameters(), torch.optim.AdamW, **adamw))
+    elif variant == "torch-zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        wrapped = TorchDDP(model)
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
+    elif variant == "fsdp":
+        wrapped = FSDP(model, compute_dtype=torch.bfloat16 if bf16 else None)
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+    elif variant == "torch-fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
+            else MixedPrecisionPolicy()
+        for block in model.layers:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        wrapped = model
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+    else:
+        raise ValueError(f"shard-bench: unknown variant {variant!r}")
+    finish = getattr(wrapped, "finish_gradient_synchronization", lambda: None)
+    return wrapped, opt, finish, model
+
+
+def _local_numel(t: torch.Tensor) -> int:
+    return t.to_local().numel() if hasattr(t, "to_local") else t.numel()
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def _optimizer_state_bytes(opt) -> int:
+    local = getattr(opt, "local_optimizer", None) or getattr(opt, "optim", None) or opt
+    return sum(_local_bytes(v) for st in local.state.values() for v in st.values()
+               if torch.is_tensor(v) and v.dim() > 0)
+
+
+def _saved_activation_bytes(wrapped, x, autocast) -> int:
+    """Bytes autograd saves for backward in one forward (unique storages, parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.layout == torch.strided and t.device.type != "meta":
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+        out = wrapped(x)
+    del out
+    return sum(seen.values())
+
+
+def _profile(step_fn, device: torch.device, trace_path: Path | None) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        step_fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        text = path.read_text()
+    if trace_path is not None:
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(trace_path, "wt") as f:
+            f.write(text)
+    events = json.loads(text).get("traceEvents", [])
+    wanted = "kernel" if device.type == "cuda" else "cpu_op"
+    kernels = sorted((e for e in events if e.get("cat") == wanted and "dur" in e), key=lambda e: e["ts"])
+    if not kernels:
+        return {}
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if _is_comm(e["name"])]
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if not _is_comm(e["name"])]
+    gathers = [e for e in kernels if "allgather" in e["name"].lower().replace("_", "")]
+    comm_ms, compute_ms = _union_ms(comm), _union_ms(compute)
+    t0 = kernels[0]["ts"]
+    return {
+        "comm_kernel_ms": comm_ms, "compute_kernel_ms": compute_ms,
+        "comm_hidden_ms": max(0.0, comm_ms + compute_ms - _union_ms(comm + compute)),
+        "allgather_kernel_ms": _union_ms([(e["ts"], e["ts"] + e["dur"]) for e in gathers]),
+        "allgather_kernels": len(gathers), "comm_kernels": len(comm),
+        # Compute stream idle time: the step's kernel span minus the time some compute kernel ran.
+        "compute_idle_ms": (kernels[-1]["ts"] + kernels[-1]["dur"] - t0) / 1e3 - compute_ms,
+        "timeline": {"start_us": [round(e["ts"] - t0, 1) for e in kernels],
+                     "dur_us": [round(e["dur"], 1) for e in kernels], "comm": [_is_comm(e["name"]) for e in kernels]},
+    }
+
+
+def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str) -> dict:
+    device = info.device
+    mem = _Memory(device)
+    gc.collect()
+    if mem.cuda:
+        torch.cuda.empty_cache()
+    mem.sync()
+    mem.reset_peak()
+    row: dict = {"variant": variant}
+    wrapped = opt = model = None
+    try:
+        wrapped, opt, finish, model = _build(cfg, variant, device)
+        mem.sync()
+        row.update(init_alloc_gib=mem.allocated(), init_peak_gib=mem.peak())
+        model_cfg = get_preset(cfg.preset)
+        g = torch.Generator().manual_seed(1000 + info.rank)
+        x, y = (torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.context_length), generator=g).to(device)
+                for _ in range(2))
+        autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if cfg.precision == "bf16" \
+            else contextlib.nullcontext
+        samples: list[dict] = []
+
+        def step(record: dict | None = None) -> None:
+            if hasattr(wrapped, "on_train_batch_start"):
+                wrapped.on_train_batch_start()
+            mem.sync()
+            mem.reset_peak()
+            before_fwd = mem.allocated()
+            t0 = timeit.default_timer()
+            with autocast():
+                loss = cross_entropy(wrapped(x), y)
+            mem.sync()
+            after_fwd = mem.allocated()
+            loss.backward()
+            finish()
+            mem.sync()
+            pre_alloc, pre_peak = mem.allocated(), mem.peak()
+            mem.reset_peak()
+            opt.step()
+            mem.sync()
+            post_alloc, post_peak = mem.allocated(), mem.peak()
+            opt.zero_grad(set_to_none=True)
+            mem.sync()
+            if record is not None:
+                record.update(step_s=timeit.default_timer() - t0, loss=loss.item(),
+                              forward_saved_gib=after_fwd - before_fwd,
+                              pre_step_alloc_gib=pre_alloc, pre_step_peak_gib=pre_peak,
+                              post_step_alloc_gib=post_alloc, post_step_peak_gib=post_peak)
+
+        for _ in range(cfg.warmup):
+            step()
+        for _ in range(cfg.steps):
+            samples.append({})
+            step(samples[-1])
+        row["step_s"] = [s["step_s"] for s in samples]
+        row["losses"] = [s["loss"] for s in samples]  # same init and data in every variant: a cross-check
+        for key in samples[0]:
+            if key not in ("step_s", "loss"):
+                row[key] = max(s[key] for s in samples)
+        # What this rank holds, from the tensors themselves (bytes -> GiB).
+        params = list(model.parameters())
+        row.update(
+            local_param_numel=sum(_local_numel(p) for p in params),
+            params_gib=sum(_local_bytes(p) for p in params) / GIB,
+            grads_gib=sum(_local_bytes(p) for p in params if p.requires_grad) / GIB,  # fp32 grads, param-shaped
+            optimizer_state_gib=_optimizer_state_bytes(opt) / GIB,
+        )
+        if variant == "none":
+            row["saved_activations_gib"] = _saved_activation_bytes(wrapped, x, autocast) / GIB
+        if variant in cfg.profile:
+            trace = Path(cfg.trace_dir) / f"shard_trace_{variant}_{cfg.precision}_rank{info.rank}.json.gz" \
+                if cfg.trace_dir and info.rank == 0 else None
+            row.update(_profile(step, device, trace))
+            if trace is not None:
+                row["trace_file"] = trace.name
+        row["status"] = "ok"
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not is_oom(err):
+            raise
+        row.update(status="OOM", error=str(err).splitlines()[0][:200])
+    finally:
+        if wrapped is not None and hasattr(wrapped, "close"):
+            wrapped.close()
+        wrapped = opt = model = None  # drop the references before measuring the next variant
+        gc.collect()
+        if mem.cuda:
+            torch.cuda.empty_cache()
+    # A rank that ran out of memory must not leave the others waiting in a collective.
+    statuses: list = [None] * info.world_size
+    dist.all_gather_object(statuses, row["status"])
+    if "OOM" in statuses and row["status"] == "ok":
+        row.update(status="OOM", error="another rank ran out of memory")
+    return row
+
+
+def shard_bench_worker(info: DistInfo, cfg: ShardBenchConfig) -> list[dict]:
+    return [_bench_variant(info, cfg, v) for v in cfg.variants]
+
+
+def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -> list[dict]:
+    """One record per variant: slowest-rank step time, per-rank memory (the largest rank's), breakdown."""
+    model_cfg = get_preset(cfg.preset).replace(context_length=cfg.context_length)
+    base = {k: v for k, v in asdict(cfg).items() if k not in ("variants", "profile", "trace_dir", "timeout_s")}
+    rows = []
+    for results in zip(*per_rank):
+        r0 = results[0]
+        row = {**base, "backend": backend, "variant": r0["variant"], "status": r0["status"],
+               "n_params": count_parameters(model_cfg)}
+        if any(r["status"] != "ok" for r in results):
+            row.update(status="OOM", error=next(r.get("error") for r in results if r["status"] != "ok"))
+            rows.append(row)
+            continue
+        step = [max(ts) for ts in zip(*(r["step_s"] for r in results))]
+        row.update(step_ms=statistics.median(step) * 1e3, step_std_ms=statistics.stdev(step) * 1e3,
+                   step_min_ms=min(step) * 1e3, losses_rank0=r0["losses"])
+        for key in r0:
+            if key.endswith("_gib") or key in ("local_param_numel",):
+                row[key] = max(r[key] for r in results)
+                row[f"{key}_per_rank"] = [r[key] for r in results]
+        for key in ("comm_kernel_ms", "compute_kernel_ms", "comm_hidden_ms", "allgather_kernel_ms",
+                    "allgather_kernels", "comm_kernels", "compute_idle_ms", "timeline", "trace_file"):
+            if key in r0:
+                row[key] = r0[key]
+        rows.append(row)
+    acts = next((r.get("saved_activations_gib") for r in rows if r.get("saved_activations_gib")), None)
+    for row in rows:
+        if row["status"] == "ok" and acts is not None:
+            row["saved_activations_gib"] = acts  # same forward for every variant
+    return rows
+
+
+def run_shard_bench(cfg: ShardBenchConfig) -> list[dict] | None:
+    """Under torchrun (one group of ``cfg.world_size``) or spawned local processes; rows on rank 0."""
+    per_rank = run_distributed(shard_bench_worker, cfg.world_size, (cfg,), device_type=cfg.device_type,
+                               timeout_s=cfg.timeout_s)
+    if per_rank is None:
+        return None
+    return summarize(cfg, per_rank, "nccl" if cfg.device_type == "cuda" else "gloo")

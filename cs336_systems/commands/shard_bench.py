@@ -1,0 +1,68 @@
+"""``cs336-systems shard-bench``: memory (after construction, before and after the optimizer step) and
+step time of optimizer-state sharding and FSDP vs unsharded DDP, the single-GPU step, PyTorch's
+ZeroRedundancyOptimizer and FSDP2 (optimizer_state_sharding_accounting, fsdp_accounting).
+
+    torchrun --nproc-per-node 2 -m cs336_systems shard-bench --preset xl --precision bf16 --trace-dir out/
+    cs336-systems shard-bench --preset tiny --device cpu        # spawns 2 gloo processes itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from cs336_systems.bench.ddp import render_timeline
+from cs336_systems.bench.shard import PRECISIONS, PROBLEM, VARIANTS, ShardBenchConfig, run_shard_bench
+from cs336_systems.parallel.process_group import under_torchrun
+from cs336_systems.records import write_records
+
+TABLE_COLUMNS = ["variant", "status", "step_ms", "init_peak_gib", "pre_step_peak_gib", "post_step_peak_gib",
+                 "post_step_alloc_gib", "params_gib", "grads_gib", "optimizer_state_gib", "forward_saved_gib",
+                 "comm_kernel_ms", "comm_hidden_ms", "compute_idle_ms"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="xl")
+    p.add_argument("--context-length", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=4, help="per rank")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--profile", nargs="*", choices=VARIANTS, default=["fsdp", "torch-fsdp2"],
+                   help="variants with one profiled step (kernel timeline, Chrome trace)")
+    p.add_argument("--world-size", type=int, default=None, help="default: torchrun's WORLD_SIZE, else 2")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--trace-dir", default=None, help="write Chrome traces (rank 0) and the timeline PNG here")
+    p.add_argument("--attention", default="reference")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--no-save", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    world = args.world_size or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
+    cfg = ShardBenchConfig(preset=args.preset, context_length=args.context_length, batch_size=args.batch_size,
+                           precision=args.precision, variants=tuple(args.variants), world_size=world,
+                           warmup=args.warmup, steps=args.steps, profile=tuple(args.profile or ()),
+                           trace_dir=args.trace_dir, attention=args.attention, device=args.device,
+                           timeout_s=args.timeout_s)
+    rows = run_shard_bench(cfg)
+    if rows is None:  # not rank 0
+        return 0
+    df = pd.DataFrame(rows)
+    print(df[[c for c in TABLE_COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".4g"))
+    if not args.no_save:
+        print(f"records: {write_records(PROBLEM, rows, args.results_dir, device=torch.device(cfg.device_type))}")
+    if args.trace_dir:
+        timeline_rows = [{**r, "label": r["variant"], "precision": cfg.precision} for r in rows if r.get("timeline")]
+        png = Path(args.trace_dir) / f"shard_timeline_{args.preset}_{cfg.precision}.png"
+        path = render_timeline(timeline_rows, png, f"{args.preset}, {world} ranks, batch {args.batch_size}/rank, "
+                               f"context {args.context_length}: one profiled step on rank 0")
+        if path:
+            print(f"timeline: {path}")
+    return 0
