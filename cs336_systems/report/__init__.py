@@ -30,6 +30,7 @@ SECTION_MODULES: list[tuple[str, tuple[str, ...]]] = [
              "minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters",
              "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed", "ddp_bucketed_benchmarking",
              "communication_accounting")),
+    ("sharding", ("optimizer_state_sharding", "optimizer_state_sharding_accounting", "fsdp", "fsdp_accounting")),
 ]
 
 

@@ -1,0 +1,178 @@
+"""Optimizer-state sharding and FSDP (optimizer_state_sharding, optimizer_state_sharding_accounting,
+fsdp, fsdp_accounting): from ``shard-bench`` records only."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cs336_systems.bench.ddp import render_timeline
+from cs336_systems.bench.shard import PROBLEM
+from cs336_systems.records import read_records
+
+PROBLEM_IDS = ("optimizer_state_sharding", "optimizer_state_sharding_accounting", "fsdp", "fsdp_accounting")
+
+COLUMNS = {"variant": "variant", "step_ms": "step (ms)", "init_peak_gib": "after init", "pre_step_peak_gib":
+           "peak before step", "post_step_peak_gib": "peak in step", "post_step_alloc_gib": "after step",
+           "params_gib": "params", "grads_gib": "grads", "optimizer_state_gib": "optimizer state",
+           "forward_saved_gib": "kept by forward"}
+
+
+def _latest_run(rows: list[dict], precision: str) -> list[dict]:
+    """Rows of the newest run (one command) in ``precision``, preferring GPU runs."""
+    rows = [r for r in rows if r.get("precision") == precision]
+    gpu = [r for r in rows if not r["provenance"]["device"].startswith("CPU")]
+    rows = gpu or rows
+    if not rows:
+        return []
+    last = max(r["provenance"]["date"] for r in rows)
+    return [r for r in rows if r["provenance"]["date"] == last]
+
+
+def _ok(rows, variant):
+    return next((r for r in rows if r["variant"] == variant and r.get("status") == "ok"), None)
+
+
+def _table(rows: list[dict]) -> str:
+    df = pd.DataFrame([{**r, "status": r.get("status")} for r in rows])
+    cols = [c for c in COLUMNS if c in df.columns]
+    return df[cols].rename(columns=COLUMNS).to_markdown(index=False, floatfmt=".3g")
+
+
+def _accounting(rows: list[dict], precision: str) -> str:
+    prov = rows[0]["provenance"]
+    r0 = rows[0]
+    parts = [f"`{r0['preset']}`, {precision}, {r0['world_size']} ranks x batch {r0['batch_size']} x context "
+             f"{r0['context_length']}, {r0['n_params'] / 1e9:.2f} B parameters; {prov['device']}, "
+             f"torch {prov['torch']}, {prov['date']}, `{prov['command']}`. "
+             f"Memory in GiB (the larger rank's), allocated by PyTorch; "
+             "params / grads / optimizer state are what the rank holds (element counts x dtype size), "
+             "'kept by forward' is what a forward leaves allocated for backward.\n", _table(rows)]
+    ddp, zero1, tz = _ok(rows, "ddp"), _ok(rows, "zero1"), _ok(rows, "torch-zero")
+    none = _ok(rows, "none")
+    if ddp and zero1:
+        moved = ddp["optimizer_state_gib"] - zero1["optimizer_state_gib"]
+        saved = ddp["post_step_peak_gib"] - zero1["post_step_peak_gib"]
+        saved_alloc = ddp["post_step_alloc_gib"] - zero1["post_step_alloc_gib"]
+        pre = ddp["params_gib"] + ddp["grads_gib"]
+        acts = ddp.get("saved_activations_gib")
+        acts_txt = (f"; autograd saves {acts:.2f} GiB of activations in a forward (counted with saved-tensor hooks), "
+                    f"the allocator shows {ddp['forward_saved_gib']:.2f} GiB left by a forward") if acts else ""
+        parts.append(
+            f"\n(a) Unsharded (DDP), each rank holds {ddp['params_gib']:.2f} GiB of fp32 parameters, "
+            f"{ddp['grads_gib']:.2f} GiB of gradients and {ddp['optimizer_state_gib']:.2f} GiB of AdamW moments: "
+            f"{ddp['init_peak_gib']:.2f} GiB after construction, a peak of {ddp['pre_step_peak_gib']:.2f} GiB before "
+            f"the step (parameters and gradients alone are {pre:.2f} GiB{acts_txt}) and "
+            f"{ddp['post_step_peak_gib']:.2f} GiB during it. "
+            f"With the sharded optimizer the moments shrink to {zero1['optimizer_state_gib']:.2f} GiB "
+            f"per rank ({moved:.2f} GiB moved off the rank); memory after the step drops by {saved_alloc:.2f} GiB "
+            f"and the peak in the step by {saved:.2f} GiB, {saved / max(moved, 1e-12):.0%} of the moved state "
+            f"(target: at least 90%: {'met' if saved >= 0.9 * moved else 'NOT met'}). Memory after construction and "
+            f"before the step is the same ({zero1['init_peak_gib']:.2f} / {zero1['pre_step_peak_gib']:.2f} GiB): "
+            "the moments only exist from the first step on, and parameters and gradients stay whole.")
+        parts.append(
+            f"\n(b) Step time: {ddp['step_ms']:.0f} ms unsharded, {zero1['step_ms']:.0f} ms sharded "
+            f"({zero1['step_ms'] / ddp['step_ms'] - 1:+.1%}; target within 10%: "
+            f"{'met' if zero1['step_ms'] <= 1.1 * ddp['step_ms'] else 'NOT met'})"
+            + (f", PyTorch's ZeroRedundancyOptimizer {tz['step_ms']:.0f} ms" if tz else "")
+            + (f"; the single-GPU step (no communication) takes {none['step_ms']:.0f} ms" if none else "")
+            + ". The sharded step runs AdamW on half the tensors and adds a broadcast of every parameter.")
+        n = r0["n_params"]
+        w = r0["world_size"]
+        gb = 1e9
+        parts.append(
+            f"\n(c) ZeRO stage 1 (P_os) partitions the optimizer state too, but differs in two ways. Communication: "
+            f"ZeRO reduce-scatters the gradients (each rank only needs its partition's) and all-gathers the updated "
+            f"parameters, {2 * (w - 1) / w * 2 * n / gb:.1f} GB per rank per step in bf16 for this model, the same as "
+            f"one all-reduce; we all-reduce every gradient (fp32: {2 * (w - 1) / w * 4 * n / gb:.1f} GB per rank) "
+            f"*and then* broadcast every parameter from its owner (another {(w - 1) / w * 4 * n / gb:.1f} GB), "
+            "1.5x the volume. Memory: in ZeRO's mixed-precision setting the partitioned state is K = 12 bytes per "
+            "parameter (fp32 master weights, momentum, variance) while each rank keeps only 2-byte fp16 weights "
+            "and gradients; here the fp32 weights stay whole on every rank and only the 8 bytes of AdamW moments "
+            "are partitioned. ZeRO also partitions by contiguous flat ranges (tensors split across ranks, exactly "
+            "1/N each); we assign whole tensors, which is simpler but balances only approximately.")
+    return "\n".join(parts)
+
+
+def _fsdp(ctx, rows: list[dict], precision: str) -> tuple[str, str]:
+    fsdp, fsdp2, none = _ok(rows, "fsdp"), _ok(rows, "torch-fsdp2"), _ok(rows, "none")
+    ddp, zero1 = _ok(rows, "ddp"), _ok(rows, "zero1")
+    if not fsdp:
+        return "", ""
+    impl = (f"Measured ({precision}, {rows[0]['preset']}): our FSDP steps in {fsdp['step_ms']:.0f} ms with a peak of "
+            f"{max(fsdp['pre_step_peak_gib'], fsdp['post_step_peak_gib']):.2f} GiB per rank")
+    if fsdp2:
+        peak, peak2 = (max(r["pre_step_peak_gib"], r["post_step_peak_gib"]) for r in (fsdp, fsdp2))
+        impl += (f"; PyTorch FSDP2 {fsdp2['step_ms']:.0f} ms and {peak2:.2f} GiB (peak target: at most +10%: "
+                 f"{'met' if peak <= 1.1 * peak2 else 'NOT met'})")
+    if none:
+        impl += (f"; the single-GPU step at the same batch takes {none['step_ms']:.0f} ms, so FSDP costs "
+                 f"{fsdp['step_ms'] / none['step_ms']:.2f}x (target at most 1.15x: "
+                 f"{'met' if fsdp['step_ms'] <= 1.15 * none['step_ms'] else 'NOT met'})")
+    impl += ". The table above has the breakdown."
+    acct = []
+    base = zero1 or ddp
+    if base:
+        w = rows[0]["world_size"]
+        sharded_part = base["params_gib"] - fsdp["params_gib"]  # what FSDP removes from params (and as much from grads)
+        expected = 2 * sharded_part + (base["optimizer_state_gib"] - fsdp["optimizer_state_gib"])
+        base_peak = max(base["pre_step_peak_gib"], base["post_step_peak_gib"])
+        fsdp_peak = max(fsdp["pre_step_peak_gib"], fsdp["post_step_peak_gib"])
+        acct.append(
+            f"(a) Relative to {base['variant']} (peak {base_peak:.2f} GiB), FSDP additionally shards parameters and "
+            f"gradients: {w - 1}/{w} of the Linear/Embedding weights leave the rank, {sharded_part:.2f} GiB of fp32 "
+            f"parameters and as much of gradients, plus "
+            f"{base['optimizer_state_gib'] - fsdp['optimizer_state_gib']:.2f} GiB of optimizer state: "
+            f"we expect about {expected:.2f} GiB less at the peak, ignoring gather buffers "
+            f"and activations, which stay. Measured: {fsdp_peak:.2f} GiB, {base_peak - fsdp_peak:.2f} GiB less. "
+            "The activations (and, with bf16 compute, nothing else) dominate what remains.")
+    if "allgather_kernel_ms" in fsdp:
+        acct.append(
+            f"\n(b) In the profiled step on rank 0 the all-gathers run {fsdp['allgather_kernel_ms']:.1f} ms "
+            f"({fsdp['allgather_kernels']} kernels), all collectives {fsdp['comm_kernel_ms']:.1f} ms, of which "
+            f"{fsdp['comm_hidden_ms']:.1f} ms overlap compute kernels; the compute stream is idle "
+            f"{fsdp['compute_idle_ms']:.1f} ms of the step (that idle time is the communication it waited for, plus "
+            "launch gaps)."
+            + (f" FSDP2 for comparison: {fsdp2['comm_kernel_ms']:.1f} ms of collectives, {fsdp2['comm_hidden_ms']:.1f} "
+               f"ms overlapped, compute idle {fsdp2['compute_idle_ms']:.1f} ms." if fsdp2 and "comm_kernel_ms" in fsdp2
+               else ""))
+        timeline = [{**r, "label": r["variant"], "precision": precision} for r in (fsdp, fsdp2)
+                    if r and r.get("timeline")]
+        path = render_timeline(timeline, ctx.figure_path(f"fsdp_timeline_{precision}.png"),
+                               "one profiled step on rank 0: compute kernels vs NCCL kernels")
+        if path:
+            acct.append(f"\n![FSDP kernel timeline]({ctx.link(path)})")
+            if fsdp.get("trace_file"):
+                acct.append(f"\nChrome trace: `{fsdp['trace_file']}` (from the device run's traces.tgz).")
+    return impl, "\n".join(acct)
+
+
+def build(ctx) -> str | None:
+    records = read_records(PROBLEM, ctx.results_dir)
+    if not records:
+        return None
+    out = ["## optimizer_state_sharding\n",
+           "`cs336_systems.parallel.sharded_optimizer.ShardedOptimizer` (docs/sharding.md): whole tensors are "
+           "assigned to ranks largest-first to the least-loaded rank; each rank's wrapped optimizer keeps state "
+           "for its own tensors; after the step every tensor is broadcast from its owner in flat buckets. "
+           "tests/test_sharded_optimizer.py checks bitwise equality with the unsharded optimizer on 2 and 3 ranks."]
+    acct, fsdp_impl, fsdp_acct = [], [], []
+    for precision in ("bf16", "fp32"):
+        rows = _latest_run(records, precision)
+        if not rows:
+            continue
+        acct.append(f"### {precision}\n\n" + _accounting(rows, precision))
+        impl, a = _fsdp(ctx, rows, precision)
+        if impl:
+            fsdp_impl.append(impl)
+        if a:
+            fsdp_acct.append(f"### {precision}\n\n{a}")
+    out += ["\n## optimizer_state_sharding_accounting\n", *acct]
+    out += ["\n## fsdp\n",
+            "`cs336_systems.parallel.fsdp.FSDP` (docs/sharding.md): Linear and Embedding weights become flat fp32 "
+            "shards; forward pre-hooks all-gather (prefetching the next module once the one two before has "
+            "finished), saved-tensor hooks drop gathered weights after forward and gather them again in "
+            "backward, gradients are reduce-scattered asynchronously. tests/test_fsdp.py checks bitwise equality "
+            "with single-process fp32 training on 2 and 3 ranks.\n", *fsdp_impl]
+    if fsdp_acct:
+        out += ["\n## fsdp_accounting\n", *fsdp_acct]
+    return "\n".join(out)
