@@ -182,10 +182,14 @@ def run_memory_profile(cfg: MemoryConfig) -> dict:
             baseline = state_bytes
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
                 one_step()
+            # Each operator's self memory (allocated minus freed inside it, children excluded) plus the
+            # frees that happen outside any operator ("[memory]" events), in start order.
             live, timeline = 0, []
-            for ev in sorted((e for e in prof.events() if e.name == "[memory]"), key=lambda e: e.time_range.start):
-                live += ev.cpu_memory_usage
-                timeline.append(live)
+            for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
+                delta = ev.cpu_memory_usage if ev.name == "[memory]" else ev.self_cpu_memory_usage
+                if delta:
+                    live += delta
+                    timeline.append(live)
             analysis = {"timeline_bytes": timeline, "largest_allocations": []}
             record["peak_memory_gib"] = (baseline + max(0, *timeline)) / 2**30
         record.update(marks)
