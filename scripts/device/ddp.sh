@@ -21,6 +21,8 @@ TORCHRUN="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
 CLI="-m cs336_systems"
 step() {  # step <seconds> <name> <command...>
   local limit=$1 name=$2; shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "=== $name skipped (SKIP)" | tee -a "$OUT/summary.txt"; return;; esac
+  local var="LIMIT_${name//-/_}"; limit=${!var:-$limit}  # e.g. LIMIT_ddp_bench_bf16=120
   local t0=$SECONDS
   echo "=== $name $(date +%T)"
   timeout -k 10 "$limit" "$@" >"$OUT/log-$name.txt" 2>&1; local rc=$?
