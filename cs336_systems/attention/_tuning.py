@@ -47,10 +47,11 @@ def _pinned(d_pad: int, elem_bytes: int) -> FlashConfig:
         if d_pad <= 128:
             return FlashConfig(KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 2), KernelConfig(32, 32, 4, 2))
         return FlashConfig(KernelConfig(32, 16, 4, 2), KernelConfig(16, 32, 4, 1), KernelConfig(32, 16, 4, 1))
+    # H100 sweep 2026-11-22 (16 x 16,384 x 64 and 16 x 4,096 x 128, bf16, causal): see the notes.
     if d_pad <= 64:
-        return FlashConfig(KernelConfig(128, 64, 4, 3), KernelConfig(32, 128, 4, 3), KernelConfig(128, 32, 4, 3))
+        return FlashConfig(KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 2), KernelConfig(64, 64, 4, 3))
     if d_pad <= 128:
-        return FlashConfig(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 4, 3), KernelConfig(128, 32, 4, 3))
+        return FlashConfig(KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 8, 2), KernelConfig(128, 64, 8, 3))
     return FlashConfig(KernelConfig(64, 64, 4, 2), KernelConfig(32, 64, 8, 1), KernelConfig(64, 32, 8, 1))
 
 
@@ -60,13 +61,13 @@ def candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
     if elem_bytes == 4 or d_pad > 128:
         pool: list[KernelConfig] = []
     elif kernel == "fwd":
-        pool = [KernelConfig(128, 64, 4, 3), KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3),
-                KernelConfig(64, 64, 4, 4)]
+        pool = [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 4, 3),
+                KernelConfig(128, 64, 4, 4)]
     elif kernel == "dkdv":
-        pool = [KernelConfig(32, 128, 4, 3), KernelConfig(64, 128, 8, 2), KernelConfig(64, 64, 4, 3),
-                KernelConfig(32, 64, 4, 4)]
+        pool = [KernelConfig(128, 128, 8, 2), KernelConfig(64, 128, 8, 2), KernelConfig(32, 64, 4, 4),
+                KernelConfig(64, 64, 4, 3)]
     else:
-        pool = [KernelConfig(128, 32, 4, 3), KernelConfig(128, 64, 8, 2), KernelConfig(64, 64, 4, 3),
+        pool = [KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3),
                 KernelConfig(64, 32, 4, 4)]
     out = [pinned] + [c for c in pool if c != pinned]
     return out[:MAX_CANDIDATES]

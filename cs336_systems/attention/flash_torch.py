@@ -106,7 +106,7 @@ def _chunk_fn(device: torch.device):
     if device.type != "cuda":
         return _backward_chunk
     if _compiled_chunk is None:
-        _compiled_chunk = torch.compile(_backward_chunk, dynamic=False)
+        _compiled_chunk = torch.compile(_backward_chunk)  # dynamic after the first new shape
     return _compiled_chunk
 
 

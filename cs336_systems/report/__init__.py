@@ -26,6 +26,7 @@ SECTION_MODULES: list[tuple[str, tuple[str, ...]]] = [
     ("checkpointing", ("gradient_checkpointing",)),
     ("attention", ("pytorch_attention", "torch_compile")),
     ("mfu", ("mfu_target",)),
+    ("flash", ("flash_forward", "flash_backward", "flash_benchmarking", "leaderboard")),
     ("ddp", ("distributed_communication_single_node", "naive_ddp", "naive_ddp_benchmarking",
              "minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters",
              "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed", "ddp_bucketed_benchmarking",

@@ -1,0 +1,200 @@
+"""FlashAttention-2 benchmarks (flash_benchmarking and the leaderboard configuration).
+
+Every implementation is timed with ``triton.testing.do_bench`` (median of CUDA-event timings) on fresh
+random inputs, causal, for the forward, the backward (of a retained graph) and forward+backward.
+FLOPs follow the flash-attention convention (``attention_flops``: 4 * B * H * N^2 * d, halved when
+causal, x2.5 for the backward). An out-of-memory configuration is recorded as ``OOM``; an
+implementation skipped for a size is recorded with the reason.
+
+Implementations (peers):
+- ``triton``: ours (``FlashAttention2Triton``);
+- ``torch_tiled``: our tiled PyTorch version (forward eager, backward compiled chunks);
+- ``naive``: ``cs336_basics.model.scaled_dot_product_attention`` with a causal mask (materialises P);
+- ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient``: ``F.scaled_dot_product_attention`` pinned to one
+  backend with ``sdpa_kernel``;
+- ``flex``: ``torch.compile(flex_attention)`` with a causal block mask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from cs336_systems.attention._common import attention_flops
+from cs336_systems.bench.e2e import is_oom
+
+IMPLEMENTATIONS = ("triton", "torch_tiled", "naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+MODES = ("forward", "backward", "forward_backward")
+
+# Sizes past which a peer is not run (recorded as skipped): time, not memory, is the limit there.
+MAX_SEQ = {"torch_tiled": 16384}
+# In the sweep, FlexAttention (a compile per shape) only where it is a relevant peer: bf16, d >= 64.
+FLEX_SWEEP = {"dtypes": ("bf16",), "min_head_dim": 64, "min_seq": 1024}
+# Elements of the score matrix past which the naive peer is not tried (it would need > ~60 GiB).
+NAIVE_MAX_SCORES = 2**33
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    dtype: str = "bf16"
+    causal: bool = True
+
+    def flops(self, mode: str) -> float:
+        return attention_flops(self.batch * self.heads, self.seq_len, self.seq_len, self.head_dim, self.causal, mode)
+
+
+def _sdpa(backend_name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+
+    def fn(q, k, v, is_causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    return fn
+
+
+def _flex(shape: AttnShape, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    block_mask = create_block_mask(causal, B=None, H=None, Q_LEN=shape.seq_len, KV_LEN=shape.seq_len,
+                                   device=device) if shape.causal else None
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def fn(q, k, v, is_causal):
+        return compiled(q, k, v, block_mask=block_mask)
+
+    return fn
+
+
+def _naive(q, k, v, is_causal):
+    from cs336_basics.model import scaled_dot_product_attention
+
+    n = q.shape[-2]
+    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if is_causal else None
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
+def attention_fn(impl: str, shape: AttnShape, device: torch.device, compile_apply: bool = False) -> Callable:
+    """fn(q, k, v, is_causal) -> o on (B, H, N, d) tensors."""
+    if impl == "triton":
+        from cs336_systems.attention.flash_triton import FlashAttention2Triton
+
+        return torch.compile(FlashAttention2Triton.apply) if compile_apply else FlashAttention2Triton.apply
+    if impl == "torch_tiled":
+        from cs336_systems.attention.flash_torch import FlashAttention2Torch
+
+        return FlashAttention2Torch.apply  # compiling it would unroll the tile loop: the backward is compiled
+    if impl == "naive":
+        return torch.compile(_naive) if compile_apply else _naive
+    if impl.startswith("sdpa_"):
+        fn = _sdpa(impl)
+        return torch.compile(fn) if compile_apply else fn
+    if impl == "flex":
+        return _flex(shape, device)
+    raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLEMENTATIONS)}")
+
+
+def skip_reason(impl: str, shape: AttnShape, sweep: bool = False) -> str | None:
+    if sweep and impl == "torch_tiled" and shape.seq_len > 8192:
+        return "skipped: seq_len > 8192 in the sweep (time budget)"
+    if sweep and impl == "flex" and (shape.dtype not in FLEX_SWEEP["dtypes"] or shape.head_dim <
+                                     FLEX_SWEEP["min_head_dim"] or shape.seq_len < FLEX_SWEEP["min_seq"]):
+        return "skipped: compile time budget of the sweep (bf16, d >= 64, seq >= 1024 only)"
+    if impl in MAX_SEQ and shape.seq_len > MAX_SEQ[impl]:
+        return f"skipped: seq_len > {MAX_SEQ[impl]} (minutes per call)"
+    if impl == "naive" and shape.batch * shape.heads * shape.seq_len**2 > NAIVE_MAX_SCORES:
+        return "skipped: score matrix would not fit (OOM)"
+    if impl in ("sdpa_flash", "sdpa_cudnn") and shape.dtype == "fp32":
+        return "skipped: backend has no fp32 kernel"
+    if impl == "sdpa_flash" and shape.head_dim > 256:
+        return "skipped: head dim > 256"
+    return None
+
+
+def _rep_for(impl: str, rep_ms: float) -> float:
+    return min(rep_ms, 200.0) if impl in ("naive", "torch_tiled") else rep_ms
+
+
+def time_impl(impl: str, shape: AttnShape, device: torch.device, modes: tuple[str, ...] = MODES,
+              warmup_ms: float = 25, rep_ms: float = 100, compile_apply: bool = False,
+              backward_of: str = "random", sweep: bool = False) -> dict:
+    """One record: median ms and TFLOP/s per mode, or status OOM / skipped / error."""
+    from triton.testing import do_bench
+
+    row = {"impl": impl, **asdict(shape), "compiled_apply": compile_apply}
+    reason = skip_reason(impl, shape, sweep)
+    if reason:
+        return {**row, "status": reason}
+    dtype = DTYPES[shape.dtype]
+    try:
+        fn = attention_fn(impl, shape, device, compile_apply)
+        q, k, v = (torch.randn(shape.batch, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=dtype,
+                               requires_grad=True) for _ in range(3))
+        do = torch.randn_like(q)
+        rep, warm = _rep_for(impl, rep_ms), min(warmup_ms, _rep_for(impl, rep_ms))
+
+        def fwd():
+            return fn(q, k, v, shape.causal)
+
+        def fwd_bwd():
+            o = fn(q, k, v, shape.causal)
+            if backward_of == "sum":  # the leaderboard's loss
+                o.sum().backward()
+            else:
+                o.backward(do)
+
+        if "forward" in modes:
+            row["forward_ms"] = do_bench(fwd, warmup=warm, rep=rep, return_mode="median")
+        if "backward" in modes:
+            o = fwd()
+            row["backward_ms"] = do_bench(lambda: o.backward(do, retain_graph=True), warmup=warm, rep=rep,
+                                          grad_to_none=[q, k, v], return_mode="median")
+            del o
+        if "forward_backward" in modes:
+            row["forward_backward_ms"] = do_bench(fwd_bwd, warmup=warm, rep=rep, grad_to_none=[q, k, v],
+                                                  return_mode="median")
+        for mode in modes:
+            ms = row.get(f"{mode}_ms")
+            if ms is not None:
+                row[f"{mode}_tflops"] = shape.flops(mode) / (ms * 1e-3) / 1e12
+        row["status"] = "ok"
+    except Exception as err:  # an OOM, or a peer that rejects this configuration: recorded, sweep goes on
+        if is_oom(err):
+            row["status"] = "OOM"
+        else:
+            row["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+    finally:
+        torch.cuda.empty_cache()
+    return row
+
+
+def sweep_shapes(seq_lens, head_dims, dtypes) -> list[AttnShape]:
+    return [AttnShape(1, 1, n, d, dt) for dt in dtypes for d in head_dims for n in seq_lens]
+
+
+# The leaderboard configuration (handout: 16 heads x 16,384 x d 64, bf16, causal, compiled apply,
+# o.sum().backward()), plus the two others the issue sets targets for.
+LEADERBOARD_SHAPES = {
+    "leaderboard": AttnShape(1, 16, 16384, 64),
+    "d128": AttnShape(1, 16, 4096, 128),
+    "long": AttnShape(1, 1, 65536, 64),
+}
+
+
+def seq_lens_pow2(lo: int = 128, hi: int = 65536) -> list[int]:
+    return [2**i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]

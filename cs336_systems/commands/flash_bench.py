@@ -1,0 +1,91 @@
+"""``cs336-systems flash-bench``: FlashAttention-2 against its peers (flash_benchmarking, leaderboard).
+
+Default: the handout's sweep (batch 1, causal, sequence lengths 128..65,536, head dims 16..128, bf16 and
+fp32; forward, backward, forward+backward) for every implementation, then the leaderboard
+configuration (16 heads x 16,384 x 64, bf16, ``torch.compile(apply)``, ``o.sum().backward()``) and the two
+other target shapes with every peer timed in the same run. ``--quick``: a small sweep. ``--only``:
+just the sweep or just the leaderboard. Records go to ``results/flash_benchmarking`` and
+``results/flash_leaderboard``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from cs336_systems.bench.flash import (
+    DTYPES,
+    IMPLEMENTATIONS,
+    LEADERBOARD_SHAPES,
+    seq_lens_pow2,
+    sweep_shapes,
+    time_impl,
+)
+from cs336_systems.records import write_records
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sweep: seq 1k..16k, d 64 and 128, bf16")
+    p.add_argument("--only", choices=["sweep", "leaderboard"], default=None)
+    p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
+    p.add_argument("--seq-len", nargs="+", type=int, default=None, help="default: powers of two 128..65536")
+    p.add_argument("--head-dim", nargs="+", type=int, default=[16, 32, 64, 128])
+    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16", "fp32"])
+    p.add_argument("--rep-ms", type=float, default=40.0, help="do_bench rep per measurement in the sweep")
+    p.add_argument("--lb-rep-ms", type=float, default=2000.0,
+                   help="do_bench rep for the leaderboard shapes (the handout uses 10,000)")
+    p.add_argument("--lb-shape", nargs="+", choices=list(LEADERBOARD_SHAPES), default=list(LEADERBOARD_SHAPES))
+    p.add_argument("--results-dir", default="results")
+
+
+SHOW = ["impl", "batch", "heads", "seq_len", "head_dim", "dtype", "status", "forward_ms", "backward_ms",
+        "forward_backward_ms", "forward_backward_tflops"]
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    df = pd.DataFrame(rows)
+    return df[[c for c in columns if c in df.columns]].to_markdown(index=False, floatfmt=".3f")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        raise ValueError("flash-bench needs a CUDA GPU (the Triton kernels and the SDPA peers are GPU code)")
+    device = torch.device("cuda")
+    if args.only != "leaderboard":
+        if args.quick:
+            shapes = sweep_shapes([1024, 4096, 16384], [64, 128], ["bf16"])
+        else:
+            shapes = sweep_shapes(args.seq_len or seq_lens_pow2(), args.head_dim, args.dtype)
+        rows, group = [], []
+        jobs = [(s, impl) for s in shapes for impl in args.impl]
+        for i, (shape, impl) in enumerate(tqdm(jobs, desc="flash_benchmarking", unit="cfg")):
+            group.append(time_impl(impl, shape, device, rep_ms=args.rep_ms, warmup_ms=min(25.0, args.rep_ms),
+                                   sweep=True))
+            last = i + 1 == len(jobs)
+            if last or (jobs[i + 1][0].dtype, jobs[i + 1][0].head_dim) != (shape.dtype, shape.head_dim):
+                # one file per (dtype, head dim): an interrupted sweep keeps what it measured
+                path = write_records("flash_benchmarking", group, args.results_dir, device)
+                rows.extend(group)
+                group = []
+        print(_table(rows, SHOW))
+        print(f"wrote {path.parent}")
+    if args.only != "sweep":
+        from cs336_systems.profiling.timing import matmul_peak_tflops
+
+        peak = matmul_peak_tflops("cuda", torch.bfloat16)
+        rows = []
+        jobs = [(name, impl) for name in args.lb_shape for impl in args.impl]
+        for name, impl in tqdm(jobs, desc="flash_leaderboard", unit="cfg"):
+            row = time_impl(impl, LEADERBOARD_SHAPES[name], device, modes=("forward", "forward_backward"),
+                            warmup_ms=min(1000.0, args.lb_rep_ms / 4), rep_ms=args.lb_rep_ms,
+                            compile_apply=impl != "torch_tiled", backward_of="sum")
+            row.update(config=name, matmul_peak_tflops=peak)
+            rows.append(row)
+        path = write_records("flash_leaderboard", rows, args.results_dir, device)
+        print(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s")
+        print(_table(rows, ["config", *SHOW]))
+        print(f"wrote {path}")
+    return 0
