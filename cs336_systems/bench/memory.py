@@ -74,7 +74,7 @@ def _frame_of_our_code(frames: list[dict]) -> str:
     if frames:
         fr = frames[0]
         return f"{fr.get('filename', '?').split('/')[-1]}:{fr.get('line')} {fr.get('name')}"
-    return "?"
+    return "(no Python frame: allocated by the autograd engine's backward thread)"
 
 
 def analyze_snapshot(snapshot: dict, top_k: int = 8) -> dict:

@@ -18,7 +18,7 @@ from cs336_systems.bench.attention import (
     run_attention_benchmark,
     saved_bytes_model,
 )
-from cs336_systems.records import write_records
+from cs336_systems.bench.recording import RecordWriter
 
 COLUMNS = ["backend", "compile", "head_dim", "seq_len", "status", "forward_mean_ms", "backward_mean_ms",
            "memory_before_backward_gib"]
@@ -45,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
                                     dtype=args.dtype, causal=not args.no_causal, warmup=args.warmup, reps=args.reps,
                                     device=args.device)
                for b, c, d, t in itertools.product(args.backend, compiles, args.head_dim, args.seq_len)]
-    records = [run_attention_benchmark(cfg) for cfg in tqdm(configs, desc="attention", unit="config")]
+    writer = RecordWriter("pytorch_attention", args.results_dir, configs[0].torch_device, enabled=not args.no_save)
+    records = []
+    for cfg in tqdm(configs, desc="attention", unit="config"):
+        records.append(run_attention_benchmark(cfg))
+        writer.add(records[-1])
     # Memory accounting beside the measurement, for the smallest OOM configuration (else the largest run).
     by_size = sorted(zip(configs, records), key=lambda cr: (cr[0].seq_len, cr[0].head_dim))
     ooms = [cr for cr in by_size if cr[1]["status"] == "OOM"]
@@ -57,16 +61,16 @@ def run(args: argparse.Namespace) -> int:
                   "measured_before_backward_gib": target_rec.get("memory_before_backward_gib"),
                   "device_memory_gib": (torch.cuda.get_device_properties(configs[0].torch_device).total_memory
                                         / 2**30 if configs[0].torch_device.type == "cuda" else None)}
-    for cfg, rec in zip(configs, records):
-        rec["predicted_before_backward_gib"] = memory_accounting(cfg, model)["predicted_before_backward_gib"]
+    predicted = [memory_accounting(cfg, model)["predicted_before_backward_gib"] for cfg in configs]
+    for rec, pred in zip(records, predicted):
+        rec["predicted_before_backward_gib"] = pred
     df = pd.DataFrame(records)
     print(df[[c for c in [*COLUMNS, "predicted_before_backward_gib"] if c in df.columns]]
           .to_markdown(index=False, floatfmt=".3g"))
     print(f"\nmemory accounting ({'smallest OOM' if ooms else 'largest'} configuration: d={target_cfg.head_dim}, "
           f"T={target_cfg.seq_len}):")
     print(pd.Series(accounting).to_markdown())
-    if not args.no_save:
-        path = write_records("pytorch_attention", [*records, {"kind": "memory_accounting", **accounting}],
-                             args.results_dir, device=configs[0].torch_device)
-        print(f"\nrecords: {path}")
+    writer.add({"kind": "memory_accounting", **accounting})
+    if writer.path:
+        print(f"\nrecords: {writer.path}")
     return 0

@@ -31,8 +31,8 @@ from cs336_systems.bench.e2e import (
     run_benchmark,
     run_benchmark_isolated,
 )
+from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS
-from cs336_systems.records import write_records
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
             "mfu_target")
@@ -100,13 +100,14 @@ def format_table(records: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     configs = configs_from_args(args)
     isolate = args.isolate or args.warmup_study
+    writer = RecordWriter(args.problem, args.results_dir, configs[0].torch_device, enabled=not args.no_save)
     records = []
     for cfg in tqdm(configs, desc="bench", unit="config", disable=len(configs) < 2):
         record = run_benchmark_isolated(cfg) if isolate else run_benchmark(cfg)
         record["study"] = "warmup" if args.warmup_study else "sweep"
         records.append(record)
+        writer.add(record)  # on disk as soon as measured
     print(format_table(records))
-    if not args.no_save:
-        path = write_records(args.problem, records, args.results_dir, device=configs[0].torch_device)
-        print(f"\nrecords: {path}")
+    if writer.path:
+        print(f"\nrecords: {writer.path}")
     return 0

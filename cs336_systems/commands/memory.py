@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from cs336_systems.bench.e2e import PRECISIONS
 from cs336_systems.bench.memory import MODES, MemoryConfig, run_memory_profile
-from cs336_systems.records import write_records
+from cs336_systems.bench.recording import RecordWriter
 
 COLUMNS = ["preset", "context_length", "mode", "precision", "status", "peak_memory_gib", "baseline_gib",
            "after_forward_gib", "params_and_optimizer_state_gib", "block_saved_for_backward_mib",
@@ -36,8 +36,11 @@ def run(args: argparse.Namespace) -> int:
     configs = [MemoryConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                             warmup=args.warmup, device=args.device, snapshot_dir=args.snapshot_dir)
                for p, c, m, pr in itertools.product(args.preset, args.context_length, args.mode, args.precision)]
-    records = [run_memory_profile(cfg) for cfg in tqdm(configs, desc="memory", unit="config",
-                                                       disable=len(configs) < 2)]
+    writer = RecordWriter("memory_profiling", args.results_dir, configs[0].torch_device, enabled=not args.no_save)
+    records = []
+    for cfg in tqdm(configs, desc="memory", unit="config", disable=len(configs) < 2):
+        records.append(run_memory_profile(cfg))
+        writer.add(records[-1])
     df = pd.DataFrame(records)
     print(df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g"))
     for rec in records:
@@ -45,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"\nlargest allocations, {rec['preset']} ctx {rec['context_length']} {rec['mode']} "
                   f"{rec['precision']}:")
             print(pd.DataFrame(rec["largest_allocations"]).to_markdown(index=False, floatfmt=".4g"))
-    if not args.no_save:
-        path = write_records("memory_profiling", records, args.results_dir, device=configs[0].torch_device)
-        print(f"\nrecords: {path}")
+    if writer.path:
+        print(f"\nrecords: {writer.path}")
     return 0

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from cs336_systems.bench.e2e import PRECISIONS
 from cs336_systems.bench.profile import SCOPES, ProfileConfig, run_profile
-from cs336_systems.records import write_records
+from cs336_systems.bench.recording import RecordWriter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,10 +35,10 @@ def run(args: argparse.Namespace) -> int:
                              attention=args.attention, warmup=args.warmup, steps=args.steps, top_k=args.top_k,
                              device=args.device, trace_dir=args.trace_dir)
                for p, c, s in itertools.product(args.preset, args.context_length, args.scope)]
-    records = []
+    writer = RecordWriter("nsys_profile", args.results_dir, configs[0].torch_device, enabled=not args.no_save)
     for cfg in tqdm(configs, desc="profile", unit="config", disable=len(configs) < 2):
         rec = run_profile(cfg)
-        records.append(rec)
+        writer.add(rec)
         if rec["status"] != "ok":
             print(f"\n{cfg.preset} ctx {cfg.context_length} {cfg.scope}: {rec['status']}")
             continue
@@ -46,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
               f"{rec['kernel_ms_per_step']:.2f} ms of kernels per step, GEMM share {rec['gemm_share']:.1%}")
         print(pd.DataFrame(rec["kernels"])[["kernel", "calls_per_step", "total_ms", "avg_us", "pct"]]
               .assign(kernel=lambda d: d.kernel.str.slice(0, 80)).to_markdown(index=False, floatfmt=".3g"))
-    if not args.no_save:
-        path = write_records("nsys_profile", records, args.results_dir, device=configs[0].torch_device)
-        print(f"\nrecords: {path}")
+    if writer.path:
+        print(f"\nrecords: {writer.path}")
     return 0

@@ -8,13 +8,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from cs336_systems.bench.attention import AttentionBenchConfig, memory_accounting
 from cs336_systems.report.sections._common import load, ok, provenance, table
 
 PROBLEM_IDS = ("pytorch_attention", "torch_compile")
 KEYS = ("kind", "backend", "compile", "head_dim", "seq_len", "batch_size", "dtype", "causal")
 
 
-def _grid(rows: list[dict], compiled: bool, backend: str = "reference") -> pd.DataFrame:
+def _predicted_gib(r: dict, acc: dict | None) -> str:
+    if not acc:
+        return ""
+    cfg = AttentionBenchConfig(backend=r["backend"], head_dim=r["head_dim"], seq_len=r["seq_len"],
+                               batch_size=r["batch_size"], dtype=r["dtype"], device="cpu")
+    model = {"bytes_per_score": acc["bytes_per_score"], "bytes_per_token": acc["bytes_per_token"]}
+    return f"{memory_accounting(cfg, model)['predicted_before_backward_gib']:.2f}"
+
+
+def _grid(rows: list[dict], compiled: bool, acc: dict | None, backend: str = "reference") -> pd.DataFrame:
     out = []
     for r in sorted((r for r in rows if r.get("compile") == compiled and r.get("backend") == backend),
                     key=lambda r: (r["head_dim"], r["seq_len"])):
@@ -24,7 +34,7 @@ def _grid(rows: list[dict], compiled: bool, backend: str = "reference") -> pd.Da
                     "backward ms": f"{r['backward_mean_ms']:.3f}" if ok_ else "OOM",
                     "memory before backward GiB": (f"{r['memory_before_backward_gib']:.2f}"
                                                    if ok_ and r.get("memory_before_backward_gib") is not None else ""),
-                    "predicted GiB": f"{r['predicted_before_backward_gib']:.2f}"})
+                    "predicted GiB": _predicted_gib(r, acc)})
     return pd.DataFrame(out)
 
 
@@ -41,7 +51,7 @@ def _attention(ctx) -> str | None:
              "synchronize after each pass (`cs336-systems attention-bench`). \"predicted\" is the memory accounting "
              "done in code: Q, K, V, O plus the bytes autograd saves per score element, measured with saved-tensor "
              "hooks on a small problem.\n", provenance(runs) + "\n"]
-    eager = _grid(runs, False)
+    eager = _grid(runs, False, acc)
     parts.append("### Eager\n")
     parts.append(table(eager) + "\n")
     ooms = [r for r in runs if r["status"] == "OOM" and not r.get("compile")]
