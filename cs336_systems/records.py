@@ -37,9 +37,16 @@ def _git_commit() -> str:
             text=True,
             timeout=5,
         ).stdout.strip()
-        return (commit + ("+dirty" if dirty else "")) if commit else "unknown"
+        return (commit + ("+dirty" if dirty else "")) if commit else _commit_from_env()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return _commit_from_env()
+
+
+def _commit_from_env() -> str:
+    # A copy of the tree without .git (e.g. a lent GPU machine): the launcher passes the commit in.
+    import os
+
+    return os.environ.get("CS336_GIT_COMMIT", "unknown")
 
 
 def device_name(device: torch.device | str | None = None) -> str:

@@ -135,19 +135,26 @@ def run_memory_profile(cfg: MemoryConfig) -> dict:
         def allocated() -> float:
             return torch.cuda.memory_allocated(device) / 2**30 if on_gpu else float("nan")
 
+        def phase_end(name: str) -> None:
+            # memory allocated at the end of the phase, and the peak reached inside it
+            marks[f"after_{name}_gib"] = allocated()
+            if on_gpu:
+                marks[f"peak_in_{name}_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+                torch.cuda.reset_peak_memory_stats(device)
+
         def one_step() -> None:
             if cfg.mode == "forward":
                 with autocast_context(cfg.precision, device), torch.no_grad():
                     model(x)
-                marks["after_forward_gib"] = allocated()
+                phase_end("forward")
                 return
             with autocast_context(cfg.precision, device):
                 loss = cross_entropy(model(x), y)
-            marks["after_forward_gib"] = allocated()
+            phase_end("forward")
             loss.backward()
-            marks["after_backward_gib"] = allocated()
+            phase_end("backward")
             optimizer.step()
-            marks["after_optimizer_gib"] = allocated()
+            phase_end("optimizer")
             model.zero_grad(set_to_none=True)
 
         for _ in range(cfg.warmup):
@@ -173,7 +180,7 @@ def run_memory_profile(cfg: MemoryConfig) -> dict:
                 snapshot = torch.cuda.memory._snapshot()
             finally:
                 torch.cuda.memory._record_memory_history(enabled=None)
-            record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            record["peak_memory_gib"] = max(v for k, v in marks.items() if k.startswith("peak_in_"))
             analysis = analyze_snapshot(snapshot, cfg.top_k)
             if snapshot_path is not None:
                 with snapshot_path.open("wb") as f:

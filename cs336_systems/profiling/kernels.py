@@ -90,3 +90,19 @@ def range_times_ms(prof: torch.profiler.profile, names: Iterable[str], on_gpu: b
             out[e.name]["total_ms"] += (_total_device_time_us(e) if on_gpu else float(e.cpu_time_total)) / 1e3
             out[e.name]["calls"] += 1
     return out
+
+
+_GENERIC = {"elementwise_kernel", "vectorized_elementwise_kernel", "unrolled_elementwise_kernel", "reduce_kernel",
+            "gpu_kernel_impl_nocast", "gpu_kernel_impl", "BinaryFunctor", "BUnaryFunctor", "UnaryFunctor",
+            "AUnaryFunctor", "index_elementwise_kernel", "launch_kernel", "func_wrapper_t"}
+_IDENT_RE = re.compile(r"\b(\w*(?:Functor|Ops|_kernel_cuda|_kernel|_impl)\w*)\b")
+
+
+def short_kernel_name(name: str, width: int = 70) -> str:
+    """A readable kernel name: GEMMs and copies as they are (cut to ``width``); PyTorch's templated
+    elementwise / reduction kernels as ``<kind>: <the functor that says what they compute>``."""
+    if is_gemm(name) or not name.startswith("void at::native::"):
+        return name[:width]
+    kind = name.removeprefix("void at::native::").split("<")[0]
+    specific = [m for m in _IDENT_RE.findall(name) if m not in _GENERIC]
+    return f"{kind}: {specific[0]}"[:width] if specific else name[:width]

@@ -65,17 +65,38 @@ def build(ctx) -> str | None:
                 dst = ctx.figure_path(r["timeline_png"])
                 shutil.copyfile(src, dst)
                 parts.append(f"![{r['timeline_png']}]({ctx.link(dst)})\n")
-        fwd = next((r for r in good if r["mode"] == "forward"), None)
-        tr = next((r for r in good if r["mode"] == "train-step"), None)
-        if fwd and tr:
-            parts.append(
-                f"The forward-only timeline is a saw-tooth on a flat floor: each block allocates its temporaries and "
-                f"frees them (nothing is kept for backward under `no_grad`), and the peak is the largest "
-                f"block's working set plus the logits. The training step climbs through the forward (activations of "
-                f"every block are saved; {tr['after_forward_gib']:.2f} GiB are allocated when the forward ends), "
-                f"falls block by block through the backward as saved tensors are freed while gradients appear, "
-                f"then the optimizer step adds only small temporaries: the stages can be told apart from the "
-                f"shape of the curve.\n")
+        fwd = max((r for r in good if r["mode"] == "forward" and r["precision"] == "fp32"),
+                  key=lambda r: r["context_length"], default=None)
+        trains = sorted((r for r in good if r["mode"] == "train-step" and r["precision"] == "fp32"),
+                        key=lambda r: r["context_length"])
+        if fwd and trains:
+            tr = trains[-1]
+            text = (f"The forward-only timeline is a saw-tooth on a flat floor of weights: each block allocates its "
+                    f"temporaries and frees them (nothing is kept for backward under `no_grad`), so the peak is one "
+                    f"block's working set plus the logits. The training step climbs through the forward (each "
+                    f"block's saved activations stay; at context {tr['context_length']} "
+                    f"{tr['after_forward_gib']:.2f} GiB are allocated when the forward ends, against "
+                    f"{tr['baseline_gib']:.2f} GiB before it); through the backward, block by block, saved "
+                    f"tensors are freed while parameter gradients appear, so the curve falls where activations "
+                    f"outweigh gradients and rises where they do not ("
+                    + "; ".join(f"context {r['context_length']}: {r['after_forward_gib']:.1f} GiB after forward, "
+                                f"{r['after_backward_gib']:.1f} GiB after backward" for r in (trains[0], trains[-1])
+                                if r.get("after_backward_gib") is not None)
+                    + "); the optimizer step then adds a spike and zeroing the gradients returns to the floor. "
+                      "The stages can be told apart from the shape of the curve.")
+            phased = [r for r in trains if "peak_in_forward_gib" in r]
+            if phased:
+                where = []
+                for r in phased:
+                    ph = max(("forward", "backward", "optimizer"), key=lambda p: r[f"peak_in_{p}_gib"])
+                    where.append(f"{ph} at context {r['context_length']} ("
+                                 + ", ".join(f"{p} {r[f'peak_in_{p}_gib']:.1f}" for p in ("forward", "backward",
+                                                                                          "optimizer")) + " GiB)")
+                text += (" The step's peak falls in the " + "; in the ".join(where) + ". The optimizer's peak is "
+                         "params + gradients + both moments plus the temporary `torch._foreach_sqrt` makes of the "
+                         "second moment (one more parameter-sized fp32 buffer), so at short context it exceeds the "
+                         "activation peak at the end of the forward.")
+            parts.append(text + "\n")
     big = next((r for r in sorted(good, key=lambda r: -r["context_length"]) if r["mode"] == "forward"
                 and r.get("largest_allocations")), None)
     if big:
@@ -88,8 +109,8 @@ def build(ctx) -> str | None:
                      f"{cfg.num_heads} heads and batch {big['batch_size']} is "
                      f"{big['batch_size'] * cfg.num_heads * big['context_length'] ** 2 * 4 / 2**20:.1f} MiB, and the "
                      f"logits are {big['batch_size'] * big['context_length'] * cfg.vocab_size * 4 / 2**20:.1f} MiB.\n")
-    saved = next((r for r in good if r["mode"] == "train-step" and r["precision"] == "fp32"
-                  and r.get("block_saved_for_backward_mib")), None)
+    saved = max((r for r in good if r["mode"] == "train-step" and r["precision"] == "fp32"
+                 and r.get("block_saved_for_backward_mib")), key=lambda r: r["context_length"], default=None)
     if saved:
         parts.append("### (f) Saved for backward by one block\n")
         parts.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from cs336_systems.profiling.kernels import short_kernel_name
 from cs336_systems.report.sections._common import load, ok, provenance, table
 
 PROBLEM_IDS = ("nsys_profile",)
@@ -11,7 +12,7 @@ PROBLEM_IDS = ("nsys_profile",)
 
 def _kernels(r: dict) -> str:
     df = pd.DataFrame(r["kernels"])
-    df["kernel"] = df["kernel"].str.slice(0, 90)
+    df["kernel"] = df["kernel"].map(short_kernel_name)
     return table(df[["kernel", "calls_per_step", "total_ms", "avg_us", "pct", "gemm"]]
                  .rename(columns={"total_ms": f"total ms ({r['steps']} steps)", "pct": "% of scope"}))
 
@@ -49,16 +50,18 @@ def build(ctx) -> str | None:
             top = f["kernels"][0]
             same = fb and fb["kernels"][0]["kernel"] == top["kernel"]
             parts.append(
-                f"(b) The kernel with the most forward time is `{top['kernel'][:100]}` "
+                f"(b) The kernel with the most forward time is `{short_kernel_name(top['kernel'])}` "
                 f"({top['pct']:.1f}% of forward kernel time, {top['calls_per_step']:.0f} calls per forward pass); "
                 + (f"it is also the top kernel of forward+backward ({fb['kernels'][0]['pct']:.1f}%)."
-                   if same else f"with the backward included the top kernel is `{fb['kernels'][0]['kernel'][:100]}`."
+                   if same else f"with the backward included the top kernel is "
+                   f"`{short_kernel_name(fb['kernels'][0]['kernel'])}` ({fb['kernels'][0]['pct']:.1f}%), another "
+                   f"GEMM configuration (the backward's transposed products pick other tiles)."
                    if fb else ""))
             non_gemm = [k for k in f["kernels"] if not k["gemm"]][:4]
             parts.append(
                 f"(c) Besides matmuls ({100 * f['gemm_share']:.1f}% of forward kernel time), the forward spends "
                 f"{100 * (1 - f['gemm_share']):.1f}% in other kernels, the largest being "
-                + "; ".join(f"`{k['kernel'][:70]}` ({k['pct']:.1f}%)" for k in non_gemm)
+                + "; ".join(f"`{short_kernel_name(k['kernel'])}` ({k['pct']:.1f}%)" for k in non_gemm)
                 + ": elementwise kernels of the softmax, masking, RMSNorm, SwiGLU and RoPE, and copies, which are "
                   "memory-bound.")
             if t:
