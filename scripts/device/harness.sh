@@ -43,6 +43,7 @@ b)  # end-to-end sweep, checkpointing, the MFU target (about 8.5 minutes)
   ;;
 c)  # attention grid eager vs compiled, torch.compile end to end, flash in the MFU combination (about 7 minutes)
   step 200 attention $CLI attention-bench --results-dir "$R"
+  step 60 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
   step 120 compile $CLI bench --preset small medium --mode forward train-step --precision bf16 --compile both \
     --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
   step 80 mfu-flash $CLI bench --preset xl --precision bf16 --compile both --attention flash_triton \

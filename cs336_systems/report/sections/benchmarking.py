@@ -38,7 +38,8 @@ def build(ctx) -> str | None:
     rows = load(ctx, "benchmarking_script", KEYS)
     sweep = [r for r in rows if r.get("study", "sweep") == "sweep" and r.get("checkpoint", "none") == "none"
              and not r.get("compile") and r.get("optimizer", "ours") == "ours" and r.get("attention") == "reference"]
-    if not sweep:
+    warm = ok(load(ctx, "benchmarking_script", KEYS, where={"study": "warmup"}))
+    if not (sweep or warm):
         return None
     parts = ["## benchmarking_script\n",
              "`cs336-systems bench` builds a `BasicsTransformerLM` with random weights, a random batch, runs the "
@@ -49,8 +50,9 @@ def build(ctx) -> str | None:
              "`cs336_systems.configs`) over the matmul peak measured on the same device in the same precision.\n",
              provenance(sweep) + "\n"]
     fp32 = ok([r for r in sweep if r["precision"] == "fp32"])
-    parts.append("### (b) Timings per model size (fp32, batch 4, context 512)\n")
-    parts.append(table(_sweep_table([r for r in sweep if r["precision"] == "fp32"]), ".3g") + "\n")
+    if sweep:
+        parts.append("### (b) Timings per model size (fp32, batch 4, context 512)\n")
+        parts.append(table(_sweep_table([r for r in sweep if r["precision"] == "fp32"]), ".3g") + "\n")
     train = {r["preset"]: r for r in fp32 if r["mode"] == "train-step"}
     if train:
         ratios = [r["backward_mean_ms"] / r["forward_mean_ms"] for r in train.values()]
@@ -69,8 +71,6 @@ def build(ctx) -> str | None:
     if oom:
         parts.append("Out of memory (recorded, the sweep went on): "
                      + ", ".join(f"{r['preset']} {r['mode']} {r['precision']}" for r in oom) + ".\n")
-    warm = load(ctx, "benchmarking_script", KEYS, where={"study": "warmup"})
-    warm = ok(warm)
     if warm:
         parts.append("### (c) Warm-up study\n")
         parts.append("Each row is a fresh process (so nothing is warm from an earlier configuration), "
@@ -86,8 +86,9 @@ def build(ctx) -> str | None:
         if 0 in w and max(w) > 0:
             best = w[max(w)]
             cold = w[0]
-            extra = (f" With one warm-up step the mean is {w[1]['step_mean_ms']:.1f} ms and with two "
-                     f"{w[2]['step_mean_ms']:.1f} ms: the first step pays most of the one-off costs, but the next "
+            extra = (f" With one warm-up step the mean is {w[1]['step_mean_ms']:.1f} ms (std "
+                     f"{w[1]['step_std_ms']:.2f}) and with two {w[2]['step_mean_ms']:.1f} ms (std "
+                     f"{w[2]['step_std_ms']:.2f}): the first step pays most of the one-off costs, but the next "
                      f"ones can still differ (the caching allocator is still growing its pool and cuBLAS picks "
                      f"its kernels by heuristics on the first call of each shape, the backward's shapes included), "
                      f"so a couple of steps are not always enough." if 1 in w and 2 in w else "")
