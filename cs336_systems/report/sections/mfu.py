@@ -51,7 +51,8 @@ def build(ctx) -> str | None:
             f"parameter read and 12 written, through memory); forward + backward alone run at "
             f"{100 * best['model_flops_per_step'] / (fb * 1e-3) / 1e12 / best['peak_tflops']:.1f}% MFU, held back by "
             f"the batch of only {best['batch_size']} x {best['context_length']} = "
-            f"{best['batch_size'] * best['context_length']} tokens (matmuls of 2048 rows do not fill the GPU as an "
-            f"8192^3 product does), autocast's per-step casts of the fp32 weights to bf16, and the remaining "
+            f"{best['batch_size'] * best['context_length']} tokens (matmuls of "
+            f"{best['batch_size'] * best['context_length']} rows fill the GPU less well than the 8192^3 product "
+            f"that sets the peak), autocast's per-step casts of the fp32 weights to bf16, and the remaining "
             f"memory-bound elementwise kernels.\n")
     return "\n".join(parts)
