@@ -34,14 +34,16 @@ a)  # end-to-end sweeps, warm-up study, checkpointing, memory, profile (about 8 
   step 50 profile $CLI profile --preset small --context-length 512 --steps 3 --results-dir "$R" --trace-dir "$T"
   ;;
 b)  # the remaining sweeps in one call (the device time left allowed one): about 9 minutes
-  step 115 bench-sweep $CLI bench --preset all --mode forward train-step --precision fp32 bf16 \
+  step 110 bench-sweep $CLI bench --preset all --mode forward train-step --precision fp32 bf16 \
     --warmup 5 --steps 10 --problem benchmarking_script --results-dir "$R"
   step 105 mfu $CLI bench --preset xl --precision bf16 --compile yes --attention sdpa --optimizer ours torch-fused \
     --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
-  step 95 checkpoint $CLI bench --preset xl --context-length 2048 --precision fp32 --mode train-step \
+  step 60 mfu-flash $CLI bench --preset xl --precision bf16 --compile yes --attention flash_triton \
+    --optimizer torch-fused --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
+  step 90 checkpoint $CLI bench --preset xl --context-length 2048 --precision fp32 --mode train-step \
     --checkpoint none 1 2 4 nested --warmup 1 --steps 2 --problem gradient_checkpointing --results-dir "$R"
-  step 160 attention $CLI attention-bench --results-dir "$R"
-  step 50 compile $CLI bench --preset small --mode forward train-step --precision bf16 --compile both \
+  step 135 attention $CLI attention-bench --results-dir "$R"
+  step 40 compile $CLI bench --preset small --mode forward train-step --precision bf16 --compile both \
     --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
   ;;
 c)  # attention grid eager vs compiled, torch.compile end to end, flash in the MFU combination (about 7 minutes)
