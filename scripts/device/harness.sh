@@ -38,10 +38,10 @@ b)  # the remaining sweeps in one call (the device time left allowed one): about
     --warmup 5 --steps 10 --problem benchmarking_script --results-dir "$R"
   step 105 mfu $CLI bench --preset xl --precision bf16 --compile yes --attention sdpa --optimizer ours torch-fused \
     --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
-  step 60 mfu-flash $CLI bench --preset xl --precision bf16 --compile yes --attention flash_triton \
-    --optimizer torch-fused --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
   step 90 checkpoint $CLI bench --preset xl --context-length 2048 --precision fp32 --mode train-step \
     --checkpoint none 1 2 4 nested --warmup 1 --steps 2 --problem gradient_checkpointing --results-dir "$R"
+  step 60 mfu-flash $CLI bench --preset xl --precision bf16 --compile yes --attention flash_triton \
+    --optimizer torch-fused --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
   step 135 attention $CLI attention-bench --results-dir "$R"
   step 40 compile $CLI bench --preset small --mode forward train-step --precision bf16 --compile both \
     --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
