@@ -3,6 +3,8 @@ fsdp, fsdp_accounting): from ``shard-bench`` records only."""
 
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from cs336_systems.bench.ddp import render_timeline
@@ -17,9 +19,9 @@ COLUMNS = {"variant": "variant", "step_ms": "step (ms)", "init_peak_gib": "after
            "forward_saved_gib": "kept by forward"}
 
 
-def _latest_run(rows: list[dict], precision: str) -> list[dict]:
-    """Rows of the newest run (one command) in ``precision``, preferring GPU runs."""
-    rows = [r for r in rows if r.get("precision") == precision]
+def _latest_run(rows: list[dict], precision: str, world_size: int) -> list[dict]:
+    """Rows of the newest run (one command) in ``precision`` on ``world_size`` ranks, preferring GPU runs."""
+    rows = [r for r in rows if r.get("precision") == precision and r.get("world_size") == world_size]
     gpu = [r for r in rows if not r["provenance"]["device"].startswith("CPU")]
     rows = gpu or rows
     if not rows:
@@ -137,7 +139,7 @@ def _fsdp(ctx, rows: list[dict], precision: str) -> tuple[str, str]:
                else ""))
         timeline = [{**r, "label": r["variant"], "precision": precision} for r in (fsdp, fsdp2)
                     if r and r.get("timeline")]
-        path = render_timeline(timeline, ctx.figure_path(f"fsdp_timeline_{precision}.png"),
+        path = render_timeline(timeline, ctx.figure_path(f"fsdp_timeline_{precision}_{rows[0]['world_size']}ranks.png"),
                                "one profiled step on rank 0: compute kernels vs NCCL kernels")
         if path:
             acct.append(f"\n![FSDP kernel timeline]({ctx.link(path)})")
@@ -156,16 +158,18 @@ def build(ctx) -> str | None:
            "for its own tensors; after the step every tensor is broadcast from its owner in flat buckets. "
            "tests/test_sharded_optimizer.py checks bitwise equality with the unsharded optimizer on 2 and 3 ranks."]
     acct, fsdp_impl, fsdp_acct = [], [], []
-    for precision in ("bf16", "fp32"):
-        rows = _latest_run(records, precision)
+    # The issue's targets are stated for 2 ranks; runs on more ranks follow as their own tables.
+    for precision, world_size in itertools.product(("bf16", "fp32"), sorted({r["world_size"] for r in records})):
+        rows = _latest_run(records, precision, world_size)
         if not rows:
             continue
-        acct.append(f"### {precision}\n\n" + _accounting(rows, precision))
+        heading = f"### {precision}, {world_size} ranks\n\n"
+        acct.append(heading + _accounting(rows, precision))
         impl, a = _fsdp(ctx, rows, precision)
         if impl:
-            fsdp_impl.append(impl)
+            fsdp_impl.append(f"{precision}, {world_size} ranks. {impl}")
         if a:
-            fsdp_acct.append(f"### {precision}\n\n{a}")
+            fsdp_acct.append(heading + a)
     out += ["\n## optimizer_state_sharding_accounting\n", *acct]
     out += ["\n## fsdp\n",
             "`cs336_systems.parallel.fsdp.FSDP` (docs/sharding.md): Linear and Embedding weights become flat fp32 "
