@@ -1,42 +1,39 @@
-"""Data parallelism: process groups (``process_group``) and gradient-averaging wrappers (``ddp``).
+"""Data parallelism and sharding: process groups (``process_group``), gradient-averaging wrappers
+(``ddp``), optimizer-state sharding (``sharded_optimizer``), FSDP (``fsdp``), and the strategies that
+combine them (``strategies``).
 
-``wrap_model(module, strategy, **options)`` is the single entry point the training driver and the
-benchmarks use; every strategy returns an object with the same API (``wrapper(x)``,
-``finish_gradient_synchronization()``, ``no_sync()``, ``on_train_batch_start()``, ``close()``,
-``.module``, ``.stats``). New strategies (sharded optimizers, FSDP) register in ``STRATEGIES``.
+``STRATEGIES`` maps a name (``--parallel``) to a :class:`Strategy`: ``wrap(module, WrapOptions)``,
+``make_optimizer(params, optimizer_cls, **kwargs)``, ``clip_gradients(wrapped, max_norm)``. The
+training driver and the benchmarks build every variant through it. ``wrap_model`` is the short form
+for the wrapper alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+import torch
 from torch import nn
 
 from cs336_systems.parallel.ddp import BucketedDDP, FlatDDP, LocalModule, NaiveDDP, OverlapDDP, TorchDDP
-
-# name -> (constructor(module, bucket_size_mb) , needs a process group)
-STRATEGIES: dict[str, tuple[Callable[[nn.Module, float | None], nn.Module], bool]] = {
-    "none": (lambda m, b: LocalModule(m), False),
-    "naive": (lambda m, b: NaiveDDP(m), True),
-    "flat": (lambda m, b: FlatDDP(m), True),
-    "overlap": (lambda m, b: OverlapDDP(m), True),
-    "bucketed": (lambda m, b: BucketedDDP(m, bucket_size_mb=25.0 if b is None else b), True),
-    "torch-ddp": (lambda m, b: TorchDDP(m, bucket_size_mb=b), True),
-}
+from cs336_systems.parallel.strategies import (
+    STRATEGIES,
+    Strategy,
+    TorchFSDP2,
+    WrapOptions,
+    full_state_dict,
+    get_strategy,
+)
 
 
-def wrap_model(module: nn.Module, strategy: str, bucket_size_mb: float | None = None) -> nn.Module:
-    """Wrap ``module`` with the data-parallel ``strategy`` (see ``STRATEGIES``)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown parallel strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy][0](module, bucket_size_mb)
+def wrap_model(module: nn.Module, strategy: str, bucket_size_mb: float | None = None, *,
+               compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> nn.Module:
+    """Wrap ``module`` with ``strategy`` (see ``STRATEGIES``)."""
+    return get_strategy(strategy).wrap(module, WrapOptions(bucket_size_mb=bucket_size_mb, compute_dtype=compute_dtype,
+                                                           reduce_dtype=reduce_dtype))
 
 
 def needs_process_group(strategy: str) -> bool:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown parallel strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy][1]
+    return get_strategy(strategy).distributed
 
 
-__all__ = ["STRATEGIES", "BucketedDDP", "FlatDDP", "LocalModule", "NaiveDDP", "OverlapDDP", "TorchDDP",
-           "needs_process_group", "wrap_model"]
+__all__ = ["STRATEGIES", "BucketedDDP", "FlatDDP", "LocalModule", "NaiveDDP", "OverlapDDP", "Strategy", "TorchDDP",
+           "TorchFSDP2", "WrapOptions", "full_state_dict", "get_strategy", "needs_process_group", "wrap_model"]

@@ -354,6 +354,10 @@ class FSDP(nn.Module):
             raise RuntimeError("FSDP: the previous step's gradients were never synchronised; call "
                                "finish_gradient_synchronization() after backward")
 
+    def sharded_parameters(self) -> list[nn.Parameter]:
+        """The shard parameters (their ``.grad`` is this rank's slice); the rest is replicated."""
+        return [h.shard for h in self.handles]
+
     def sharded_numel(self) -> int:
         return sum(h.shard_size for h in self.handles)
 
