@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from cs336_basics.model import BasicsTransformerLM
-from cs336_basics.nn_utils import clip_gradient, cross_entropy
+from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems.configs import get_preset, training_flops_per_token
-from cs336_systems.parallel import STRATEGIES, needs_process_group, wrap_model
+from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.process_group import DistInfo, init_distributed, under_torchrun
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -47,10 +47,10 @@ class TrainConfig:
     min_lr: float = 3e-5
     warmup_steps: int = 0
     weight_decay: float = 0.1
-    grad_clip: float | None = 1.0  # global L2 norm, applied after gradients are averaged
+    grad_clip: float | None = 1.0  # global L2 norm (over all ranks' shards), applied after gradients are averaged
     precision: str = "fp32"  # fp32, or bf16 autocast (parameters and optimizer state stay fp32)
-    parallel: str = "none"
-    bucket_size_mb: float | None = None  # bucketed / torch-ddp; None: 25
+    parallel: str = "none"  # a name in parallel.STRATEGIES
+    bucket_size_mb: float | None = None  # bucketed / zero1: None = 25; torch-ddp / torch-zero: None = torch's
     data: str | None = None  # uint16 token file; None: synthetic tokens
     seed: int = 0
     log_every: int = 1
@@ -71,6 +71,13 @@ class TrainConfig:
                 raise ValueError(f"train: {name} must be >= 1, got {getattr(self, name)}")
         if self.data is not None and not Path(self.data).is_file():
             raise ValueError(f"train: token file {self.data!r} does not exist")
+        if self.bucket_size_mb is not None:
+            if not STRATEGIES[self.parallel].uses_buckets:
+                bucketed = ", ".join(n for n, s in STRATEGIES.items() if s.uses_buckets)
+                raise ValueError(f"train: --bucket-size-mb has no effect with --parallel {self.parallel}; "
+                                 f"it applies to {bucketed}")
+            if not self.bucket_size_mb > 0:
+                raise ValueError(f"train: bucket_size_mb must be > 0, got {self.bucket_size_mb}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"train: grad_clip must be > 0 or None, got {self.grad_clip}")
 
@@ -129,8 +136,17 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     torch.manual_seed(cfg.seed)  # every rank builds the same init; the wrapper broadcasts rank 0's anyway
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                 check_inputs=cfg.data is not None, device=device)
-    wrapped = wrap_model(model, cfg.parallel, cfg.bucket_size_mb)
-    optimizer = AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    n_params = sum(p.numel() for p in model.parameters())  # before FSDP replaces weights by shards
+    strategy = get_strategy(cfg.parallel)
+    bf16 = cfg.precision == "bf16"
+    # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)
+    # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic.
+    wrapped = strategy.wrap(model, WrapOptions(bucket_size_mb=cfg.bucket_size_mb,
+                                               compute_dtype=torch.bfloat16 if bf16 else None,
+                                               reduce_dtype=torch.float32 if bf16 else None))
+    optimizer = strategy.make_optimizer(model.parameters(), AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
+    no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)
     data = TokenBatches(cfg, model_cfg.vocab_size, T, B, rank, world, device)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if cfg.precision == "bf16" \
         else contextlib.nullcontext
@@ -138,7 +154,6 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     flops_per_step_per_device = training_flops_per_token(model_cfg, T) * B * T * cfg.grad_accum
     peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
     if rank == 0:
-        n_params = sum(p.numel() for p in model.parameters())
         log(f"train: {cfg.preset} ({n_params / 1e6:.1f}M params), {world} rank(s) x batch {B} x {cfg.grad_accum} "
             f"micro x context {T}, parallel={cfg.parallel}, {cfg.precision}, device {device}")
 
@@ -156,14 +171,14 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for micro in range(cfg.grad_accum):
             x, y = data.get(step, micro)
             last = micro == cfg.grad_accum - 1
-            with (contextlib.nullcontext() if last else wrapped.no_sync()):
+            with (contextlib.nullcontext() if last else no_sync()):
                 with autocast():
                     loss = cross_entropy(wrapped(x), y) / cfg.grad_accum
                 loss.backward()
             loss_sum += loss.detach()
         wrapped.finish_gradient_synchronization()
         if cfg.grad_clip is not None:
-            clip_gradient(model.parameters(), cfg.grad_clip)
+            strategy.clip_gradients(wrapped, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         _sync(device)
@@ -183,6 +198,6 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                     f"{row['tokens_per_s']:,.0f} tok/s | MFU {row['mfu']:.1%}{mem}")
         if not math.isfinite(loss_sum.item()):
             raise RuntimeError(f"train: loss became {loss_sum.item()} at step {step}")
+    final_state = {k: v.cpu() for k, v in full_state_dict(wrapped).items()}  # a collective under sharding
     wrapped.close()
-    return {"config": asdict(cfg), "world_size": world, "rows": rows,
-            "final_state": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    return {"config": asdict(cfg), "world_size": world, "rows": rows, "final_state": final_state}

@@ -1,5 +1,6 @@
-"""The training driver: data-parallel runs equal one-process runs on the global batch; token files;
-bad input. CPU, gloo, 2 ranks spawned on a free port with a timeout."""
+"""The training driver: data-parallel and sharded runs equal one-process runs on the global batch;
+global-norm clipping under sharding; token files; bad input. CPU, gloo, 2 ranks spawned on a free
+port with a timeout."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from cs336_basics.model import BasicsTransformerLM
+from cs336_basics.nn_utils import clip_gradient, cross_entropy
 from cs336_systems.cli import main
+from cs336_systems.configs import get_preset
+from cs336_systems.parallel import get_strategy
+from cs336_systems.parallel.clip import clip_grad_norm_global
 from cs336_systems.parallel.process_group import spawn
 from cs336_systems.train import TrainConfig, train
 
@@ -34,6 +40,109 @@ def test_two_ranks_match_one_process_on_the_global_batch(parallel):
         assert ((r0["final_state"][k] - v).abs() > 1e-6).float().mean() < 1e-3, k
     for a, b in zip(r0["rows"], ref["rows"]):  # logged loss is the mean over ranks = the global-batch loss
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+SHARDING = ("zero1", "torch-zero", "fsdp", "torch-fsdp2")
+CLIP_BATCH, CLIP_MAX = 4, 0.25  # the init gradient norm of `tiny` is ~1.2: clipping is active
+
+
+def _clip_case(info, parallel: str) -> dict:
+    """Gradients of the global batch, each rank backpropagating its half through the wrapped model: the
+    norm clip_gradients() reports, the norm after clipping, the norm this rank would see alone."""
+    model_cfg = get_preset("tiny").replace(context_length=16)
+    tokens = torch.randint(0, model_cfg.vocab_size, (CLIP_BATCH, 17), generator=torch.Generator().manual_seed(11))
+    mine = tokens[info.rank * CLIP_BATCH // 2:(info.rank + 1) * CLIP_BATCH // 2]
+    torch.manual_seed(3)
+    strategy = get_strategy(parallel)
+    wrapped = strategy.wrap(BasicsTransformerLM(**model_cfg.model_kwargs()))
+    cross_entropy(wrapped(mine[:, :-1]), mine[:, 1:]).backward()
+    wrapped.finish_gradient_synchronization()
+    params = list(wrapped.module.parameters())
+    local = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(
+        p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad) for p in params]))
+    out = {"local": local.item()}
+    if parallel == "torch-fsdp2":  # torch's own clip on DTensor gradients, as a second opinion
+        out["torch"] = torch.nn.utils.clip_grad_norm_(params, float("inf")).full_tensor().item()
+    out["norm"] = strategy.clip_gradients(wrapped, CLIP_MAX).item()
+    sharded = wrapped.sharded_parameters() if strategy.shards_gradients else ()
+    out["after"] = clip_grad_norm_global(params, float("inf"), sharded=sharded).item()
+    wrapped.close()
+    return out
+
+
+def sharded_train_worker(info):
+    out = {p: train(TrainConfig(**SMALL, batch_size=2, parallel=p), info=info, log=lambda s: None)
+           for p in SHARDING}
+    for p in ("fsdp", "torch-fsdp2"):
+        out[f"{p}-bf16"] = train(TrainConfig(**{**SMALL, "steps": 2}, batch_size=2, parallel=p, precision="bf16"),
+                                 info=info, log=lambda s: None)
+    out["clip"] = {p: _clip_case(info, p) for p in SHARDING}
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_sharded_strategies_match_one_process_on_the_global_batch():
+    """zero1, torch-zero, fsdp and torch-fsdp2 on 2 ranks x batch 2 train the weights of 1 process x batch 4
+    (same argument and tolerances as the DDP test above: fp32, only summation order differs; ZeRO adds only
+    broadcasts, FSDP reduce-scatters instead of all-reducing and gathers exact fp32 weights). One spawn for
+    every case to keep the test short.
+
+    Clipping: AdamW is nearly invariant to a gradient scale, so the curves alone would not catch a wrong
+    norm; the clip case checks the number itself. The norm over ranks must equal the single-process norm
+    of the global batch to fp32 summation noise (~1e-6 relative over 172k elements: rtol 1e-5), the norm after
+    clipping must be CLIP_MAX. Under fsdp / torch-fsdp2 the norm of one rank's shard gradients differs by > 10%
+    (so a per-rank clip would be caught); under zero1 / torch-zero the averaged gradients are replicated and
+    the per-rank norm already is the global one.
+
+    bf16 (fsdp, torch-fsdp2): weights gathered in bf16 keep the residual stream in bf16, which autocast alone
+    does not; the logged global-batch loss must stay within 2e-3 relative (bf16's unit roundoff 2^-9)
+    of the one-process bf16 run."""
+    r0, r1 = spawn(sharded_train_worker, 2, timeout_s=150)
+    ref = train(TrainConfig(**SMALL, batch_size=4, parallel="none"), log=lambda s: None)
+    for p in SHARDING:
+        for k, v in ref["final_state"].items():
+            assert torch.equal(r0[p]["final_state"][k], r1[p]["final_state"][k]), (p, k)
+            torch.testing.assert_close(r0[p]["final_state"][k], v, rtol=1e-5, atol=3e-5, msg=f"{p} {k}")
+            assert ((r0[p]["final_state"][k] - v).abs() > 1e-6).float().mean() < 1e-3, (p, k)
+        for a, b in zip(r0[p]["rows"], ref["rows"], strict=True):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), p
+    ref_bf16 = train(TrainConfig(**{**SMALL, "steps": 2}, batch_size=4, precision="bf16"), log=lambda s: None)
+    for p in ("fsdp", "torch-fsdp2"):
+        for a, b in zip(r0[f"{p}-bf16"]["rows"], ref_bf16["rows"], strict=True):
+            assert a["loss"] == pytest.approx(b["loss"], rel=2e-3), p
+
+    model_cfg = get_preset("tiny").replace(context_length=16)
+    tokens = torch.randint(0, model_cfg.vocab_size, (CLIP_BATCH, 17), generator=torch.Generator().manual_seed(11))
+    torch.manual_seed(3)
+    model = BasicsTransformerLM(**model_cfg.model_kwargs())
+    cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+    want = clip_gradient(model.parameters(), float("inf")).item()
+    assert want > 2 * CLIP_MAX
+    for p in SHARDING:
+        for r in (r0, r1):
+            got = r["clip"][p]
+            assert got["norm"] == pytest.approx(want, rel=1e-5), p
+            assert got["after"] == pytest.approx(CLIP_MAX, rel=1e-5), p
+            if get_strategy(p).shards_gradients:
+                assert abs(got["local"] / want - 1) > 0.1, p  # a rank's shard alone: the wrong norm
+            else:
+                assert got["local"] == pytest.approx(want, rel=1e-5), p  # averaged and replicated: plain norm is right
+            if "torch" in got:
+                assert got["torch"] == pytest.approx(want, rel=1e-5), p
+
+
+def test_bad_sharding_combinations():
+    with pytest.raises(ValueError, match="torchrun"):
+        train(TrainConfig(parallel="fsdp", steps=1))
+    with pytest.raises(ValueError, match="--bucket-size-mb has no effect with --parallel fsdp"):
+        TrainConfig(parallel="fsdp", bucket_size_mb=10)
+    with pytest.raises(ValueError, match="--bucket-size-mb has no effect with --parallel torch-fsdp2"):
+        TrainConfig(parallel="torch-fsdp2", bucket_size_mb=10)
+    with pytest.raises(ValueError, match="bucket_size_mb must be > 0"):
+        TrainConfig(parallel="zero1", bucket_size_mb=0)
+    with pytest.raises(ValueError, match="unknown --parallel 'zero3'"):
+        TrainConfig(parallel="zero3")
+    assert main(["train", "--parallel", "torch-zero", "--steps", "1"]) == 2  # needs torchrun: a clear error
 
 
 @pytest.mark.timeout(120)

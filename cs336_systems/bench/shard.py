@@ -45,6 +45,7 @@ from cs336_systems.bench.ddp import _is_comm, _union_ms
 from cs336_systems.bench.e2e import is_oom
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
+from cs336_systems.parallel.strategies import WrapOptions, get_strategy
 
 PROBLEM = "optimizer_state_sharding_accounting"  # records of every variant (FSDP's too) live here
 VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
@@ -107,47 +108,24 @@ class _Memory:
         return torch.cuda.max_memory_allocated(self.device) / GIB if self.cuda else 0.0
 
 
-def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
-    """(step module, optimizer, finish(), model) for a variant."""
-    from cs336_systems.parallel.ddp import BucketedDDP, LocalModule, TorchDDP
-    from cs336_systems.parallel.fsdp import FSDP
-    from cs336_systems.parallel.sharded_optimizer import ShardedOptimizer
+# shard-bench variant -> parallel strategy (``ddp`` is the bucketed strategy at its default 25 MiB buckets)
+VARIANT_STRATEGY = {"none": "none", "ddp": "bucketed", "zero1": "zero1", "torch-zero": "torch-zero", "fsdp": "fsdp",
+                    "torch-fsdp2": "torch-fsdp2"}
 
+
+def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
+    """(step module, optimizer, finish(), model) for a variant, built by its parallel strategy."""
     model_cfg = get_preset(cfg.preset).replace(context_length=cfg.context_length)
     torch.manual_seed(0)
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention, check_inputs=False,
                                 device=device)
-    adamw = dict(lr=1e-5, weight_decay=0.1, foreach=True)
-    bf16 = cfg.precision == "bf16"
-    if variant == "none":
-        wrapped = LocalModule(model)
-        opt = torch.optim.AdamW(model.parameters(), **adamw)
-    elif variant in ("ddp", "zero1"):
-        wrapped = BucketedDDP(model, bucket_size_mb=25.0)
-        opt = (torch.optim.AdamW(model.parameters(), **adamw) if variant == "ddp"
-               else ShardedOptimizer(model.parameters(), torch.optim.AdamW, **adamw))
-    elif variant == "torch-zero":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        wrapped = TorchDDP(model)
-        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
-    elif variant == "fsdp":
-        wrapped = FSDP(model, compute_dtype=torch.bfloat16 if bf16 else None)
-        opt = torch.optim.AdamW(model.parameters(), **adamw)
-    elif variant == "torch-fsdp2":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
-            else MixedPrecisionPolicy()
-        for block in model.layers:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        wrapped = model
-        opt = torch.optim.AdamW(model.parameters(), **adamw)
-    else:
-        raise ValueError(f"shard-bench: unknown variant {variant!r}")
-    finish = getattr(wrapped, "finish_gradient_synchronization", lambda: None)
-    return wrapped, opt, finish, model
+    strategy = get_strategy(VARIANT_STRATEGY[variant])
+    # Under bf16 the FSDP variants gather weights *and* reduce gradients in bf16 (FSDP2's default when
+    # only param_dtype is set; half the traffic), as the recorded measurements were taken.
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else None
+    wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype, reduce_dtype=dtype))
+    opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1, foreach=True)
+    return wrapped, opt, wrapped.finish_gradient_synchronization, model
 
 
 def _local_numel(t: torch.Tensor) -> int:
@@ -242,8 +220,7 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str) -> dict:
         samples: list[dict] = []
 
         def step(record: dict | None = None) -> None:
-            if hasattr(wrapped, "on_train_batch_start"):
-                wrapped.on_train_batch_start()
+            wrapped.on_train_batch_start()
             mem.sync()
             mem.reset_peak()
             before_fwd = mem.allocated()
@@ -300,7 +277,7 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str) -> dict:
             raise
         row.update(status="OOM", error=str(err).splitlines()[0][:200])
     finally:
-        if wrapped is not None and hasattr(wrapped, "close"):
+        if wrapped is not None:
             wrapped.close()
         wrapped = opt = model = None  # drop the references before measuring the next variant
         gc.collect()

@@ -1,6 +1,7 @@
-"""``cs336-systems train``: train the LM in one process, or data-parallel under torchrun.
+"""``cs336-systems train``: train the LM in one process, or data-parallel / sharded under torchrun.
 
     torchrun --nproc-per-node 2 -m cs336_systems train --preset small --parallel bucketed --precision bf16
+    torchrun --nproc-per-node 4 -m cs336_systems train --preset xl --parallel fsdp --precision bf16
 """
 
 from __future__ import annotations
@@ -22,10 +23,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-lr", type=float, default=3e-5)
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0, help="0 disables clipping")
+    p.add_argument("--grad-clip", type=float, default=1.0,
+                   help="max global L2 norm of the gradients (over all ranks' shards under fsdp / torch-fsdp2); "
+                   "0 disables clipping")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    p.add_argument("--parallel", choices=list(STRATEGIES), default="none")
-    p.add_argument("--bucket-size-mb", type=float, default=None)
+    p.add_argument("--parallel", choices=list(STRATEGIES), default="none", metavar="STRATEGY",
+                   help="; ".join(f"{name}: {s.help}" for name, s in STRATEGIES.items())
+                   + " (all but 'none' under torchrun; fsdp / torch-fsdp2 gather weights in bf16 under "
+                   "--precision bf16 and reduce gradients in fp32)")
+    p.add_argument("--bucket-size-mb", type=float, default=None,
+                   help="gradient bucket size for bucketed / zero1 (default 25) and torch-ddp / torch-zero "
+                   "(default: torch's)")
     p.add_argument("--data", default=None, help="uint16 token file (np.memmap); default: synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=1)
