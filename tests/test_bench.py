@@ -111,15 +111,15 @@ def test_flops_and_mfu_against_a_hand_count():
 
 def test_bad_configs_are_value_errors():
     for bad in (dict(mode="inference"), dict(precision="fp8"), dict(checkpoint="every"), dict(checkpoint=99),
-                dict(optimizer="sgd"), dict(steps=0), dict(attention="nope")):
+                dict(optimizer="sgd"), dict(compile_scope="layer"), dict(steps=0), dict(attention="nope")):
         with pytest.raises(ValueError):
             BenchConfig(**TINY, **bad)
 
 
 def test_warmup_study_flag_builds_the_study():
     args = argparse.Namespace(default=False, preset=["tiny"], context_length=[32], batch_size=None, mode=["train-step"],
-                              precision=["fp32"], compile="no", attention=["reference"], checkpoint=["none"],
-                              optimizer=["ours"], warmup=5, steps=3, warmup_study=True, device="cpu")
+                              precision=["fp32"], compile="no", compile_scope="model", attention=["reference"],
+                              checkpoint=["none"], optimizer=["ours"], warmup=5, steps=3, warmup_study=True, device="cpu")
     assert [c.warmup for c in configs_from_args(args)] == [0, 1, 2, 5]
 
 

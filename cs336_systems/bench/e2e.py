@@ -41,6 +41,9 @@ class BenchConfig:
     mode: Mode = "train-step"
     precision: str = "fp32"  # fp32: no autocast (nullcontext); bf16: torch.autocast(bfloat16)
     compile: bool = False
+    # "model": torch.compile the whole model (one graph of all blocks: long compiles for deep models);
+    # "blocks": compile each block in place (regional compilation: identical blocks share one compiled graph)
+    compile_scope: str = "model"
     attention: str = "reference"
     checkpoint: str = "none"  # activation checkpointing: "none", "nested" or k (every k blocks)
     optimizer: str = "ours"
@@ -55,6 +58,8 @@ class BenchConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"benchmarking_script: unknown precision {self.precision!r}; "
                              f"choose from {', '.join(PRECISIONS)}")
+        if self.compile_scope not in ("model", "blocks"):
+            raise ValueError(f"torch_compile: unknown compile scope {self.compile_scope!r}; choose model or blocks")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"benchmarking_script: unknown optimizer {self.optimizer!r}; "
                              f"choose from {', '.join(OPTIMIZERS)}")
@@ -117,7 +122,12 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                     check_inputs=False, device=device)
         apply_activation_checkpointing(model, cfg.checkpoint)
-        step_model = torch.compile(model) if cfg.compile else model
+        step_model = model
+        if cfg.compile and cfg.compile_scope == "blocks":
+            for block in model.layers:
+                block.compile()
+        elif cfg.compile:
+            step_model = torch.compile(model)
         optimizer = _make_optimizer(cfg, model)
         x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         y = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+import cs336_systems.attention  # noqa: F401  (registers flash_torch / flash_triton without package metadata)
 from cs336_systems.bench.attention import (
     HEAD_DIMS,
     SEQ_LENS,

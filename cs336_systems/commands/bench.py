@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+import cs336_systems.attention
 import cs336_systems.profiling.nvtx  # noqa: F401  (registers the "reference_nvtx" attention backend)
 from cs336_systems.bench.e2e import (
     MODES,
@@ -52,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["fp32"])
     p.add_argument("--compile", nargs="?", const="yes", default="no", choices=["no", "yes", "both"],
                    help="torch.compile the model: no (default), yes (bare --compile), or both (eager and compiled)")
+    p.add_argument("--compile-scope", choices=["model", "blocks"], default="model",
+                   help="compile the whole model, or each Transformer block (regional: much faster to compile)")
     p.add_argument("--attention", nargs="+", default=["reference"], help="attention backend name(s)")
     p.add_argument("--checkpoint", nargs="+", default=["none"],
                    help="activation checkpointing: 'none', 'nested', or k = checkpoint every k blocks")
@@ -83,7 +86,8 @@ def configs_from_args(args: argparse.Namespace) -> list[BenchConfig]:
     grid = itertools.product(presets, args.context_length, args.mode, args.precision, compiles, args.attention,
                              args.checkpoint, args.optimizer, warmups)
     return [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr, compile=co,
-                        attention=a, checkpoint=ck, optimizer=o, warmup=w, steps=args.steps, device=args.device)
+                        compile_scope=args.compile_scope, attention=a, checkpoint=ck, optimizer=o, warmup=w,
+                        steps=args.steps, device=args.device)
             for p, c, m, pr, co, a, ck, o, w in grid]
 
 
