@@ -119,7 +119,8 @@ def test_bad_configs_are_value_errors():
 def test_warmup_study_flag_builds_the_study():
     args = argparse.Namespace(default=False, preset=["tiny"], context_length=[32], batch_size=None, mode=["train-step"],
                               precision=["fp32"], compile="no", compile_scope="model", attention=["reference"],
-                              checkpoint=["none"], optimizer=["ours"], warmup=5, steps=3, warmup_study=True, device="cpu")
+                              checkpoint=["none"], optimizer=["ours"], warmup=5, steps=3, warmup_study=True,
+                              device="cpu")
     assert [c.warmup for c in configs_from_args(args)] == [0, 1, 2, 5]
 
 

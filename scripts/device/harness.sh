@@ -46,13 +46,12 @@ b)  # the remaining sweeps in one call (the device time left allowed one): about
   step 40 compile $CLI bench --preset small --mode forward train-step --precision bf16 --compile both \
     --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
   ;;
-c)  # attention grid eager vs compiled, torch.compile end to end, flash in the MFU combination (about 7 minutes)
-  step 200 attention $CLI attention-bench --results-dir "$R"
-  step 60 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
-  step 120 compile $CLI bench --preset small medium --mode forward train-step --precision bf16 --compile both \
-    --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
-  step 80 mfu-flash $CLI bench --preset xl --precision bf16 --compile both --attention flash_triton \
-    --optimizer torch-fused --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
+c)  # what run b could not finish: the MFU target with regional compilation, compiled attention (about 4 minutes)
+  step 120 mfu $CLI bench --preset xl --precision bf16 --compile both --compile-scope blocks --attention sdpa \
+    --optimizer torch-fused ours --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
+  step 25 mfu-flash $CLI bench --preset xl --precision bf16 --attention flash_triton --optimizer torch-fused \
+    --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
+  step 80 attention-compiled $CLI attention-bench --compile yes --reps 20 --results-dir "$R"
   ;;
 *)  # smoke
   step 120 tests python3 -m pytest -q -m gpu tests/test_bench.py tests/test_profiling.py -x -p no:cacheprovider
