@@ -47,9 +47,9 @@ b)  # the remaining sweeps in one call (the device time left allowed one): about
     --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
   ;;
 c)  # what run b could not finish: the MFU target with regional compilation, compiled attention (about 4 minutes)
-  step 120 mfu $CLI bench --preset xl --precision bf16 --compile both --compile-scope blocks --attention sdpa \
+  step 110 mfu $CLI bench --preset xl --precision bf16 --compile yes --compile-scope blocks --attention sdpa \
     --optimizer torch-fused ours --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
-  step 25 mfu-flash $CLI bench --preset xl --precision bf16 --attention flash_triton --optimizer torch-fused \
+  step 40 mfu-eager $CLI bench --preset xl --precision bf16 --attention flash_triton sdpa --optimizer torch-fused \
     --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
   step 80 attention-compiled $CLI attention-bench --compile yes --reps 20 --results-dir "$R"
   ;;
