@@ -40,7 +40,8 @@ def clip_grad_norm_global(parameters: Iterable[torch.nn.Parameter], max_norm: fl
     ``FSDP.sharded_parameters()``); DTensor gradients are recognised on their own. A collective:
     call it on every rank of ``process_group``."""
     sharded_ids = {id(p) for p in sharded}
-    params = list(dict.fromkeys(p for p in parameters if p.grad is not None))  # a tied tensor once
+    everything = list(parameters)
+    params = list(dict.fromkeys(p for p in everything if p.grad is not None))  # a tied tensor once
     shard_grads, replicated_grads = [], []
     for p in params:
         if _is_dtensor(p.grad):
@@ -52,7 +53,8 @@ def clip_grad_norm_global(parameters: Iterable[torch.nn.Parameter], max_norm: fl
             shard_grads.append(p.grad)
         else:
             replicated_grads.append(p.grad)
-    device = (shard_grads or replicated_grads or [torch.zeros(())])[0].device
+    # A rank without gradients still joins the all-reduce, on its parameters' device (NCCL needs CUDA).
+    device = (shard_grads or replicated_grads or [_local(p) for p in everything] or [torch.zeros(())])[0].device
 
     def sq(grads: list[torch.Tensor]) -> torch.Tensor:
         if not grads:
