@@ -24,10 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attention-bench": ("cs336_systems.commands.attention_bench",
                         "attention forward/backward timing and memory vs sequence length (pytorch_attention)"),
     "comm-bench": ("cs336_systems.commands.comm_bench",
-                   "all-reduce latency / bandwidth, gloo and NCCL, 2-6 processes (distributed_communication_single_node)"),
-    "train": ("cs336_systems.commands.train", "train the LM, one process or under torchrun, --parallel none|naive|flat|..."),
+                   "all-reduce latency / bandwidth, gloo and NCCL (distributed_communication_single_node)"),
+    "train": ("cs336_systems.commands.train",
+              "train the LM, one process or under torchrun (--parallel: DDP variants, ZeRO, FSDP)"),
     "ddp-bench": ("cs336_systems.commands.ddp_bench",
-                  "DDP wrappers vs torch DDP: step time, communication, exposed overhead, traces (naive_ddp_benchmarking ...)"),
+                  "DDP wrappers vs torch DDP: step time, exposed communication, traces (*_ddp_benchmarking)"),
     "shard-bench": ("cs336_systems.commands.shard_bench",
                     "sharded optimizer and FSDP vs DDP, ZeRO and FSDP2: memory breakdown, step time, traces"),
     "flash-bench": ("cs336_systems.commands.flash_bench",
@@ -37,7 +38,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cs336-systems", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="cs336-systems",
+        description="Make Transformer LM training fast, and measure it honestly (CS336 Assignment 2).",
+        epilog="Run `cs336-systems COMMAND --help` for a command's options. Distributed commands run under "
+        "torchrun: torchrun --nproc-per-node N -m cs336_systems COMMAND ...",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
