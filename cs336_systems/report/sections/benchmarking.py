@@ -29,9 +29,13 @@ def _sweep_table(rows: list[dict]) -> pd.DataFrame:
                     row[f"{ph} ms (mean ± std)"] = f"{r[f'{ph}_mean_ms']:.2f} ± {r[f'{ph}_std_ms']:.2f}"
             row.update({"step ms (median / min)": f"{r['step_median_ms']:.2f} / {r['step_min_ms']:.2f}",
                         "CUDA-event step ms": r.get("step_event_mean_ms"), "tokens/s": r["tokens_per_s"],
-                        "TFLOP/s": r["model_tflops"], "MFU": r["mfu"], "peak GiB": r["peak_memory_gib"]})
+                        "TFLOP/s": r["model_tflops"], "matmul peak TFLOP/s": r["peak_tflops"], "MFU": r["mfu"],
+                        "peak GiB": r["peak_memory_gib"]})
         out.append(row)
-    return _order(pd.DataFrame(out)).astype(object).fillna("")
+    df = pd.DataFrame(out)
+    first = ["preset", "mode", "precision", "status"] + [c for c in df.columns if c.endswith("(mean ± std)")]
+    df = df[first + [c for c in df.columns if c not in first]]
+    return _order(df).astype(object).fillna("")
 
 
 def build(ctx) -> str | None:

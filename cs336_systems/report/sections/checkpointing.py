@@ -85,6 +85,7 @@ def build(ctx) -> str | None:
         fig, ax = plt.subplots(figsize=(6.5, 3.5))
         xs = [int(r["checkpoint"]) for r in flat]
         ax.plot(xs, [r["peak_memory_gib"] for r in flat], "o-", label="peak memory (GiB)")
+        ax.set_xticks(xs)
         ax.set_xlabel("checkpoint every k blocks")
         ax.set_ylabel("peak memory (GiB)")
         ax2 = ax.twinx()

@@ -38,7 +38,8 @@ def build(ctx) -> str | None:
                              f"{100 * r['gemm_share']:.1f}% of it in GEMM kernels.\n")
                 parts.append(_kernels(r) + "\n")
                 if r.get("trace"):
-                    parts.append(f"Chrome trace (not committed when large): `{r['trace']}`.\n")
+                    parts.append(f"Chrome trace (Perfetto / chrome://tracing): "
+                                 f"`results/nsys_profile/traces/{r['trace']}`.\n")
         f, fb, t = scopes.get("forward"), scopes.get("forward-backward"), scopes.get("train-step")
         if f:
             unprof = f["unprofiled"]["forward"]
@@ -80,5 +81,6 @@ def build(ctx) -> str | None:
                 f"softmax {a['softmax']:.2f} ms: the softmax takes {a['softmax'] / mm_ms:.2f}x the matmul time while "
                 f"doing {fl['softmax'] / mm_fl:.3f}x their FLOPs (a {mm_fl / fl['softmax']:.0f}x FLOP advantage "
                 f"for the matmuls). The softmax is memory-bound: it reads and writes the full T x T score matrix "
-                f"several times at a few FLOPs per byte, while the matmuls run on tensor cores.\n")
+                f"several times at a few FLOPs per byte, while each matmul does 2d FLOPs per score element from "
+                f"on-chip tiles and is compute-bound.\n")
     return "\n\n".join(parts)
