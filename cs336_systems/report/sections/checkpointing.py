@@ -82,6 +82,22 @@ def build(ctx) -> str | None:
                f"{nested['step_mean_ms'] / best['step_mean_ms']:.2f}x longer step than k = {k}" if nested else "")
             + f". The step time of k = {k} is {best['step_mean_ms']:.0f} ms; every k recomputes one forward, so "
               f"times differ little across k.\n")
+        n_params = best["n_params"]
+        per_block = ((neighbours[0]["peak_memory_gib"] - best["peak_memory_gib"])
+                     / max(int(neighbours[0]["checkpoint"]) - k, 1)) if neighbours else float("nan")
+        state_gib = n_params * 16 / 2**30  # fp32 parameters, gradients and AdamW's two moments
+        parts.append(
+            f"What sets the peak: {state_gib:.1f} GiB of it are the {n_params / 1e9:.2f} B fp32 "
+            f"parameters, their gradients and AdamW's two moments, which every strategy holds; the stored group "
+            f"inputs are at most {cfg.num_layers} x {x_mib:.0f} MiB = {cfg.num_layers * x_mib / 1024:.2f} GiB (k = 1); "
+            f"what changes with k is the k blocks' worth of residuals re-materialised at once (about "
+            f"{per_block:.1f} GiB per extra block here, from the measured peaks). Nested bisection does not beat "
+            f"k = 1 on this peak, most likely because the peak is reached late in the backward (the "
+            f"`memory_profiling` timelines show gradients accumulating through it), when the parameter gradients "
+            f"({n_params * 4 / 2**30:.1f} GiB) are nearly all allocated and most segment inputs are already freed, "
+            f"so both hold one block's residuals and little else; nesting only pays off where the stored inputs "
+            f"(N |x|) are comparable to one block's residuals, e.g. many layers at short context.\n"
+            if neighbours else "")
         fig, ax = plt.subplots(figsize=(6.5, 3.5))
         xs = [int(r["checkpoint"]) for r in flat]
         ax.plot(xs, [r["peak_memory_gib"] for r in flat], "o-", label="peak memory (GiB)")

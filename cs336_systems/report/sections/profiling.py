@@ -27,7 +27,11 @@ def build(ctx) -> str | None:
              "`record_function` / NVTX ranges of the instrumented attention backend `reference_nvtx`. The same run "
              "carries NVTX ranges (`warmup`, `measured`, `forward`, `backward`, `optimizer`, `attention/*`) for "
              "`nsys profile --capture-range=nvtx --nvtx-capture=measured` where nsys exists.\n",
-             provenance(rows) + "\n"]
+             provenance(rows) + "\n",
+             "Profiled here: " + ", ".join(sorted({f"{r['preset']} at context {r['context_length']}" for r in rows}))
+             + (". The handout asks for two model sizes at three context lengths; the command takes them "
+                "(`--preset small medium --context-length 256 512 1024`), but the device time available covered "
+                "fewer." if len({(r["preset"], r["context_length"]) for r in rows}) < 6 else ".") + "\n"]
     for (preset, ctxlen) in sorted({(r["preset"], r["context_length"]) for r in rows}):
         scopes = {r["scope"]: r for r in rows if r["preset"] == preset and r["context_length"] == ctxlen}
         parts.append(f"### {preset}, context {ctxlen}, {next(iter(scopes.values()))['precision']}\n")
