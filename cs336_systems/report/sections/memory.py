@@ -44,8 +44,8 @@ def build(ctx) -> str | None:
             text += (f" bf16 autocast changes the peak by {min(diffs):+.2f} to {max(diffs):+.2f} GiB. It does not "
                      f"shrink the big terms: parameters, gradients and AdamW's two moments stay fp32 (16 bytes per "
                      f"parameter), and autocast keeps bf16 copies of the weights it casts on top of them. It does "
-                     f"halve the matmul activations saved for backward, which is why its effect grows with context "
-                     f"(in forward-only inference the cast weight copies can even raise the peak).")
+                     f"halve the matmul activations saved for backward, which is why its effect grows with context; "
+                     f"where the peak is the optimizer step (short context), autocast cannot lower it at all.")
         parts.append(text + "\n")
     r0 = good[0] if good else rows[0]
     cfg = get_preset(r0["preset"])
