@@ -22,6 +22,28 @@ times their dtype size), activations from the bytes autograd saves in a forward 
 (``saved_tensors_hooks``, unique storages); the report sets them against the measured numbers.
 For ``fsdp`` and ``torch-fsdp2`` one step is profiled (CUDA kernels): communication time, how much
 of it overlapped compute, the kernel timeline, and a Chrome trace.
+
+Memory convention. The variants run one after another in the same processes, so whatever one leaves
+allocated would inflate the next one's counters. Each variant therefore starts with ``gc.collect()``,
+``empty_cache()`` (and cuBLAS workspaces dropped) and a synchronize, and records:
+
+* ``start_alloc_gib``: allocated at that point. Nothing of ours should be resident between variants,
+  so ``leftover_gib`` (= ``start_alloc_gib`` - 0) should be ~0; above ``LEFTOVER_WARN_GIB`` a warning
+  naming the previous variant is printed and stored (``leftover_warning``).
+* ``retained_prev_gib``: bytes of the previous variant's parameters and optimizer-state tensors still
+  alive (weak references; works on CPU too, where there are no allocator counters). Should be 0.
+* The absolute counters (``init_alloc_gib``, ``init_peak_gib``, ``pre_step_alloc_gib``,
+  ``pre_step_peak_gib``, ``post_step_alloc_gib``, ``post_step_peak_gib``) are the raw allocator
+  values, as before; each also has a ``*_net_gib`` twin (``init_alloc_net_gib``, ...) = raw -
+  ``start_alloc_gib``: the memory of the variant itself. The report uses the net values.
+
+Records written before this convention (no ``start_alloc_gib``) carry a leftover of ~31.6 GiB (xl)
+in every variant after ``none``: ``_saved_activation_bytes`` used an identity pack hook, and a saved
+tensor that is the output of its own graph node then references that node back (node -> saved
+variable -> Python tensor -> grad_fn): a cycle through C++ that ``gc`` cannot collect, so the forward's
+graph (saved activations, and through its AccumulateGrad nodes the fp32 parameters) was never
+freed. The pack hook now stores a detached alias. The report derives and subtracts that leftover for
+the old records (see ``report/sections/sharding.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +53,10 @@ import gc
 import gzip
 import json
 import statistics
+import sys
 import tempfile
 import timeit
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +75,14 @@ PROBLEM = "optimizer_state_sharding_accounting"  # records of every variant (FSD
 VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
 PRECISIONS = ("fp32", "bf16")
 GIB = 2**30
+LEFTOVER_WARN_GIB = 0.25  # more than this allocated (or retained) between variants is reported
+ABS_MEMORY_KEYS = ("init_alloc_gib", "init_peak_gib", "pre_step_alloc_gib", "pre_step_peak_gib",
+                   "post_step_alloc_gib", "post_step_peak_gib")
+
+
+def net_key(key: str) -> str:
+    """``init_alloc_gib`` -> ``init_alloc_net_gib``: the counter minus ``start_alloc_gib``."""
+    return key.removesuffix("_gib") + "_net_gib"
 
 
 @dataclass(kw_only=True)
@@ -97,6 +129,18 @@ class _Memory:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
+    def release(self) -> None:
+        """Collect garbage and hand cached blocks (and cuBLAS workspaces) back: what stays allocated
+        after this is held by live tensors."""
+        gc.collect()
+        if self.cuda:
+            self.sync()
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:
+                clear_workspaces()
+            torch.cuda.empty_cache()
+            self.sync()
+
     def reset_peak(self) -> None:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -137,14 +181,39 @@ def _local_bytes(t: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def _optimizer_state_bytes(opt) -> int:
+def _optimizer_state_tensors(opt) -> list[torch.Tensor]:
     local = getattr(opt, "local_optimizer", None) or getattr(opt, "optim", None) or opt
-    return sum(_local_bytes(v) for st in local.state.values() for v in st.values()
-               if torch.is_tensor(v) and v.dim() > 0)
+    return [v for st in local.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+
+
+def _optimizer_state_bytes(opt) -> int:
+    return sum(_local_bytes(v) for v in _optimizer_state_tensors(opt))
+
+
+class _Residue:
+    """Weak references to one variant's parameters and optimizer state, so the next variant can check
+    that none of them outlived it (on any device)."""
+
+    def __init__(self):
+        self.variant: str | None = None
+        self._refs: list[tuple[weakref.ref, int]] = []
+
+    def track(self, variant: str, tensors) -> None:
+        self.variant = variant
+        self._refs = [(weakref.ref(t), _local_bytes(t)) for t in tensors]
+
+    def alive_bytes(self) -> int:
+        return sum(n for ref, n in self._refs if ref() is not None)
 
 
 def _saved_activation_bytes(wrapped, x, autocast) -> int:
-    """Bytes autograd saves for backward in one forward (unique storages, parameters excluded)."""
+    """Bytes autograd saves for backward in one forward (unique storages, parameters excluded).
+
+    The pack hook stores a *detached* alias: it keeps the storage alive for the forward (so a freed
+    pointer cannot be reused and double-counted) but has no ``grad_fn``. Returning ``t`` itself makes
+    any saved output (softmax, rsqrt, ...) reference its own graph node, a cycle through C++ that
+    ``gc`` cannot collect: the whole graph, activations and parameters, would outlive this call.
+    """
     params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
     seen: dict[int, int] = {}
 
@@ -153,9 +222,12 @@ def _saved_activation_bytes(wrapped, x, autocast) -> int:
             ptr = t.untyped_storage().data_ptr()
             if ptr not in params:
                 seen[ptr] = t.untyped_storage().nbytes()
-        return t
+        return t.detach()
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+    def unpack(t):
+        raise RuntimeError("shard-bench: the activation-counting forward is not for backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), autocast():
         out = wrapped(x)
     del out
     return sum(seen.values())
@@ -197,16 +269,23 @@ def _profile(step_fn, device: torch.device, trace_path: Path | None) -> dict:
     }
 
 
-def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str) -> dict:
+def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue: _Residue | None = None) -> dict:
     device = info.device
     mem = _Memory(device)
-    gc.collect()
-    if mem.cuda:
-        torch.cuda.empty_cache()
-    mem.sync()
+    residue = residue if residue is not None else _Residue()
+    mem.release()
     mem.reset_peak()
-    row: dict = {"variant": variant}
-    wrapped = opt = model = None
+    start = mem.allocated()
+    # leftover = start - what should be resident between variants, which is nothing of ours: 0.
+    row: dict = {"variant": variant, "start_alloc_gib": start, "leftover_gib": start,
+                 "retained_prev_gib": residue.alive_bytes() / GIB}
+    if max(row["leftover_gib"], row["retained_prev_gib"]) > LEFTOVER_WARN_GIB:
+        row["leftover_warning"] = (
+            f"shard-bench rank {info.rank}: {row['leftover_gib']:.2f} GiB allocated and "
+            f"{row['retained_prev_gib']:.2f} GiB of {residue.variant!r}'s parameters/optimizer state still alive "
+            f"before {variant!r} starts; its absolute memory counters include that (see the *_net_gib values)")
+        print(f"WARNING: {row['leftover_warning']}", file=sys.stderr, flush=True)
+    wrapped = opt = model = finish = None
     try:
         wrapped, opt, finish, model = _build(cfg, variant, device)
         mem.sync()
@@ -277,12 +356,16 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str) -> dict:
             raise
         row.update(status="OOM", error=str(err).splitlines()[0][:200])
     finally:
+        if model is not None:
+            residue.track(variant, [*model.parameters(), *(_optimizer_state_tensors(opt) if opt is not None else [])])
         if wrapped is not None:
             wrapped.close()
-        wrapped = opt = model = None  # drop the references before measuring the next variant
-        gc.collect()
-        if mem.cuda:
-            torch.cuda.empty_cache()
+        # Drop every reference (``finish`` is a bound method of ``wrapped``) before the next variant.
+        wrapped = opt = model = finish = None
+        mem.release()
+    for key in ABS_MEMORY_KEYS:
+        if key in row:
+            row[net_key(key)] = row[key] - start
     # A rank that ran out of memory must not leave the others waiting in a collective.
     statuses: list = [None] * info.world_size
     dist.all_gather_object(statuses, row["status"])
@@ -292,7 +375,8 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str) -> dict:
 
 
 def shard_bench_worker(info: DistInfo, cfg: ShardBenchConfig) -> list[dict]:
-    return [_bench_variant(info, cfg, v) for v in cfg.variants]
+    residue = _Residue()
+    return [_bench_variant(info, cfg, v, residue) for v in cfg.variants]
 
 
 def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -> list[dict]:
@@ -304,6 +388,12 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
         r0 = results[0]
         row = {**base, "backend": backend, "variant": r0["variant"], "status": r0["status"],
                "n_params": count_parameters(model_cfg)}
+        for key in ("start_alloc_gib", "leftover_gib", "retained_prev_gib"):
+            row[key] = max(r[key] for r in results)
+            row[f"{key}_per_rank"] = [r[key] for r in results]
+        warnings = [r["leftover_warning"] for r in results if r.get("leftover_warning")]
+        if warnings:
+            row["leftover_warning"] = "; ".join(warnings)
         if any(r["status"] != "ok" for r in results):
             row.update(status="OOM", error=next(r.get("error") for r in results if r["status"] != "ok"))
             rows.append(row)
@@ -312,7 +402,7 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
         row.update(step_ms=statistics.median(step) * 1e3, step_std_ms=statistics.stdev(step) * 1e3,
                    step_min_ms=min(step) * 1e3, losses_rank0=r0["losses"])
         for key in r0:
-            if key.endswith("_gib") or key in ("local_param_numel",):
+            if (key.endswith("_gib") or key in ("local_param_numel",)) and key not in row:
                 row[key] = max(r[key] for r in results)
                 row[f"{key}_per_rank"] = [r[key] for r in results]
         for key in ("comm_kernel_ms", "compute_kernel_ms", "comm_hidden_ms", "allgather_kernel_ms",
