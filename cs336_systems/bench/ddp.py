@@ -17,6 +17,10 @@ removed between variants; PyTorch DDP goes last). Per variant:
   ran concurrently with compute kernels (``comm_hidden_ms``). On CPU (gloo) the same numbers come
   from the profiler's CPU ops, which is coarse.
 
+``peak_memory_gib`` is the largest rank's allocator peak during the variant (reset before each one;
+``peak_memory_scope="variant"``). Records without that key were taken with the peak reset once per
+precision, so their peak is the running maximum over the variants measured before, an upper bound.
+
 ``none`` is the plain module with no wrapper: the single-device step at the same per-device batch.
 For the variants in ``timeline_variants`` the profiled step's kernel intervals of rank 0 are kept
 in the records, so the report can draw the naive-vs-overlapped timeline.
@@ -242,11 +246,15 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
         x, y = (torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.context_length), generator=g)
                 .to(info.device) for _ in range(2))
         for variant, bucket_mb in cfg.runs():
+            if info.device.type == "cuda":  # each variant's own peak (the model and AdamW state are shared)
+                torch.cuda.synchronize(info.device)
+                torch.cuda.reset_peak_memory_stats(info.device)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb,
                           label=variant_label(variant, bucket_mb),
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30
-                                           if info.device.type == "cuda" else None))
+                                           if info.device.type == "cuda" else None),
+                          peak_memory_scope="variant")
             out.append(result)
         del model, optimizer
         gc.collect()
@@ -279,6 +287,7 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
             comm_calls_per_step=r0["comm_calls_per_step"], comm_bytes_per_step=r0["comm_bytes_per_step"],
             comm_host_ms=statistics.fmean(r["comm_host_ms"] for r in results),
             peak_memory_gib=max((r["peak_memory_gib"] or 0.0) for r in results) or None,
+            peak_memory_scope=r0.get("peak_memory_scope"),
             tokens_per_s=cfg.world_size * cfg.batch_size * cfg.context_length / (step_ms * 1e-3),
         )
         for key in ("comm_kernel_ms", "comm_hidden_ms", "compute_kernel_ms", "comm_kernels"):

@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--no-profile", action="store_true", help="skip the profiled step (no kernel-level numbers)")
-    p.add_argument("--timeline-variants", nargs="+", default=["naive", "overlap"],
-                   help="labels whose kernel timeline is kept (naive, flat, overlap, bucketed-100MB, ...)")
+    p.add_argument("--timeline-variants", nargs="*", default=["naive", "overlap"],
+                   help="labels whose kernel timeline is kept (naive, flat, overlap, bucketed-100MB, ...); "
+                        "given with no label, none is kept")
     p.add_argument("--trace-dir", default=None, help="also write the timeline PNG here")
     p.add_argument("--attention", default="reference")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
