@@ -11,10 +11,11 @@ import torch
 
 import cs336_systems.bench.e2e as e2e
 from cs336_basics.model import BasicsTransformerLM
-from cs336_systems.bench.checkpointing import apply_activation_checkpointing, saved_tensor_bytes
+from cs336_systems.bench.checkpointing import apply_activation_checkpointing
 from cs336_systems.bench.e2e import BenchConfig, model_flops_per_step, run_benchmark
 from cs336_systems.cli import main
 from cs336_systems.commands.bench import configs_from_args
+from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
 
 TINY = dict(preset="tiny", context_length=32, device="cpu")
 

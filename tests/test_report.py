@@ -49,3 +49,19 @@ def test_empty_results_list_everything_as_not_measured(tmp_path):
     registered = {pid for _module, ids in SECTION_MODULES for pid in ids}
     for pid in MINE:
         assert pid in registered and f"- `{pid}`" in text
+
+
+def test_memory_section_subtracts_leftover_from_earlier_configurations():
+    from cs336_systems.report.sections.memory import _leftover_gib, _net
+
+    prov = {"date": "2026-11-22T05:30:40Z"}
+    # A run whose later rows found memory left over from earlier ones (the excess grows 0 -> 0.5 -> 1.25).
+    rows = [{"status": "ok", "provenance": prov, "baseline_gib": 12.85 + extra, "params_and_optimizer_state_gib": 12.69,
+             "peak_memory_gib": 20.0 + extra} for extra in (0.0, 0.5, 1.25)]
+    rows.append({"status": "ok", "provenance": {"date": "later"}, "start_alloc_gib": 0.3, "baseline_gib": 9.0,
+                 "params_and_optimizer_state_gib": 1.0, "peak_memory_gib": 10.0})
+    leftover = _leftover_gib(rows)
+    assert [round(leftover[id(r)], 6) for r in rows] == [0.0, 0.5, 1.25, 0.3]
+    net = [_net(r, leftover[id(r)]) for r in rows]
+    assert [round(r["peak_memory_gib"], 6) for r in net[:3]] == [20.0, 20.0, 20.0]
+    assert net[3]["peak_memory_gib"] == pytest.approx(9.7) and net[3]["params_and_optimizer_state_gib"] == 1.0

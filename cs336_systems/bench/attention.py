@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from cs336_basics.attention import get_attention_backend
-from cs336_systems.bench.checkpointing import saved_tensor_bytes
 from cs336_systems.bench.e2e import is_oom
+from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
 from cs336_systems.profiling.timing import summarize, synchronize
 
 HEAD_DIMS = (16, 32, 64, 128)

@@ -95,20 +95,3 @@ def apply_activation_checkpointing(model: nn.Module, spec: str | int | None) -> 
         raise ValueError(f"gradient_checkpointing: k={k} exceeds the number of blocks ({len(blocks)})")
     model.layers = nn.ModuleList(CheckpointedBlocks(blocks[i:i + k]) for i in range(0, len(blocks), k))
     return model
-
-
-def saved_tensor_bytes(fn, *args) -> int:
-    """Bytes of the tensors autograd saves for backward while ``fn(*args)`` runs (distinct storages)."""
-    seen: dict[tuple[int, int], int] = {}
-
-    def pack(t: Tensor):
-        try:
-            key = (t.untyped_storage().data_ptr(), t.device.index or 0)
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-        except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
-            pass
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*args)
-    return sum(seen.values())

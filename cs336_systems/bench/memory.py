@@ -20,9 +20,9 @@ import torch
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
-from cs336_systems.bench.checkpointing import saved_tensor_bytes
 from cs336_systems.bench.e2e import PRECISIONS, autocast_context, is_oom
 from cs336_systems.configs import get_preset
+from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
 
 MODES = ("forward", "train-step")
 _OUR_CODE = ("cs336_basics", "cs336_systems")
@@ -124,8 +124,13 @@ def run_memory_profile(cfg: MemoryConfig) -> dict:
     model = optimizer = None
     try:
         if on_gpu:
+            gc.collect()
+            torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
+            # Nothing of ours should be resident between configurations; anything here would inflate
+            # every number below (the report subtracts it and says so).
+            record["start_alloc_gib"] = torch.cuda.memory_allocated(device) / 2**30
         model = BasicsTransformerLM(**model_cfg.model_kwargs(), check_inputs=False, device=device)
         optimizer = AdamW(model.parameters(), lr=1e-4) if cfg.mode == "train-step" else None
         x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)

@@ -70,6 +70,7 @@ from cs336_systems.bench.e2e import is_oom
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
 from cs336_systems.parallel.strategies import WrapOptions, get_strategy
+from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
 
 PROBLEM = "optimizer_state_sharding_accounting"  # records of every variant (FSDP's too) live here
 VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
@@ -207,30 +208,9 @@ class _Residue:
 
 
 def _saved_activation_bytes(wrapped, x, autocast) -> int:
-    """Bytes autograd saves for backward in one forward (unique storages, parameters excluded).
-
-    The pack hook stores a *detached* alias: it keeps the storage alive for the forward (so a freed
-    pointer cannot be reused and double-counted) but has no ``grad_fn``. Returning ``t`` itself makes
-    any saved output (softmax, rsqrt, ...) reference its own graph node, a cycle through C++ that
-    ``gc`` cannot collect: the whole graph, activations and parameters, would outlive this call.
-    """
-    params = {p.untyped_storage().data_ptr() for p in wrapped.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        if t.layout == torch.strided and t.device.type != "meta":
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in params:
-                seen[ptr] = t.untyped_storage().nbytes()
-        return t.detach()
-
-    def unpack(t):
-        raise RuntimeError("shard-bench: the activation-counting forward is not for backward")
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), autocast():
-        out = wrapped(x)
-    del out
-    return sum(seen.values())
+    """Bytes autograd saves for backward in one forward (distinct storages, parameters excluded)."""
+    with autocast():
+        return saved_tensor_bytes(wrapped, x, exclude=wrapped.parameters())
 
 
 def _profile(step_fn, device: torch.device, trace_path: Path | None) -> dict:
