@@ -17,6 +17,7 @@ Implementations (peers):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -73,6 +74,10 @@ def _flex(shape: AttnShape, device: torch.device):
 
     block_mask = create_block_mask(causal, B=None, H=None, Q_LEN=shape.seq_len, KV_LEN=shape.seq_len,
                                    device=device) if shape.causal else None
+    # Every torch.compile(flex_attention) shares dynamo's cache for flex_attention's code: past its
+    # recompile limit (8 shapes) dynamo silently runs flex_attention *eagerly*, which materialises the
+    # scores and is orders of magnitude slower. Start from an empty cache for each shape.
+    torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=False)
 
     def fn(q, k, v, is_causal):
@@ -134,12 +139,34 @@ def time_impl(impl: str, shape: AttnShape, device: torch.device, modes: tuple[st
               warmup_ms: float = 25, rep_ms: float = 100, compile_apply: bool = False,
               backward_of: str = "random", sweep: bool = False) -> dict:
     """One record: median ms and TFLOP/s per mode, or status OOM / skipped / error."""
-    from triton.testing import do_bench
-
     row = {"impl": impl, **asdict(shape), "compiled_apply": compile_apply}
     reason = skip_reason(impl, shape, sweep)
     if reason:
         return {**row, "status": reason}
+    if impl == "flex":
+        row["flex_compile"] = "fresh per shape"  # the report trusts flex timings only with this mark
+    with _strict_compile() if impl == "flex" else contextlib.nullcontext():
+        return _time_impl(row, impl, shape, device, modes, warmup_ms, rep_ms, compile_apply, backward_of)
+
+
+@contextlib.contextmanager
+def _strict_compile():
+    """Hitting dynamo's recompile limit raises instead of falling back to eager, and compiled backwards
+    keep their buffers (``do_bench`` calls backward repeatedly with ``retain_graph=True``)."""
+    import torch._functorch.config
+
+    with contextlib.ExitStack() as stack:
+        if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+            stack.enter_context(torch._dynamo.config.patch(fail_on_recompile_limit_hit=True))
+        if hasattr(torch._functorch.config, "donated_buffer"):
+            stack.enter_context(torch._functorch.config.patch(donated_buffer=False))
+        yield
+
+
+def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, modes: tuple[str, ...],
+               warmup_ms: float, rep_ms: float, compile_apply: bool, backward_of: str) -> dict:
+    from triton.testing import do_bench
+
     dtype = DTYPES[shape.dtype]
     try:
         fn = attention_fn(impl, shape, device, compile_apply)
