@@ -319,7 +319,21 @@ class OverlapDDP(BucketedDDP):
         super().__init__(module, bucket_size_mb=None, process_group=process_group)
 
 
-class LocalModule(nn.Module):
+class NothingToFinish:
+    """The API's step hooks for wrappers whose gradients are final after backward (no wrapper at all,
+    or one that synchronises inside backward, as PyTorch DDP and FSDP2 do)."""
+
+    def finish_gradient_synchronization(self) -> None:
+        pass
+
+    def on_train_batch_start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LocalModule(NothingToFinish, nn.Module):
     """No data parallelism (one process, or the single-GPU baseline): the same API, no communication."""
 
     def __init__(self, module: nn.Module):
@@ -334,17 +348,8 @@ class LocalModule(nn.Module):
     def no_sync(self) -> Iterator[None]:
         yield
 
-    def finish_gradient_synchronization(self) -> None:
-        pass
 
-    def on_train_batch_start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class TorchDDP(nn.parallel.DistributedDataParallel):
+class TorchDDP(NothingToFinish, nn.parallel.DistributedDataParallel):
     """PyTorch's ``DistributedDataParallel`` (the peer in benchmarks) behind our API: its reducer
     synchronises inside backward, so ``finish_gradient_synchronization`` has nothing left to do."""
 
@@ -355,12 +360,3 @@ class TorchDDP(nn.parallel.DistributedDataParallel):
         super().__init__(module, device_ids=[device] if device.type == "cuda" else None,
                          process_group=process_group, **kwargs)
         self.stats = CommStats()  # collectives run inside the reducer; not visible here
-
-    def finish_gradient_synchronization(self) -> None:
-        pass
-
-    def on_train_batch_start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

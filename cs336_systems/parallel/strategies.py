@@ -39,7 +39,15 @@ from torch import nn
 
 from cs336_basics.nn_utils import clip_gradient
 from cs336_systems.parallel.clip import clip_grad_norm_global
-from cs336_systems.parallel.ddp import BucketedDDP, FlatDDP, LocalModule, NaiveDDP, OverlapDDP, TorchDDP
+from cs336_systems.parallel.ddp import (
+    BucketedDDP,
+    FlatDDP,
+    LocalModule,
+    NaiveDDP,
+    NothingToFinish,
+    OverlapDDP,
+    TorchDDP,
+)
 
 DEFAULT_BUCKET_MB = 25.0
 
@@ -57,7 +65,7 @@ class WrapOptions:
             raise ValueError(f"bucket_size_mb must be > 0 or None, got {self.bucket_size_mb!r}")
 
 
-class TorchFSDP2(nn.Module):
+class TorchFSDP2(NothingToFinish, nn.Module):
     """PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) behind our wrapper API: each
     ``TransformerBlock`` (or, in a model without them, nothing but the root) is one FSDP unit, the root
     another. Parameters become ``DTensor`` shards (``Shard(0)``); the optimizer steps them directly.
@@ -90,15 +98,6 @@ class TorchFSDP2(nn.Module):
             yield
         finally:
             self.module.set_requires_gradient_sync(True)
-
-    def finish_gradient_synchronization(self) -> None:
-        pass
-
-    def on_train_batch_start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def sharded_parameters(self) -> list[nn.Parameter]:
         return list(self.module.parameters())
