@@ -19,16 +19,7 @@ PY=${PY:-python3}
 R="$OUT/results"; mkdir -p "$R"
 TORCHRUN="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
 CLI="-m cs336_systems"
-step() {  # step <seconds> <name> <command...>
-  local limit=$1 name=$2; shift 2
-  case " ${SKIP:-} " in *" $name "*) echo "=== $name skipped (SKIP)" | tee -a "$OUT/summary.txt"; return;; esac
-  local var="LIMIT_${name//-/_}"; limit=${!var:-$limit}  # e.g. LIMIT_ddp_bench_bf16=120
-  local t0=$SECONDS
-  echo "=== $name $(date +%T)"
-  timeout -k 10 "$limit" "$@" >"$OUT/log-$name.txt" 2>&1; local rc=$?
-  grep -v -e '^USDT' -e 'SyncActivityProfiler' "$OUT/log-$name.txt" | tail -n 40 | cut -c1-250 | tee -a "$OUT/summary.txt"
-  echo "=== $name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 if [ "${DDP_DRY_RUN:-0}" = 1 ]; then
   PRESET=tiny; CTX=64; DEV="--device cpu"; BACKEND=gloo; SIZES="1 10"; TRAIN_PRESET=tiny
