@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run of issue #4 (benchmarking / profiling harness): installs the project, runs the GPU tests
 # of the harness, then every sweep, writing records under $OUT/results (tarred into $OUT/results.tgz).
-# Each step may fail without stopping the rest. Usage (device tool): bash scripts/device/harness.sh [a|b|c|smoke]
+# Each step may fail without stopping the rest. Usage (device tool): bash scripts/device/harness.sh [a|b|c|d|e|smoke]
 set -u
 PLAN=${1:-smoke}
 OUT=${OUT:-/tmp/out}
@@ -53,6 +53,21 @@ c)  # what run b could not finish: the MFU target with regional compilation, com
     --warmup 5 --steps 10 --problem mfu_target --results-dir "$R"
   step 80 attention-compiled $CLI attention-bench --compile yes --reps 20 --results-dir "$R"
   ;;
+d)  # issue #4 gaps, part 1 (about 8 minutes): profile at two sizes x three contexts, the compiled small
+    # train step, eager attention at d=128 x 16,384, memory of 2.7B after the leak fix
+  step 170 profile $CLI profile --preset small medium --context-length 256 512 1024 --steps 3 \
+    --results-dir "$R" --trace-dir "$T"
+  step 150 compile $CLI bench --preset small --mode forward train-step --precision bf16 --compile both \
+    --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
+  step 60 attention-d128 $CLI attention-bench --head-dim 128 --seq-len 16384 --results-dir "$R"
+  step 110 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
+  ;;
+e)  # issue #4 gaps, part 2 (about 8 minutes): the compiled attention grid at 100 passes; the FlexAttention
+    # sweep of flash_benchmarking re-run after the recompile-limit fix
+  step 230 attention-compiled $CLI attention-bench --compile yes --reps 100 --results-dir "$R"
+  step 260 flex-sweep $CLI flash-bench --only sweep --impl flex --dtype bf16 --head-dim 64 128 \
+    --seq-len 1024 2048 4096 8192 16384 32768 65536 --results-dir "$R"
+  ;;
 *)  # smoke
   step 120 tests python3 -m pytest -q -m gpu tests/test_bench.py tests/test_profiling.py -x -p no:cacheprovider
   step 120 bench-smoke $CLI bench --preset small --mode forward train-step --precision fp32 bf16 \
@@ -62,6 +77,7 @@ esac
 cd "$OUT" && rm -rf results
 # Keep what comes back under the limits (8 files, 16 MiB each): one memory_viz pickle per mode, gzipped.
 find traces -name '*.pickle' ! -name '*ctx512-*-fp32.pickle' -delete
+find traces -name 'trace-*' ! -name 'trace-small-ctx512-*' -delete  # one size's Chrome traces come back
 gzip -f traces/*.pickle 2>/dev/null
 tar czf traces.tgz traces && rm -rf traces
 ls -la "$OUT"
