@@ -59,12 +59,13 @@ d)  # issue #4 gaps, part 1 (about 8 minutes): profile at two sizes x three cont
     --results-dir "$R" --trace-dir "$T"
   step 150 compile $CLI bench --preset small --mode forward train-step --precision bf16 --compile both \
     --warmup 5 --steps 10 --problem torch_compile --results-dir "$R"
-  step 60 attention-d128 $CLI attention-bench --head-dim 128 --seq-len 16384 --results-dir "$R"
+  step 60 attention-d128 $CLI attention-bench --compile no --head-dim 128 --seq-len 16384 --results-dir "$R"
   step 110 memory $CLI memory --preset 2.7B --context-length 128 256 512 --results-dir "$R" --snapshot-dir "$T"
   ;;
 e)  # issue #4 gaps, part 2 (about 8 minutes): the compiled attention grid at 100 passes; the FlexAttention
     # sweep of flash_benchmarking re-run after the recompile-limit fix
-  step 230 attention-compiled $CLI attention-bench --compile yes --reps 100 --results-dir "$R"
+  step 60 attention-d128 $CLI attention-bench --compile no --head-dim 128 --seq-len 16384 --results-dir "$R"
+  step 200 attention-compiled $CLI attention-bench --compile yes --reps 100 --results-dir "$R"
   step 260 flex-sweep $CLI flash-bench --only sweep --impl flex --dtype bf16 --head-dim 64 128 \
     --seq-len 1024 2048 4096 8192 16384 32768 65536 --results-dir "$R"
   ;;
