@@ -132,7 +132,20 @@ def finish(strategy, ddp, opt):
 
 
 # --- workers (module level: they run in spawned processes) -------------------------------------
-def parity_worker(info, model_name: str, strategy: str, bucket_size_mb, steps: int):
+def zero_grads(opt, model: nn.Module, mode: str, step: int) -> None:
+    """``none``: zero_grad(set_to_none=True) (torch's default: autograd hands the wrapper fresh tensors);
+    ``zero``: set_to_none=False (gradients stay bucket views and autograd accumulates into them);
+    ``alternate``: the two in turn (views -> fresh tensors -> views ...); ``partial``: zeroed views but
+    one parameter's gradient set to None (a bucket with some views and one fresh tensor)."""
+    if mode == "none" or (mode == "alternate" and step % 2 == 0):
+        opt.zero_grad(set_to_none=True)
+        return
+    opt.zero_grad(set_to_none=False)
+    if mode == "partial":
+        next(p for p in model.parameters() if p.requires_grad).grad = None
+
+
+def parity_worker(info, model_name: str, strategy: str, bucket_size_mb, steps: int, zero_mode: str = "none"):
     ddp, local_init = build(info, model_name, strategy, bucket_size_mb)
     state0 = {k: v.clone() for k, v in ddp.module.state_dict().items()}
     if info.rank == 0:  # rank 0's own initialisation is what everyone got
@@ -149,7 +162,7 @@ def parity_worker(info, model_name: str, strategy: str, bucket_size_mb, steps: i
         ref_opt.step()
         if strategy == "adapter-bucketed":
             adapters.ddp_bucketed_on_train_batch_start(ddp, opt)
-        opt.zero_grad()
+        zero_grads(opt, ddp.module, zero_mode, step)
         loss_fn(model_name, ddp(x[lo:hi]), y[lo:hi]).backward()
         finish(strategy, ddp, opt)
         opt.step()
@@ -161,7 +174,7 @@ def parity_worker(info, model_name: str, strategy: str, bucket_size_mb, steps: i
             "calls_per_step": ddp.stats.calls / steps}
 
 
-def accumulation_worker(info, strategy: str, bucket_size_mb):
+def accumulation_worker(info, strategy: str, bucket_size_mb, zero_mode: str = "none"):
     """Two micro-batches, the first inside no_sync(), equal one step on the whole global batch."""
     ddp, _ = build(info, "lm", strategy, bucket_size_mb)
     ref = copy.deepcopy(ddp.module)
@@ -173,7 +186,7 @@ def accumulation_worker(info, strategy: str, bucket_size_mb):
         ref_opt.zero_grad()
         loss_fn("lm", ref(x), y).backward()
         ref_opt.step()
-        opt.zero_grad()
+        zero_grads(opt, ddp.module, zero_mode, step)
         xs, ys = x[info.rank * per_rank:(info.rank + 1) * per_rank], y[info.rank * per_rank:(info.rank + 1) * per_rank]
         with ddp.no_sync():
             (loss_fn("lm", ddp(xs[:3]), ys[:3]) / 2).backward()
@@ -186,6 +199,45 @@ def accumulation_worker(info, strategy: str, bucket_size_mb):
         for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m, nm=name: f"{nm}: {m}")
     return {k: v.clone() for k, v in ddp.module.state_dict().items()}
+
+
+def views_worker(info):
+    """Gradients of multi-parameter buckets are views of the bucket's flat buffer: a gradient present at
+    construction is moved in, fresh ones (set_to_none) are copied in at launch, views are kept in place."""
+    from cs336_systems.parallel.ddp import _is_view
+
+    torch.manual_seed(7)
+    model = tiny_lm()
+    x, y = make_batch("lm", 0)
+    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
+    loss_fn("lm", model(x[lo:hi]), y[lo:hi]).backward()  # a local gradient before wrapping
+    before = {n: p.grad.clone() for n, p in model.named_parameters()}
+    ddp = wrap_model(model, "bucketed", 0.004)
+    multi = [b for b in ddp.buckets if len(b.params) > 1]
+    assert len(multi) > 1, [len(b.params) for b in ddp.buckets]
+
+    def all_views() -> bool:
+        return all(_is_view(p.grad, v) and p.grad.untyped_storage().data_ptr() == b.flat.untyped_storage().data_ptr()
+                   for b in multi for p, v in zip(b.params, b.views))
+
+    out = {"views_after_construction": all_views(),
+           "values_kept": all(torch.equal(p.grad, before[n]) for n, p in ddp.module.named_parameters())}
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ptrs = {b.index: b.flat.data_ptr() for b in multi}
+    for step, mode in enumerate(["none", "zero", "partial", "none"]):
+        zero_grads(opt, ddp.module, mode, step)
+        if mode == "none":
+            assert all(p.grad is None for p in ddp.module.parameters())
+        x, y = make_batch("lm", step + 1)
+        loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
+        ddp.finish_gradient_synchronization()
+        out[f"views_after_{mode}_{step}"] = all_views()
+        opt.step()
+    out["buffers_not_reallocated"] = all(b.flat.data_ptr() == ptrs[b.index] for b in multi)
+    out["grads"] = {n: p.grad.clone() for n, p in ddp.module.named_parameters()}
+    ddp.close()
+    out["closed_releases_buffers"] = all(b.flat is None for b in ddp.buckets)
+    return out
 
 
 def mismatch_worker(info, strategy: str):
@@ -278,6 +330,35 @@ def test_no_sync_accumulation_equals_large_batch(strategy, bucket_size_mb):
     r0, r1 = spawn(accumulation_worker, WORLD, (strategy, bucket_size_mb), timeout_s=TIMEOUT_S)
     for k in r0:
         assert torch.equal(r0[k], r1[k])
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize("zero_mode", ["zero", "alternate", "partial"])
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("overlap", None), ("bucketed", 0.004),
+                                                          ("bucketed", 1000.0)])
+def test_parity_whatever_zero_grad_leaves(strategy, bucket_size_mb, zero_mode):
+    r0, r1 = spawn(parity_worker, WORLD, ("lm", strategy, bucket_size_mb, 4, zero_mode), timeout_s=TIMEOUT_S)
+    for k in r0["final"]:
+        assert torch.equal(r0["final"][k], r1["final"][k]), f"ranks diverged on {k}"
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize("zero_mode", ["zero", "alternate"])
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("overlap", None), ("bucketed", 0.004)])
+def test_no_sync_accumulation_with_gradient_views(strategy, bucket_size_mb, zero_mode):
+    r0, r1 = spawn(accumulation_worker, WORLD, (strategy, bucket_size_mb, zero_mode), timeout_s=TIMEOUT_S)
+    for k in r0:
+        assert torch.equal(r0[k], r1[k])
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+def test_gradients_are_bucket_views():
+    r0, r1 = spawn(views_worker, WORLD, timeout_s=TIMEOUT_S)
+    for r in (r0, r1):
+        flags = {k: v for k, v in r.items() if k != "grads"}
+        assert all(flags.values()), flags
+    for n in r0["grads"]:  # the averaged gradients are the same on both ranks
+        assert torch.equal(r0["grads"][n], r1["grads"][n]), n
 
 
 @pytest.mark.timeout(TIMEOUT_S * 2)
@@ -377,3 +458,46 @@ def test_nccl_parity_two_gpus(strategy, bucket_size_mb):
                    timeout_s=150)
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
+
+
+def nccl_no_host_sync_worker(info, bucket_size_mb):
+    """The backward hooks and finish_gradient_synchronization() never wait for the device: run them
+    with CUDA sync debugging set to error (the rest of backward, e.g. embedding backward, may sync)."""
+    from cs336_systems.parallel.ddp import BucketedDDP
+
+    checking = {"on": False}
+
+    def checked(fn):
+        def run(*args, **kwargs):
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error" if checking["on"] else previous)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        return run
+
+    class Checked(BucketedDDP):
+        _on_grad_ready = checked(BucketedDDP._on_grad_ready)
+        finish_gradient_synchronization = checked(BucketedDDP.finish_gradient_synchronization)
+
+    torch.manual_seed(3)
+    ddp = Checked(tiny_lm().to(info.device), bucket_size_mb=bucket_size_mb)
+    opt = make_optimizer("lm", ddp.parameters())
+    x, y = (t.to(info.device) for t in make_batch("lm", 0))
+    for step, set_to_none in enumerate([True, True, False]):  # step 0 warms up NCCL (communicator set-up)
+        checking["on"] = step > 0
+        opt.zero_grad(set_to_none=set_to_none)
+        loss_fn("lm", ddp(x), y).backward()
+        ddp.finish_gradient_synchronization()
+        opt.step()
+    torch.cuda.synchronize()
+    return True
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("overlap", None), ("bucketed", 0.004)])
+def test_nccl_hooks_do_not_synchronize_host(strategy, bucket_size_mb):
+    assert spawn(nccl_no_host_sync_worker, WORLD, (bucket_size_mb,), backend="nccl", device_type="cuda",
+                 timeout_s=150) == [True, True]

@@ -16,7 +16,8 @@ All four share one API (``wrapper(x)`` runs the module; ``finish_gradient_synchr
 * at construction, every rank checks that all ranks hold the same parameter and buffer names,
   shapes and dtypes (``ValueError`` listing the differences otherwise), then rank 0's parameters and
   buffers are broadcast, so ranks seeded differently start identical;
-* gradients are averaged (sum over ranks, then divided by the world size);
+* gradients are averaged inside the collective (``ReduceOp.AVG``) on NCCL; other backends (gloo:
+  AVG only in recent torch) sum, and the reduced buffer is divided by the world size once;
 * parameters with ``requires_grad=False`` get no communication; a tied parameter (one tensor
   reachable under several names) is reduced once;
 * a parameter that requires grad but has no gradient by ``finish_gradient_synchronization()``
@@ -27,6 +28,16 @@ in reverse ``module.parameters()`` order, the order in which backward produces g
 launched strictly in bucket order on every rank: a bucket that is complete before an earlier one
 waits for it, so all ranks issue the same sequence of collectives even if autograd finishes
 gradients in a slightly different order than predicted.
+
+Gradients as bucket views (as torch DDP's ``gradient_as_bucket_view``): a bucket of several
+parameters owns one flat gradient buffer, allocated once, and every parameter's ``.grad`` becomes a
+view into it. When the bucket is launched, a gradient that is not its view (the first backward, or
+after ``zero_grad(set_to_none=True)``, which makes autograd hand over a fresh tensor) is copied in
+once and ``.grad`` is pointed back at the view; a gradient that already is the view (``zero_grad
+(set_to_none=False)``; autograd then accumulates in place) needs no copy. The all-reduce averages the
+buffer in place, so after ``finish_gradient_synchronization()`` there is nothing to copy back. Cost:
+the buffers stay allocated between steps (the size of the bucketed gradients), as torch DDP's do.
+Nothing in the hooks or in ``finish_gradient_synchronization()`` waits for the device.
 """
 
 from __future__ import annotations
@@ -138,13 +149,22 @@ class _DataParallel(nn.Module):
         """Remove hooks so that ``.module`` can be trained (or wrapped) without this wrapper."""
 
     # -- helpers ----------------------------------------------------------------------------
-    def _all_reduce(self, tensor: torch.Tensor, async_op: bool):
+    def _averages_in_collective(self, device: torch.device) -> bool:
+        """Whether ``ReduceOp.AVG`` is used for tensors on ``device``: NCCL has it (2.10+); gloo only in
+        recent torch, so there the sum is divided once per reduced buffer (the same code on every version)."""
+        return device.type == "cuda" and "nccl" in str(dist.get_backend(self.process_group)).lower()
+
+    def _all_reduce_mean(self, tensor: torch.Tensor, async_op: bool) -> tuple[object, bool]:
+        """Start averaging ``tensor`` over ranks in place; returns (work, whether the caller must still
+        divide ``tensor`` by the world size after the work completes)."""
+        avg = self._averages_in_collective(tensor.device)
         t0 = time.perf_counter()
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.process_group, async_op=async_op)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM,
+                               group=self.process_group, async_op=async_op)
         self.stats.calls += 1
         self.stats.bytes += tensor.numel() * tensor.element_size()
         self.stats.seconds += time.perf_counter() - t0
-        return work
+        return work, not avg
 
     def _wait(self, work) -> None:
         t0 = time.perf_counter()
@@ -169,8 +189,9 @@ class NaiveDDP(_DataParallel):
             return
         self._require_grads(self.trainable)
         for p in self.trainable:
-            self._all_reduce(p.grad, async_op=False)
-            p.grad.div_(self.world_size)
+            _, divide = self._all_reduce_mean(p.grad, async_op=False)
+            if divide:
+                p.grad.div_(self.world_size)
 
 
 class FlatDDP(_DataParallel):
@@ -186,8 +207,9 @@ class FlatDDP(_DataParallel):
             groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
         for grads in groups.values():
             flat = _flatten_dense_tensors(grads)
-            self._all_reduce(flat, async_op=False)
-            flat.div_(self.world_size)
+            _, divide = self._all_reduce_mean(flat, async_op=False)
+            if divide:
+                flat.div_(self.world_size)
             torch._foreach_copy_(grads, _unflatten_dense_tensors(flat, grads))
 
 
@@ -195,13 +217,24 @@ class FlatDDP(_DataParallel):
 class _Bucket:
     params: list[nn.Parameter]
     index: int
+    # The bucket's gradient storage, allocated once; views[i] is params[i]'s .grad inside it.
+    # None / []: a one-parameter bucket, whose gradient tensor is reduced in place wherever it lives.
+    flat: torch.Tensor | None = None
+    views: list[torch.Tensor] = field(default_factory=list)
     ready: set[int] = field(default_factory=set)  # id() of params whose gradient has arrived this step
     work: object | None = None  # the async all-reduce in flight
-    flat: torch.Tensor | None = None  # the buffer being reduced (None: a one-tensor bucket reduced in place)
+    reduced: torch.Tensor | None = None  # the tensor it reduces
+    divide: bool = False  # whether ``reduced`` still has to be divided by the world size (no AVG)
 
     @property
     def complete(self) -> bool:
         return len(self.ready) == len(self.params)
+
+
+def _is_view(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is ``view`` (the same memory and layout), without touching the device."""
+    return grad is view or (grad is not None and grad.data_ptr() == view.data_ptr()
+                            and grad.shape == view.shape and grad.stride() == view.stride())
 
 
 class BucketedDDP(_DataParallel):
@@ -209,7 +242,8 @@ class BucketedDDP(_DataParallel):
 
     ``bucket_size_mb``: at most this many MiB of gradients per bucket (a larger tensor gets a bucket
     of its own); ``None``: one bucket per parameter, reduced in place without a copy (``OverlapDDP``).
-    A bucket also never mixes devices or dtypes.
+    A bucket also never mixes devices or dtypes. The gradients of a bucket of several parameters are
+    views into its flat buffer (module docstring); a gradient that exists at construction is moved in.
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
@@ -219,6 +253,7 @@ class BucketedDDP(_DataParallel):
         super().__init__(module, process_group)
         self.bucket_size_mb = bucket_size_mb
         self.buckets = self._assign_buckets()
+        self._allocate_bucket_storage()
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
@@ -240,6 +275,22 @@ class BucketedDDP(_DataParallel):
                 size = nbytes
         return [_Bucket(params, i) for i, params in enumerate(buckets)]
 
+    @torch.no_grad()
+    def _allocate_bucket_storage(self) -> None:
+        for bucket in self.buckets:
+            if len(bucket.params) == 1:
+                continue
+            first = bucket.params[0]
+            bucket.flat = torch.zeros(sum(p.numel() for p in bucket.params), dtype=first.dtype, device=first.device)
+            offset = 0
+            for p in bucket.params:
+                view = bucket.flat[offset:offset + p.numel()].view(p.shape)
+                offset += p.numel()
+                bucket.views.append(view)
+                if p.grad is not None:  # keep a gradient computed before wrapping
+                    view.copy_(p.grad)
+                    p.grad = view
+
     # -- backward-time hooks ----------------------------------------------------------------
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self._sync_enabled:
@@ -258,12 +309,27 @@ class BucketedDDP(_DataParallel):
 
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
-        if len(bucket.params) == 1:
-            bucket.flat = None
-            bucket.work = self._all_reduce(bucket.params[0].grad, async_op=True)
+        if bucket.flat is None:
+            bucket.reduced = bucket.params[0].grad
         else:
-            bucket.flat = _flatten_dense_tensors([p.grad for p in bucket.params])
-            bucket.work = self._all_reduce(bucket.flat, async_op=True)
+            self._gather_into_bucket(bucket)
+            bucket.reduced = bucket.flat
+        bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
+
+    @staticmethod
+    def _gather_into_bucket(bucket: _Bucket) -> None:
+        """Make every gradient of ``bucket`` its view, copying those that live elsewhere (once per step
+        at most: after ``set_to_none`` or on the first backward; never when they already are views)."""
+        stale = [i for i, (p, v) in enumerate(zip(bucket.params, bucket.views)) if not _is_view(p.grad, v)]
+        if not stale:
+            return
+        if len(stale) == len(bucket.params):  # the usual case after zero_grad(set_to_none=True): one kernel
+            torch.cat([p.grad.reshape(-1) for p in bucket.params], out=bucket.flat)
+        else:
+            for i in stale:
+                bucket.views[i].copy_(bucket.params[i].grad)
+        for i in stale:
+            bucket.params[i].grad = bucket.views[i]
 
     # -- API --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -286,19 +352,16 @@ class BucketedDDP(_DataParallel):
                         "parameters with requires_grad_(False))")
             for bucket in self.buckets:
                 self._wait(bucket.work)
-                if bucket.flat is None:
-                    bucket.params[0].grad.div_(self.world_size)
-                else:
-                    bucket.flat.div_(self.world_size)
-                    grads = [p.grad for p in bucket.params]
-                    torch._foreach_copy_(grads, _unflatten_dense_tensors(bucket.flat, grads))
+                if bucket.divide:  # no AVG on this backend: one divide of the whole reduced buffer
+                    bucket.reduced.div_(self.world_size)
         finally:
             self._reset_step()
 
     def _reset_step(self) -> None:
         for bucket in self.buckets:
             bucket.ready.clear()
-            bucket.work = bucket.flat = None
+            bucket.work = bucket.reduced = None
+            bucket.divide = False
         self._next_to_launch = 0
 
     def on_train_batch_start(self) -> None:
@@ -307,9 +370,13 @@ class BucketedDDP(_DataParallel):
                                "call finish_gradient_synchronization() after backward")
 
     def close(self) -> None:
+        """Remove the hooks and drop the bucket buffers (gradients that are views keep their storage
+        alive until they are set to None)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for bucket in self.buckets:
+            bucket.flat, bucket.views = None, []
 
 
 class OverlapDDP(BucketedDDP):
