@@ -1,5 +1,10 @@
 """FSDP against non-parallel training (CPU, gloo, 2 and 3 ranks).
 
+Units: the LM is wrapped with one unit per TransformerBlock plus the embedding and the head (one
+flat shard, one gather, one reduce-scatter each); ToyNet has no repeated block, so each of its
+weights is a unit of its own; "tied" is the LM with the head tied to the embedding (one merged unit
+used twice per forward).
+
 Reference. Rank r trains on micro-batch r; FSDP sums the ranks' weight gradients (reduce-scatter)
 and replicated ones (all-reduce), then divides by the world size. The non-parallel reference runs
 the same micro-batches one after another on one model, accumulating ``.grad`` in rank order, and
@@ -8,12 +13,13 @@ match *bitwise*. That holds when the order of the cross-rank sum cannot matter: 
 commutative) with different data, or three ranks with the same data on every rank (every order
 sums g + g + g as 2g + g, 2g being exact). The optimizer is our AdamW, stepping fp32 shards.
 
-fp16 compute: FSDP casts shards to fp16 before gathering and sums gradients in fp16; the reference
-casts the same weights to fp16 inside a single-process forward and sums the per-rank gradients in
-fp32. The only difference is one fp16 rounding of each summed gradient (relative 2^-11) and what it
-changes downstream; with SGD at lr 0.1 and gradients O(0.1) that moves a weight by ~1e-6 per step,
-far below the 1e-4 tolerance over 8 steps, while a wrong shard mapping or a missing reduction moves
-weights by ~1e-2. (Adam would hide such errors: its update size is ~lr whatever the gradient.)
+fp16 compute: FSDP casts shards to fp16 before gathering; the reference casts the same weights to
+fp16 inside a single-process forward and sums the per-rank gradients in fp32. With the default fp32
+reduction the sums agree up to their order (3 ranks); with ``reduce_dtype=fp16`` each summed gradient
+is rounded once more to fp16 (relative 2^-11). With SGD at lr 0.1 and gradients O(0.1) that moves a
+weight by ~1e-6 per step, far below the 1e-4 tolerance over 6 steps, while a wrong shard mapping or a
+missing reduction moves weights by ~1e-2. (Adam would hide such errors: its update size is ~lr
+whatever the gradient.) That fp16 is really used is checked on the weights the modules see.
 """
 
 from __future__ import annotations
@@ -55,8 +61,10 @@ def _make_model(kind: str, seed: int) -> nn.Module:
     if kind == "toy":
         return ToyNet()
     # Sizes 37*10, 10*10, 10*22: none divides by 3 (with 2 ranks no LM size can be odd: heads need even dims).
-    return BasicsTransformerLM(vocab_size=VOCAB, context_length=T, d_model=10, num_layers=2, num_heads=5,
-                               d_ff=22)
+    lm = BasicsTransformerLM(vocab_size=VOCAB, context_length=T, d_model=10, num_layers=2, num_heads=5, d_ff=22)
+    if kind == "tied":
+        lm.lm_head.weight = lm.token_embeddings.weight  # both (VOCAB, 10)
+    return lm
 
 
 def _batches(seed: int, world_size: int, same_data: bool):
@@ -81,7 +89,7 @@ def _fp16_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: (p.half() if n in cast else p) for n, p in model.named_parameters()}
 
 
-def _fsdp_worker(info, seed, kind, same_data, compute_dtype):
+def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None):
     torch.use_deterministic_algorithms(True)
     W, rank = info.world_size, info.rank
     batches = _batches(seed, W, same_data)
@@ -90,8 +98,13 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype):
 
     ref = _make_model(kind, seed)
     ref_opt = make_opt(ref.parameters())
-    model = FSDP(_make_model(kind, seed + rank), compute_dtype=compute_dtype)  # rank 0's weights win
+    model = FSDP(_make_model(kind, seed + rank), compute_dtype=compute_dtype,  # rank 0's weights win
+                 reduce_dtype=reduce_dtype)
     opt = make_opt(model.parameters())
+    seen_dtypes = set()  # dtypes of the weights the modules compute with (our pre-hooks run first)
+    for m in model.module.modules():
+        if isinstance(m, (Linear, Embedding, nn.Linear, nn.Embedding)):
+            m.register_forward_pre_hook(lambda mod, args: seen_dtypes.add(mod.weight.dtype))
     worst, checks = 0.0, []
     for step in range(STEPS):
         # Reference: the ranks' micro-batches in rank order, gradients averaged.
@@ -112,21 +125,23 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype):
         grads_ok = all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.shape == p.shape
                        for p in model.parameters())
         replicated_grads = [p.grad.clone() for p in model.replicated]
-        alive_after_backward = [h.index for h in model.handles if h.bwd_flat is not None and h.bwd_flat() is not None]
+        alive_after_backward = [u.index for u in model.units if u.bwd_full is not None or u.bwd_pending is not None]
+        collectives = dict(model.collectives)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
         full = model.full_state_dict()
-        ref_params = dict(ref.named_parameters())
+        ref_params = dict(ref.named_parameters(remove_duplicate=False))
         assert full.keys() == ref_params.keys()
         diff = max((full[n] - p).abs().max().item() for n, p in ref_params.items())
         exact = all(torch.equal(full[n], p) for n, p in ref_params.items())
         worst = max(worst, diff)
         checks.append(dict(step=step, diff=diff, exact=exact, grads_ok=grads_ok, live=live_after_forward,
                            alive_after_backward=alive_after_backward, trace=list(model.trace),
-                           n_packed=len(model._packed), replicated=replicated_grads))
-    return dict(worst=worst, checks=checks, shard_sizes=[h.shard_size for h in model.handles],
-                numels=[h.numel for h in model.handles])
+                           n_packed=len(model._packed), replicated=replicated_grads, collectives=collectives))
+    units = [dict(name=u.name, weights=[n[0] for n in u.weight_names], numels=u.numels, shard_sizes=u.shard_sizes,
+                  params=[(p.shape, p.dtype) for p in u.params]) for u in model.units]
+    return dict(worst=worst, checks=checks, units=units, seen_dtypes=seen_dtypes)
 
 
 def _check_common(results, world_size, kind="toy"):
@@ -139,10 +154,23 @@ def _check_common(results, world_size, kind="toy"):
         for c, c0 in zip(r["checks"], r0["checks"], strict=True):
             assert all(torch.equal(a, b) for a, b in zip(c["replicated"], c0["replicated"], strict=True)), \
                 "replicated gradients differ across ranks"
-    # Padded where the size does not divide: shards are ceil(numel / W).
-    assert r0["shard_sizes"] == [-(-n // world_size) for n in r0["numels"]]
+    # Padded where the size does not divide: each weight's shard is ceil(numel / W), an fp32 parameter.
+    numels = [n for u in r0["units"] for n in u["numels"]]
+    assert [s for u in r0["units"] for s in u["shard_sizes"]] == [-(-n // world_size) for n in numels]
+    assert all(p == (torch.Size([s]), torch.float32)
+               for u in r0["units"] for p, s in zip(u["params"], u["shard_sizes"], strict=True))
     if kind == "toy" or world_size == 3:
-        assert all(n % world_size for n in r0["numels"])
+        assert all(n % world_size for n in numels)
+    # Units: one per weight in ToyNet; in the LM the embedding, each block (its 7 weights), the head.
+    names = [u["weights"] for u in r0["units"]]
+    if kind == "toy":
+        assert names == [["tok.weight"], ["pos.weight"], ["up.weight"], ["down.weight"], ["head.weight"]]
+    else:
+        head = [] if kind == "tied" else [["lm_head.weight"]]
+        assert [u["name"] for u in r0["units"]] == ["token_embeddings", "layers.0", "layers.1"] + (
+            [] if kind == "tied" else ["lm_head"])
+        assert names[0] == ["token_embeddings.weight"] and names[3:] == head
+        assert all(len(n) == 7 and all(w.startswith(f"layers.{i}.") for w in n) for i, n in enumerate(names[1:3]))
     for c in r0["checks"]:
         trace = c["trace"]
         fwd = [e for e in trace if e[0] != "bwd_gather"]
@@ -151,12 +179,18 @@ def _check_common(results, world_size, kind="toy"):
                 assert ("start", j) not in fwd[:i], f"module {j} gathered after it started"
                 if j >= 2:
                     assert ("end", j - 2) in fwd[:i], f"module {j} gathered before module {j - 2} finished"
-        # Every weight saved for backward is gathered again in backward, exactly once.
-        assert sum(1 for e in trace if e[0] == "bwd_gather") == c["n_packed"] > 0
+        # Every unit saved for backward is gathered again in backward exactly once, or kept from forward
+        # (the last one); per step one gather per unit use in forward, one reduce-scatter per unit use.
+        n_bwd = sum(1 for e in trace if e[0] == "bwd_gather")
+        n_keep = sum(1 for e in trace if e[0] == "bwd_keep")
+        assert n_bwd + n_keep == c["n_packed"] > 0 and n_keep <= 1
+        uses = sum(1 for e in fwd if e[0] == "start")
+        assert c["collectives"] == {"all_gather": uses + n_bwd, "reduce_scatter": uses, "all_reduce": 1}
     # From the second step on, the next module's gather is issued before the current module starts.
     later = r0["checks"][-1]["trace"]
     starts = [j for what, j in later if what == "start"]
     assert all(later.index(("gather", j)) < later.index(("start", j - 1)) for j in starts[1:])
+    assert ("bwd_keep", 0 if kind == "tied" else len(r0["units"]) - 1) in later  # the last unit of forward
 
 
 @pytest.mark.slow
@@ -166,21 +200,65 @@ def test_fsdp_fp32_matches_single_process_bitwise(world_size, same_data, kind, s
     results = spawn(_fsdp_worker, world_size, (seed, kind, same_data, None), timeout_s=120)
     _check_common(results, world_size, kind)
     for r in results:
+        assert r["seen_dtypes"] == {torch.float32}
         assert all(c["exact"] for c in r["checks"]), f"max |FSDP - reference| = {r['worst']}"
 
 
+def test_fsdp_tied_weights_match_single_process(seed):
+    """Head tied to the embedding: one unit used twice per forward, two reduce-scatters accumulated in
+    its ``.grad``. The reference accumulates the two uses' gradients in another order (per rank), so
+    fp32 rounding differs: ~1e-7 relative, far below 1e-5, while a lost use would be ~1e-2."""
+    results = spawn(_fsdp_worker, 2, (seed, "tied", False, None), timeout_s=120)
+    _check_common(results, 2, "tied")
+    for r in results:
+        assert r["worst"] <= 1e-5, f"max |FSDP - reference| = {r['worst']}"
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("reduce_dtype", [None, torch.float16])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_fsdp_fp16_compute_within_1e4(world_size, seed):
-    results = spawn(_fsdp_worker, world_size, (seed, "toy", False, torch.float16), timeout_s=120)
+def test_fsdp_fp16_compute_within_1e4(world_size, reduce_dtype, seed):
+    results = spawn(_fsdp_worker, world_size, (seed, "toy", False, torch.float16, reduce_dtype), timeout_s=120)
     _check_common(results, world_size)
     for r in results:
+        assert r["seen_dtypes"] == {torch.float16}, "weights were not gathered in the compute dtype"
         assert r["worst"] <= 1e-4, f"max |FSDP fp16 - reference| = {r['worst']}"
-        assert r["worst"] > 0.0  # fp16 sums do round: an exact match would mean fp16 was not used
+        if reduce_dtype is not None:
+            assert r["worst"] > 0.0  # fp16 sums do round: an exact match would mean fp16 was not used
+
+
+class _TorchBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(5, 7), nn.Linear(7, 5)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class _TorchStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 5)
+        self.blocks = nn.ModuleList(_TorchBlock() for _ in range(3))
+        self.out = nn.Linear(5, 11)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
 
 
 def _bad_input_worker(info):
     out = {}
+    # Units of a torch model: its repeated block class is found; () gives one unit per weight.
+    out["units_default"] = [u.name for u in FSDP(_TorchStack()).units]
+    out["units_none"] = [u.name for u in FSDP(_TorchStack(), unit_classes=()).units]
+    try:
+        FSDP(_TorchStack(), unit_classes=[3])
+    except ValueError as e:
+        out["unit_classes"] = str(e)
     try:
         FSDP(nn.Embedding(5, 3, max_norm=1.0))
     except ValueError as e:
@@ -202,3 +280,42 @@ def _bad_input_worker(info):
 def test_fsdp_bad_input():
     out = spawn(_bad_input_worker, 2, timeout_s=60)[0]
     assert "max_norm" in out["max_norm"] and "compute_dtype" in out["dtype"] and "norm1.weight" in out["missing"]
+    assert out["units_default"] == ["emb", "blocks.0", "blocks.1", "blocks.2", "out"]
+    assert out["units_none"] == ["emb", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "blocks.2.fc1",
+                                 "blocks.2.fc2", "out"]
+    assert "unit_classes" in out["unit_classes"]
+
+
+def _accumulate_worker(info, seed):
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)
+    model = FSDP(_make_model("lm", seed))
+    gen = torch.Generator().manual_seed(seed + info.rank)
+    xs = [torch.randint(0, VOCAB, (BATCH, T), generator=gen) for _ in range(2)]
+
+    def backward(x):
+        model(x).float().logsumexp(-1).mean().backward()
+        model.finish_gradient_synchronization()
+
+    singles = []
+    for x in xs:
+        backward(x)
+        singles.append([p.grad.clone() for p in model.sharded_parameters()])
+        model.zero_grad(set_to_none=True)
+    backward(xs[0])
+    backward(xs[1])  # accumulates into the flat gradient of each unit
+    accumulated = [p.grad.clone() for p in model.sharded_parameters()]
+    views = all(p.grad._base is not None for p in model.sharded_parameters())
+    model.zero_grad(set_to_none=False)  # zeroed in place: the views stay
+    backward(xs[0])
+    after_zero = [p.grad.clone() for p in model.sharded_parameters()]
+    return dict(exact=all(torch.equal(a, s0 + s1) for a, s0, s1 in zip(accumulated, *singles, strict=True)),
+                views=views, zero_exact=all(torch.equal(a, s) for a, s in zip(after_zero, singles[0], strict=True)))
+
+
+def test_fsdp_gradients_accumulate_over_backwards(seed):
+    """Two backwards without zeroing: each unit's reduce-scatter adds into the same flat fp32 gradient,
+    exactly the sum of the two single-backward gradients (one fp32 add either way). (Replicated
+    gradients are summed locally before their all-reduce, in another order: not compared here.)"""
+    for r in spawn(_accumulate_worker, 2, (seed,), timeout_s=60):
+        assert r == dict(exact=True, views=True, zero_exact=True)

@@ -5,46 +5,65 @@ from ``cs336_basics.model`` and torch's) across the ranks; every other parameter
 biases) stays replicated and has its gradient all-reduced. Frozen weights (``requires_grad=False``)
 are left alone.
 
-Storage. A sharded weight of ``N`` elements becomes a flat fp32 shard of ``ceil(N / W)`` elements
-(``W`` ranks; the last rank's shard is zero-padded), registered under the weight's original name, so
-``module.named_parameters()`` lists the same names (with 1-D shard shapes) and a standard optimizer
-(our AdamW or torch's) steps the shards: master weights, gradients and optimizer state stay fp32.
+Units. Communication is per *unit*, as FSDP2 groups a model: every ``TransformerBlock`` (ours; for
+other models any instance of ``unit_classes``, by default the class repeated in an ``nn.ModuleList`` /
+``nn.Sequential`` of the model) is one unit holding all the sharded weights inside it, and every
+sharded module outside such a block (the embedding, the LM head) is a unit of its own. Modules that
+share (tie) a weight are merged into one unit. A unit costs one all-gather in forward, one in
+backward and one reduce-scatter, whatever the number of weights in it: the xl model (48 blocks of 7
+weights, embedding, head) issues 149 collectives per step instead of 1,014 with one unit per weight.
 
-Forward. A forward pre-hook on each sharded module waits for its all-gather, exposes the full weight
-to the module's own ``forward`` (the gathered tensor shadows the parameter as an instance attribute
-for the duration of the call; the module code is not changed), and starts the all-gather of the
-*next* sharded module in forward order. The gather of module ``j`` thus starts when module ``j-1``
-starts, i.e. after module ``j-2`` has finished its forward, never earlier (the handout's limit on
-prefetching), and runs while module ``j-1`` computes. The order is the one recorded in the previous
-forward (registration order before the first one). A forward post-hook drops the gathered weight.
+Storage. A weight of ``N`` elements gets a shard of ``ceil(N / W)`` elements (``W`` ranks; the last
+rank's is zero-padded). The shards of a unit's weights are consecutive slices of ONE flat fp32 buffer
+per unit (``_Unit.flat_shard``); each slice is an ``nn.Parameter`` registered under the weight's
+original name, so ``module.named_parameters()`` lists the same names (with 1-D shard shapes) and a
+standard optimizer (our AdamW or torch's) steps the shards in place: master weights, gradients and
+optimizer state stay fp32. The gradient of a shard parameter is likewise a slice of one flat fp32
+gradient buffer per unit.
+
+Forward. Entering a unit (a forward pre-hook on its block, or on the module itself) waits for its
+all-gather (the whole flat shard, cast to ``compute_dtype`` first, gathered into one buffer laid out
+rank by rank), copies it out once into a weight-by-weight buffer of which every full weight is a view,
+and starts the all-gather of the *next* unit in forward order. The gather of unit ``j`` thus starts
+when unit ``j-1`` starts, i.e. after unit ``j-2`` has finished its forward, never earlier (the
+handout's limit on prefetching), and runs while unit ``j-1`` computes: at most two units are gathered
+at a time. A pre-hook on each sharded module shadows its ``weight`` parameter with the full view (an
+instance attribute for the duration of the call; the module code is not changed). Leaving the unit
+drops the gathered buffer, except for the last unit of the forward, which backward needs first (as
+FSDP2 keeps its root unsharded).
 
 Backward. Autograd would keep every gathered weight alive until backward (a matmul saves its
-weight). A ``saved_tensors_hooks`` pair replaces a saved gathered weight by a small token and, in
-backward, gathers it again (waiting for a prefetch issued when the previous module in reverse order
-was unpacked): at most about two gathered weights exist at a time. The gradient of the full weight
-arrives in ``_Unshard.backward``; it is reduce-scattered asynchronously (summed, then divided by
-``W``) into the shard's ``.grad``; at most ``_RS_IN_FLIGHT`` reduce-scatters are outstanding, so
-full-size gradients do not pile up. ``finish_gradient_synchronization()`` waits for the rest and
-all-reduces the replicated parameters' gradients.
+weight). A ``saved_tensors_hooks`` pair replaces a saved view of a gathered unit by a small token and,
+in backward, gathers the unit again (waiting for a prefetch issued when the previous unit in reverse
+order started its backward); the gathered unit is kept until its backward is over. The gradients of
+a unit's full weights arrive together in ``_UnshardUnit.backward``; they are packed rank by rank
+(``torch._chunk_cat``, which also pads) into one buffer and reduce-scattered asynchronously (summed,
+then divided by ``W``) into the unit's flat gradient; at most ``_RS_IN_FLIGHT`` reduce-scatters are
+outstanding, so full-size gradients do not pile up. ``finish_gradient_synchronization()`` waits for
+the rest and all-reduces the replicated parameters' gradients.
 
-Mixed precision. With ``compute_dtype`` (e.g. bf16) each shard is cast *before* the all-gather
-(half the traffic), floating inputs of ``Linear`` modules are cast to it, and gradients are reduced
-in ``reduce_dtype`` (default: ``compute_dtype``, as FSDP2's default policy), then upcast to fp32. Under
-``torch.autocast`` pass the same ``compute_dtype``: autocast's own cast of a gathered fp32 weight
-would be saved for backward in full.
+Mixed precision. With ``compute_dtype`` (e.g. bf16) each flat shard is cast *before* the all-gather
+(half the traffic) and floating inputs of ``Linear`` modules are cast to it. Gradients are reduced in
+``reduce_dtype`` (default: fp32, the parameter dtype: the average is exact to fp32; pass
+``reduce_dtype=compute_dtype`` for half the reduce-scatter traffic, FSDP2's default policy), then
+accumulated in fp32. Under ``torch.autocast`` pass the same ``compute_dtype``: autocast's own cast of
+a gathered fp32 weight would be saved for backward in full.
 
 Not supported: ``no_sync`` gradient accumulation without communication (each backward reduces;
-gradients of several backwards do accumulate correctly in ``.grad``), data-dependent module order
-across ranks, ``torch.compile`` of the wrapped module (hooks and collectives break graphs), and
-``nn.Embedding`` with ``max_norm`` or sparse gradients (``ValueError``).
+gradients of several backwards do accumulate correctly in ``.grad``), data-dependent unit order
+across ranks, activation checkpointing that re-runs a unit's forward inside backward,
+``torch.compile`` of the wrapped module (hooks and collectives break graphs), modules that read a
+sharded weight without calling the module (e.g. ``nn.MultiheadAttention.out_proj``), moving the
+wrapped model to another device or dtype, and ``nn.Embedding`` with ``max_norm`` or sparse gradients
+(``ValueError``).
 """
 
 from __future__ import annotations
 
 import math
-import weakref
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -52,6 +71,7 @@ from torch import nn
 
 from cs336_basics.model import Embedding as BasicsEmbedding
 from cs336_basics.model import Linear as BasicsLinear
+from cs336_basics.model import TransformerBlock
 
 SHARDED_TYPES = (BasicsLinear, BasicsEmbedding, nn.Linear, nn.Embedding)
 LINEAR_TYPES = (BasicsLinear, nn.Linear)
@@ -63,47 +83,74 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 
 @dataclass(eq=False)
-class _Handle:
-    """One sharded weight: its shard and the state of its gathers and reductions."""
+class _Unit:
+    """The sharded weights of one block (or one module): one flat shard, one gather, one reduce-scatter."""
 
-    names: list[str]  # qualified names of the weight (several if tied)
-    shape: torch.Size
-    numel: int
-    shard_size: int
-    shard: nn.Parameter  # (shard_size,) fp32, this rank's slice of the padded flat weight
-    fwd_pending: tuple | None = None  # (work, flat buffer, input) of a forward gather in flight
+    index: int  # position in FSDP.units (registration order)
+    name: str  # qualified name of the block / module (the first one if tied ones were merged)
+    weight_names: list[list[str]]  # per weight: its qualified names (several if tied)
+    shapes: list[torch.Size]
+    numels: list[int]
+    shard_sizes: list[int]  # ceil(numel / W) per weight
+    offsets: list[int]  # start of each weight's shard in flat_shard
+    flat_shard: torch.Tensor  # (sum(shard_sizes),) fp32: this rank's shards, back to back
+    params: list[nn.Parameter] = field(default_factory=list)  # views of flat_shard, one per weight
+    active: int = 0  # forward calls of the unit's block / modules in progress
+    pos: int = -1  # position in this forward's order (last acquisition)
+    views: tuple | None = None  # the full weights while the unit is in use in forward
+    full: torch.Tensor | None = None  # the gathered weight-by-weight buffer behind ``views``
+    fwd_pending: tuple | None = None  # (work, rank-major buffer, source) of a forward gather in flight
     bwd_pending: tuple | None = None  # the same, for backward
-    bwd_flat: Any = None  # weakref to the flat buffer gathered for backward (reused while alive)
-    uses: int = 0  # forward uses this step
-    index: int = 0  # position in FSDP.handles
-    modules: list[nn.Module] = field(default_factory=list)  # modules using this weight (several if tied)
+    bwd_full: torch.Tensor | None = None  # gathered buffer for this unit's backward (held until it ends)
+
+    @property
+    def shard_numel(self) -> int:
+        return sum(self.shard_sizes)
 
 
-class _Unshard(torch.autograd.Function):
-    """shard -> gathered full weight. Forward: the (prefetched) gather; backward: hand the full
-    gradient to the reduce-scatter and give the shard no autograd gradient (its ``.grad`` is written
-    when the reduce-scatter lands)."""
-
-    @staticmethod
-    def forward(ctx, shard: torch.Tensor, fsdp: FSDP, handle: _Handle) -> torch.Tensor:
-        ctx.fsdp, ctx.handle = fsdp, handle
-        return fsdp._take_forward_weight(handle)
+class _UnshardUnit(torch.autograd.Function):
+    """shards -> the unit's full weights (views of one gathered buffer). Forward: hand out the views;
+    backward: receive all of the unit's full-weight gradients at once, start their reduce-scatter, and
+    give the shards no autograd gradient (their ``.grad`` is written when the reduce-scatter lands)."""
 
     @staticmethod
-    def backward(ctx, grad_full: torch.Tensor):
-        ctx.fsdp._reduce_scatter(ctx.handle, grad_full)
-        return None, None, None
+    def forward(ctx, fsdp: FSDP, unit: _Unit, full: torch.Tensor, *shards: torch.Tensor):
+        ctx.fsdp, ctx.unit = fsdp, unit
+        ctx.set_materialize_grads(False)  # a weight unused in this forward gets None, not a zero tensor
+        return fsdp._weight_views(unit, full)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.fsdp._reduce_scatter(ctx.unit, grads)
+        return (None, None, None, *(None for _ in grads))
+
+
+def _repeated_block_classes(module: nn.Module) -> tuple[type, ...]:
+    """Classes of the elements of ``ModuleList`` / ``Sequential`` containers whose elements (two or more)
+    all have one class that holds shardable modules: a model's repeated block."""
+    found: list[type] = []
+    for m in module.modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+            kinds = {type(c) for c in m}
+            if len(kinds) == 1:
+                (kind,) = kinds
+                if not issubclass(kind, SHARDED_TYPES) and any(isinstance(s, SHARDED_TYPES) for s in m[0].modules()):
+                    found.append(kind)
+    return tuple(dict.fromkeys(found))
 
 
 class FSDP(nn.Module):
     """Wrap ``module`` for fully-sharded data parallel training (see the module docstring).
 
-    ``compute_dtype``: dtype of gathered weights (and of communication); None keeps the parameter dtype.
-    ``reduce_dtype``: dtype of the gradient reduce-scatter; None: ``compute_dtype`` (or the parameter dtype).
+    ``compute_dtype``: dtype of gathered weights (and of the all-gathers); None keeps the parameter dtype.
+    ``reduce_dtype``: dtype of the gradient reduce-scatter; None: the parameter dtype (fp32).
+    ``unit_classes``: module classes whose instances are communication units; None: ``TransformerBlock``
+    and the model's repeated block class; ``()``: every Linear / Embedding is a unit of its own.
     """
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None, *,
-                 reduce_dtype: torch.dtype | None = None, process_group: dist.ProcessGroup | None = None):
+                 reduce_dtype: torch.dtype | None = None, unit_classes: Iterable[type] | None = None,
+                 process_group: dist.ProcessGroup | None = None):
         super().__init__()
         if not dist.is_initialized():
             raise ValueError("FSDP: torch.distributed is not initialised; call "
@@ -111,33 +158,41 @@ class FSDP(nn.Module):
         for name, dt in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
             if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
                 raise ValueError(f"FSDP: {name} must be a floating torch.dtype or None, got {dt!r}")
+        if unit_classes is None:
+            unit_classes = (TransformerBlock, *_repeated_block_classes(module))
+        unit_classes = tuple(unit_classes)
+        if not all(isinstance(c, type) and issubclass(c, nn.Module) for c in unit_classes):
+            raise ValueError(f"FSDP: unit_classes must be nn.Module subclasses, got {unit_classes!r}")
         self.module = module
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self.compute_dtype = compute_dtype
-        self.reduce_dtype = reduce_dtype or compute_dtype
+        self.reduce_dtype = reduce_dtype
         self._broadcast_from_rank0()
-        self.handles: list[_Handle] = []
-        self._handle_of_module: dict[nn.Module, _Handle] = {}
-        self._shard_weights()
-        sharded = {id(h.shard) for h in self.handles}
+        self.units: list[_Unit] = []
+        self._unit_of_module: dict[nn.Module, tuple[_Unit, int]] = {}  # sharded module -> (unit, weight slot)
+        self._unit_of_root: dict[nn.Module, _Unit] = {}  # block that is not itself a sharded module -> unit
+        self._build_units(unit_classes)
+        sharded = {id(p) for u in self.units for p in u.params}
         self.replicated: list[nn.Parameter] = [p for p in module.parameters()
                                                if p.requires_grad and id(p) not in sharded]
         # Per-step state.
-        self._expected_order: list[_Handle] = list(dict.fromkeys(
-            self._handle_of_module[m] for m in module.modules() if m in self._handle_of_module))
-        self._order: list[_Handle] = []
-        self._live: dict[int, _Handle] = {}  # storage data_ptr of a gathered weight in use -> handle
-        self._packed: list[_Handle] = []  # handles whose weight was saved for backward, forward order
-        self._bwd_done: set[int] = set()
-        self._rs_pending: list[tuple[_Handle, Any, torch.Tensor, torch.Tensor]] = []
-        self.trace: list[tuple[str, int]] = []  # ("gather"|"start"|"end", position in forward order)
+        self._expected_order: list[_Unit] = list(self.units)
+        self._order: list[_Unit] = []
+        self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered unit in forward use -> unit
+        self._packed: list[_Unit] = []  # units a view of which was saved for backward, forward order
+        self._bwd_started: set[int] = set()
+        self._rs_pending: list[tuple] = []
+        self.trace: list[tuple[str, int]] = []  # ("gather"|"start"|"end", forward position), ("bwd_*", unit)
+        self.collectives: Counter = Counter()  # collectives issued since the last forward began, by kind
         self._hooks = []
-        for m, h in self._handle_of_module.items():
+        for root, u in self._unit_of_root.items():
+            self._hooks.append(root.register_forward_pre_hook(lambda m, a, u=u: self._enter(u)))
+            self._hooks.append(root.register_forward_hook(lambda m, a, o, u=u: self._exit(u)))
+        for m in self._unit_of_module:
             self._hooks.append(m.register_forward_pre_hook(self._pre_forward))
             self._hooks.append(m.register_forward_hook(self._post_forward))
-            h.modules.append(m)
 
     # -- construction -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -146,12 +201,36 @@ class FSDP(nn.Module):
         for t in [*self.module.parameters(), *self.module.buffers()]:
             dist.broadcast(t.data, src=src, group=self.process_group)
 
-    @torch.no_grad()
-    def _shard_weights(self) -> None:
-        by_weight: dict[nn.Parameter, _Handle] = {}
+    def _build_units(self, unit_classes: tuple[type, ...]) -> None:
+        # Outermost instances of the unit classes (never the wrapped model itself) own what is inside them.
+        root_of: dict[nn.Module, nn.Module] = {}
+        root_name: dict[nn.Module, str] = {}
+
+        def visit(m: nn.Module, prefix: str) -> None:
+            for name, child in m.named_children():
+                qual = f"{prefix}{name}"
+                if unit_classes and isinstance(child, unit_classes) and not isinstance(child, SHARDED_TYPES):
+                    root_name[child] = qual
+                    for sub in child.modules():
+                        root_of.setdefault(sub, child)
+                else:
+                    visit(child, qual + ".")
+
+        visit(self.module, "")
         names: dict[nn.Parameter, list[str]] = {}
         for name, p in self.module.named_parameters(remove_duplicate=False):
             names.setdefault(p, []).append(name)
+        # Group the sharded modules by their root; roots that share a weight are merged (union-find).
+        parent: dict[nn.Module, nn.Module] = {}
+
+        def find(k: nn.Module) -> nn.Module:
+            while parent[k] is not k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        owner: dict[nn.Parameter, nn.Module] = {}
+        members: list[tuple[nn.Module, nn.Module, nn.Parameter]] = []  # (module, root, weight)
         for mod_name, m in self.module.named_modules():
             if not isinstance(m, SHARDED_TYPES):
                 continue
@@ -159,64 +238,157 @@ class FSDP(nn.Module):
                 raise ValueError(f"FSDP: nn.Embedding {mod_name!r} uses max_norm or sparse gradients, which "
                                  "modify or bypass the full weight; not supported")
             w = m._parameters.get("weight")
-            if w is None or not w.requires_grad:
+            if w is None or not w.requires_grad or w.numel() == 0:
                 continue
-            if w not in by_weight:
-                numel = w.numel()
-                shard_size = math.ceil(numel / self.world_size)
-                flat = torch.zeros(shard_size * self.world_size, dtype=w.dtype, device=w.device)
-                flat[:numel] = w.reshape(-1)
-                shard = nn.Parameter(flat[self.rank * shard_size:(self.rank + 1) * shard_size].clone())
-                h = _Handle(names=names[w], shape=w.shape, numel=numel, shard_size=shard_size, shard=shard,
-                            index=len(self.handles))
-                by_weight[w] = h
-                self.handles.append(h)
-            h = by_weight[w]
-            m._parameters["weight"] = h.shard  # same name, now the flat shard (tied: the same shard)
-            self._handle_of_module[m] = h
+            root = root_of.get(m, m)
+            root_name.setdefault(root, mod_name)
+            parent.setdefault(root, root)
+            if w in owner:
+                a, b = find(root), find(owner[w])
+                if a is not b:
+                    parent[a] = b
+            else:
+                owner[w] = root
+            members.append((m, root, w))
+        groups: dict[nn.Module, list[tuple[nn.Module, nn.Module, nn.Parameter]]] = {}
+        for m, root, w in members:
+            groups.setdefault(find(root), []).append((m, root, w))
+        for group in groups.values():
+            self._make_unit(group, names, root_name)
+
+    @torch.no_grad()
+    def _make_unit(self, group, names, root_name) -> None:
+        W, r = self.world_size, self.rank
+        weights = list(dict.fromkeys(w for _, _, w in group))
+        if len({(w.dtype, w.device) for w in weights}) > 1:
+            raise ValueError(f"FSDP: the weights of unit {root_name[group[0][1]]!r} differ in dtype or device "
+                             f"({sorted({f'{w.dtype}/{w.device}' for w in weights})}); a unit needs one of each")
+        numels = [w.numel() for w in weights]
+        shard_sizes = [math.ceil(n / W) for n in numels]
+        offsets = [sum(shard_sizes[:i]) for i in range(len(weights))]
+        flat_shard = torch.zeros(sum(shard_sizes), dtype=weights[0].dtype, device=weights[0].device)
+        for w, n, s, o in zip(weights, numels, shard_sizes, offsets, strict=True):
+            lo, hi = min(r * s, n), min((r + 1) * s, n)  # this rank's part of the flat weight; the rest is padding
+            flat_shard[o:o + hi - lo] = w.reshape(-1)[lo:hi]
+        u = _Unit(index=len(self.units), name=root_name[group[0][1]], weight_names=[names[w] for w in weights],
+                  shapes=[w.shape for w in weights], numels=numels, shard_sizes=shard_sizes, offsets=offsets,
+                  flat_shard=flat_shard)
+        u.params = [nn.Parameter(flat_shard[o:o + s]) for o, s in zip(offsets, shard_sizes, strict=True)]
+        slot = {w: i for i, w in enumerate(weights)}
+        for m, root, w in group:
+            m._parameters["weight"] = u.params[slot[w]]  # same name, now a slice of the flat shard
+            self._unit_of_module[m] = (u, slot[w])
+            if root is not m:
+                self._unit_of_root[root] = u
+        self.units.append(u)
+
+    @torch.no_grad()
+    def _check_storage(self, u: _Unit) -> None:
+        """Re-link a shard parameter whose ``.data`` was replaced (e.g. ``load_state_dict(assign=True)``)
+        to its slice of the flat shard: the gathers read the flat shard."""
+        base, size = u.flat_shard.data_ptr(), u.flat_shard.element_size()
+        for p, o, s in zip(u.params, u.offsets, u.shard_sizes, strict=True):
+            if p.data_ptr() != base + o * size:
+                if p.shape != (s,) or p.dtype != u.flat_shard.dtype or p.device != u.flat_shard.device:
+                    raise RuntimeError(f"FSDP: a shard parameter of unit {u.name!r} was replaced by a tensor of shape "
+                                       f"{tuple(p.shape)}, {p.dtype}, {p.device}; expected ({s},), "
+                                       f"{u.flat_shard.dtype}, {u.flat_shard.device}")
+                u.flat_shard[o:o + s] = p.data
+                p.data = u.flat_shard[o:o + s]
+
+    # -- gathers ------------------------------------------------------------------------------------
+    def _issue_gather(self, u: _Unit) -> tuple:
+        self._check_storage(u)
+        shard = u.flat_shard
+        if self.compute_dtype is not None and shard.dtype != self.compute_dtype:
+            shard = shard.to(self.compute_dtype)  # cast before communicating: fewer bytes on the wire
+        out = torch.empty(u.shard_numel * self.world_size, dtype=shard.dtype, device=shard.device)
+        work = _all_gather_flat(out, shard, group=self.process_group, async_op=True)
+        self.collectives["all_gather"] += 1
+        return work, out, shard
+
+    def _wait_gather(self, u: _Unit, pending: tuple) -> torch.Tensor:
+        """The rank-major gathered buffer (rank 0's shards, rank 1's, ...) rearranged weight by weight."""
+        work, out, _ = pending
+        work.wait()
+        if len(u.shard_sizes) == 1:
+            return out  # one weight: rank-major is weight-major
+        W = self.world_size
+        full = torch.empty_like(out)
+        torch.split_with_sizes_copy(out.view(W, u.shard_numel), u.shard_sizes, dim=1,
+                                    out=[full[W * o:W * (o + s)].view(W, s)
+                                         for o, s in zip(u.offsets, u.shard_sizes, strict=True)])
+        return full
+
+    def _weight_views(self, u: _Unit, full: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        W = self.world_size
+        return tuple(full[W * o:W * o + n].view(shape)
+                     for o, n, shape in zip(u.offsets, u.numels, u.shapes, strict=True))
 
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        self._order, self._packed, self._bwd_done = [], [], set()
-        self.trace = []
-        for h in self.handles:
-            h.uses = 0
+        self._reset_step()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
-        for h in self.handles:  # a prefetch that was not used (order changed): let it land and drop it
-            if h.fwd_pending is not None:
-                h.fwd_pending[0].wait()
-                h.fwd_pending = None
+        for u in self.units:  # a prefetch that was not used (order changed): let it land and drop it
+            if u.fwd_pending is not None:
+                u.fwd_pending[0].wait()
+                u.fwd_pending = None
         if self._order:
             self._expected_order = self._order
+        if self._packed:  # backward starts with the last unit saved: gather it while the loss is computed
+            self._prefetch_backward(None)
         return out
 
-    def _issue_gather(self, h: _Handle) -> tuple:
-        shard = h.shard.detach()
-        if self.compute_dtype is not None and shard.dtype != self.compute_dtype:
-            shard = shard.to(self.compute_dtype)  # cast before communicating: fewer bytes on the wire
-        flat = torch.empty(h.shard_size * self.world_size, dtype=shard.dtype, device=shard.device)
-        work = _all_gather_flat(flat, shard, group=self.process_group, async_op=True)
-        return work, flat, shard
+    def _reset_step(self) -> None:
+        for u in self.units:  # whatever a forward without backward (or an exception) left behind
+            for pending in (u.fwd_pending, u.bwd_pending):
+                if pending is not None:
+                    pending[0].wait()
+            u.fwd_pending = u.bwd_pending = u.bwd_full = u.views = u.full = None
+            u.active = 0
+        self._order, self._packed, self._bwd_started, self._live = [], [], set(), {}
+        self.trace = []
+        self.collectives = Counter()
 
-    def _pre_forward(self, module: nn.Module, args: tuple):
-        h = self._handle_of_module[module]
-        pos = len(self._order)
-        self._order.append(h)
-        h.uses += 1
-        if h.fwd_pending is None:
+    def _enter(self, u: _Unit) -> None:
+        u.active += 1
+        if u.active > 1:
+            return
+        u.pos = pos = len(self._order)
+        self._order.append(u)
+        if u.fwd_pending is None:
             self.trace.append(("gather", pos))
-            h.fwd_pending = self._issue_gather(h)
-        # Module pos-1 has finished its forward (it is not running now), so gathering the module at
-        # pos+1 respects "no earlier than when the layer two before it has finished".
+            u.fwd_pending = self._issue_gather(u)
+        # Unit pos-1 has finished its forward (it is not running now), so gathering the unit at pos+1
+        # respects "no earlier than when the layer two before it has finished".
         if pos + 1 < len(self._expected_order):
             nxt = self._expected_order[pos + 1]
-            if nxt.fwd_pending is None and nxt is not h:
+            if nxt.fwd_pending is None and nxt.active == 0 and nxt is not u:
                 self.trace.append(("gather", pos + 1))
                 nxt.fwd_pending = self._issue_gather(nxt)
         self.trace.append(("start", pos))
-        full = _Unshard.apply(h.shard, self, h)
-        object.__setattr__(module, "weight", full)  # shadows the shard parameter during this call
+        full = self._wait_gather(u, u.fwd_pending)
+        u.fwd_pending = None
+        self._live[full.untyped_storage().data_ptr()] = u
+        u.full, u.views = full, _UnshardUnit.apply(self, u, full, *u.params)
+
+    def _exit(self, u: _Unit) -> None:
+        u.active -= 1
+        if u.active > 0:
+            return
+        self._live.pop(u.full.untyped_storage().data_ptr(), None)
+        self.trace.append(("end", u.pos))
+        if (torch.is_grad_enabled() and u in self._packed and u is self._expected_order[-1]
+                and u.bwd_full is None):
+            u.bwd_full = u.full  # the last unit: backward needs it first, keep it instead of gathering again
+            self.trace.append(("bwd_keep", u.index))
+        u.full = u.views = None
+
+    def _pre_forward(self, module: nn.Module, args: tuple):
+        u, slot = self._unit_of_module[module]
+        self._enter(u)
+        object.__setattr__(module, "weight", u.views[slot])  # shadows the shard parameter during this call
         bias = module._parameters.get("bias")
         if self.compute_dtype is not None and bias is not None:
             object.__setattr__(module, "bias", bias.to(self.compute_dtype))  # replicated; grad flows back fp32
@@ -225,92 +397,96 @@ class FSDP(nn.Module):
                          for a in args)
         return None
 
-    def _take_forward_weight(self, h: _Handle) -> torch.Tensor:
-        work, flat, _ = h.fwd_pending
-        h.fwd_pending = None
-        work.wait()
-        self._live[flat.untyped_storage().data_ptr()] = h
-        return flat[: h.numel].view(h.shape)
-
     def _post_forward(self, module: nn.Module, args, output):
-        full = module.__dict__.pop("weight")
+        module.__dict__.pop("weight", None)
         module.__dict__.pop("bias", None)
-        self._live.pop(full.untyped_storage().data_ptr(), None)
-        self.trace.append(("end", len(self._order) - 1))
+        self._exit(self._unit_of_module[module][0])
         return output
 
     # -- saved tensors: gathered weights are not kept for backward ------------------------------------
     def _pack(self, t: torch.Tensor):
         if not self._live or t.layout != torch.strided:
             return t
-        h = self._live.get(t.untyped_storage().data_ptr())
-        if h is None:
+        u = self._live.get(t.untyped_storage().data_ptr())
+        if u is None:
             return t
-        if h not in self._packed:
-            self._packed.append(h)
-        return (_WeightToken, h, t.size(), t.stride(), t.storage_offset())
+        if u not in self._packed:
+            self._packed.append(u)
+        return (_WeightToken, u, t.size(), t.stride(), t.storage_offset())
 
     def _unpack(self, packed):
         if not (isinstance(packed, tuple) and packed and packed[0] is _WeightToken):
             return packed
-        _, h, size, stride, offset = packed
-        flat = h.bwd_flat() if h.bwd_flat is not None else None
-        if flat is None:
-            if h.bwd_pending is None:
-                h.bwd_pending = self._issue_gather(h)
-            work, flat, _ = h.bwd_pending
-            h.bwd_pending = None
-            work.wait()
-            h.bwd_flat = weakref.ref(flat)
-            self._bwd_done.add(h.index)
-            self.trace.append(("bwd_gather", h.index))
-            self._prefetch_backward(h)
-        return flat.as_strided(size, stride, offset)
+        _, u, size, stride, offset = packed
+        if u.bwd_full is None:
+            if u.bwd_pending is None:
+                u.bwd_pending = self._issue_gather(u)
+            u.bwd_full = self._wait_gather(u, u.bwd_pending)  # held until _UnshardUnit.backward of this unit
+            u.bwd_pending = None
+            self.trace.append(("bwd_gather", u.index))
+        if u.index not in self._bwd_started:
+            self._bwd_started.add(u.index)
+            self._prefetch_backward(u)
+        return u.bwd_full.as_strided(size, stride, offset)
 
-    def _prefetch_backward(self, h: _Handle) -> None:
-        """Gather the weight that reverse forward order needs next, while this module's backward runs."""
+    def _prefetch_backward(self, current: _Unit | None) -> None:
+        """Gather the unit that reverse forward order needs next, while ``current``'s backward runs."""
         for nxt in reversed(self._packed):
-            if nxt.index not in self._bwd_done and nxt is not h:
-                if nxt.bwd_pending is None:
+            if nxt.index not in self._bwd_started and nxt is not current:
+                if nxt.bwd_pending is None and nxt.bwd_full is None:
                     nxt.bwd_pending = self._issue_gather(nxt)
                 return
 
     # -- gradients ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def _reduce_scatter(self, h: _Handle, grad_full: torch.Tensor) -> None:
-        dtype = self.reduce_dtype or h.shard.dtype
-        padded = h.shard_size * self.world_size
-        if padded == h.numel and grad_full.dtype == dtype and grad_full.is_contiguous():
-            flat = grad_full.view(-1)
-        else:
-            flat = torch.empty(padded, dtype=dtype, device=grad_full.device)
-            flat[: h.numel].copy_(grad_full.reshape(-1))
-            flat[h.numel:].zero_()
-        out = torch.empty(h.shard_size, dtype=dtype, device=grad_full.device)
-        work = _reduce_scatter_flat(out, flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
-        self._rs_pending.append((h, work, out, flat))
+    def _reduce_scatter(self, u: _Unit, grads: tuple) -> None:
+        u.bwd_full = None  # the unit's backward is over: its gathered weights can go
+        dtype = self.reduce_dtype or u.flat_shard.dtype
+        device = u.flat_shard.device
+        flats = [g.reshape(-1) if g is not None else torch.zeros(n, dtype=dtype, device=device)
+                 for g, n in zip(grads, u.numels, strict=True)]
+        # Rank-major: rank 0's chunk of every weight, then rank 1's, ...; each weight zero-padded to W chunks.
+        rs_in = torch.empty(self.world_size, u.shard_numel, dtype=dtype, device=device)
+        torch._chunk_cat(flats, 0, self.world_size, out=rs_in)
+        out = torch.empty(u.shard_numel, dtype=dtype, device=device)
+        work = _reduce_scatter_flat(out, rs_in.view(-1), op=dist.ReduceOp.SUM, group=self.process_group,
+                                    async_op=True)
+        self.collectives["reduce_scatter"] += 1
+        self._rs_pending.append((u, work, out, rs_in))
         while len(self._rs_pending) > _RS_IN_FLIGHT:
             self._finish_reduce_scatter(*self._rs_pending.pop(0))
 
-    def _finish_reduce_scatter(self, h: _Handle, work, out: torch.Tensor, flat: torch.Tensor) -> None:
+    def _finish_reduce_scatter(self, u: _Unit, work, out: torch.Tensor, rs_in: torch.Tensor) -> None:
         work.wait()
-        grad = out.to(h.shard.dtype) if out.dtype != h.shard.dtype else out
+        grad = out.to(u.flat_shard.dtype) if out.dtype != u.flat_shard.dtype else out
         grad.div_(self.world_size)
-        if h.shard.grad is None:
-            h.shard.grad = grad
-        else:
-            h.shard.grad.add_(grad)
+        grads = [p.grad for p in u.params]
+        if all(g is None for g in grads):  # the params' .grad are views of one flat fp32 gradient per unit
+            for p, o, s in zip(u.params, u.offsets, u.shard_sizes, strict=True):
+                p.grad = grad[o:o + s]
+            return
+        base = grads[0]._base if grads[0] is not None else None
+        if base is not None and base.numel() == u.shard_numel and all(
+                g is not None and g._base is base and g.storage_offset() == base.storage_offset() + o
+                for g, o in zip(grads, u.offsets, strict=True)):
+            base.add_(grad)  # accumulate (several backwards): one add for the unit
+            return
+        for p, o, s in zip(u.params, u.offsets, u.shard_sizes, strict=True):  # .grad set elsewhere: one by one
+            if p.grad is None:
+                p.grad = grad[o:o + s].clone()
+            else:
+                p.grad.add_(grad[o:o + s])
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
         """Wait for the outstanding reduce-scatters, then average the replicated gradients."""
         while self._rs_pending:
             self._finish_reduce_scatter(*self._rs_pending.pop(0))
-        for h in self.handles:  # backward prefetches that found no use
-            if h.bwd_pending is not None:
-                h.bwd_pending[0].wait()
-                h.bwd_pending = None
-            h.bwd_flat = None
+        for u in self.units:  # backward prefetches that found no use, units whose backward never came
+            if u.bwd_pending is not None:
+                u.bwd_pending[0].wait()
+                u.bwd_pending = None
+            u.bwd_full = None
         grads = [p.grad for p in self.replicated if p.grad is not None]
         if len(grads) != len(self.replicated):
             replicated = {id(p) for p in self.replicated}
@@ -320,6 +496,7 @@ class FSDP(nn.Module):
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group)
+            self.collectives["all_reduce"] += 1
             flat.div_(self.world_size)
             torch._foreach_copy_(grads, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]),
                                                                        grads, strict=True)])
@@ -328,20 +505,18 @@ class FSDP(nn.Module):
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: every parameter at full shape by its original name (fp32, on every rank)."""
-        out: dict[str, torch.Tensor] = {}
-        sharded = {id(h.shard): h for h in self.handles}
-        gathered: dict[int, torch.Tensor] = {}
-        for name, p in self.module.named_parameters(remove_duplicate=False):  # same order on every rank
-            h = sharded.get(id(p))
-            if h is None:
-                out[name] = p.detach().clone()
-                continue
-            if h.index not in gathered:
-                flat = torch.empty(h.shard_size * self.world_size, dtype=p.dtype, device=p.device)
-                _all_gather_flat(flat, p.detach(), group=self.process_group)
-                gathered[h.index] = flat[: h.numel].view(h.shape)
-            out[name] = gathered[h.index]
-        return out
+        slot_of = {id(p): (u, i) for u in self.units for i, p in enumerate(u.params)}
+        weights: dict[int, tuple[torch.Tensor, ...]] = {}
+        for u in self.units:  # same order on every rank
+            self._check_storage(u)
+            out = torch.empty(u.shard_numel * self.world_size, dtype=u.flat_shard.dtype, device=u.flat_shard.device)
+            _all_gather_flat(out, u.flat_shard, group=self.process_group)
+            weights[u.index] = tuple(w.clone() for w in self._weight_views(u, self._wait_gather(u, (_Done, out, None))))
+        out_dict: dict[str, torch.Tensor] = {}
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            hit = slot_of.get(id(p))
+            out_dict[name] = p.detach().clone() if hit is None else weights[hit[0].index][hit[1]]
+        return out_dict
 
     def close(self) -> None:
         for hook in self._hooks:
@@ -356,11 +531,19 @@ class FSDP(nn.Module):
 
     def sharded_parameters(self) -> list[nn.Parameter]:
         """The shard parameters (their ``.grad`` is this rank's slice); the rest is replicated."""
-        return [h.shard for h in self.handles]
+        return [p for u in self.units for p in u.params]
 
     def sharded_numel(self) -> int:
-        return sum(h.shard_size for h in self.handles)
+        return sum(u.shard_numel for u in self.units)
+
+
+class _Done:
+    """A finished collective (``full_state_dict`` gathers synchronously)."""
+
+    @staticmethod
+    def wait() -> None:
+        return None
 
 
 class _WeightToken:
-    """Marks a saved tensor that is a view of a gathered weight (see ``FSDP._pack``)."""
+    """Marks a saved tensor that is a view of a gathered unit (see ``FSDP._pack``)."""
