@@ -111,7 +111,8 @@ class TorchFSDP2(NothingToFinish, nn.Module):
 def _fsdp(module: nn.Module, o: WrapOptions) -> nn.Module:
     from cs336_systems.parallel.fsdp import FSDP
 
-    return FSDP(module, compute_dtype=o.compute_dtype, reduce_dtype=o.reduce_dtype)
+    # WrapOptions' None means "reduce in the compute dtype" for both FSDPs (FSDP(...)'s own default is fp32).
+    return FSDP(module, compute_dtype=o.compute_dtype, reduce_dtype=o.reduce_dtype or o.compute_dtype)
 
 
 def _bucketed(module: nn.Module, o: WrapOptions) -> nn.Module:
