@@ -1,21 +1,29 @@
-"""Tile sizes, warps and pipeline stages of the FlashAttention-2 Triton kernels.
+"""Tile sizes, warps, pipeline stages and kernel form of the FlashAttention-2 Triton kernels.
 
-Two sources, in this order:
+Sources, in this order:
 1. ``CS336_FLASH_TUNE=auto``: a bounded autotune. For a new key (sequence-length bucket, padded head
    dim, dtype, causal) each kernel times at most ``MAX_CANDIDATES`` configurations for a few
    milliseconds each, and the winner is cached in memory and in ``~/.cache/cs336_systems/flash_tune.json``
    (so a second process tunes nothing). Compiling the candidates takes most of the time: well under a
    minute for one key.
-2. Otherwise (the default) the pinned table below, filled from sweeps on an H100 (see
-   docs/flash_tuning_notes.md); no tuning happens at run time.
+2. Otherwise (the default) the pinned choices: the committed JSON ``flash_tune_h100.json`` next to this
+   module (written by ``scripts/device/flash_tune.py`` on an H100; used on GPUs of the same compute
+   capability; a key for the query-length bucket first, then one for the head dim and dtype), then the
+   code table below (H100 sweeps, see docs/flash_tuning_notes.md). No tuning happens at run time.
 On the CPU (the Triton interpreter) tiles are 16 x 16 so the interpreter stays quick.
+
+A ``KernelConfig`` also selects the kernel form: ``tma`` loads and stores through tensor descriptors
+(Hopper's TMA unit) instead of block pointers; ``warp_spec`` (implies ``tma``) additionally runs the
+key/query loop warp-specialised (Triton 3.6 does that on Hopper only with ``num_warps == 4`` and a single
+loop, so that form masks every tile). Both fall back to the block-pointer kernels where descriptors
+cannot describe the tensors (see ``flash_triton._tma_ready``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +35,16 @@ class KernelConfig:
     block_n: int  # key rows per tile
     num_warps: int = 4
     num_stages: int = 2
+    tma: bool = False  # tensor-descriptor (TMA) loads and stores
+    warp_spec: bool = False  # warp-specialised loop (implies tma)
+
+    def __post_init__(self):
+        if self.warp_spec and not self.tma:
+            raise ValueError(f"{self}: warp_spec needs tma=True (the warp-specialised loop loads through descriptors)")
+
+    def short(self) -> str:
+        form = "ws" if self.warp_spec else "tma" if self.tma else "ptr"
+        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{form}"
 
 
 @dataclass(frozen=True)
@@ -69,11 +87,29 @@ def candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
     else:
         pool = [KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 128, 4, 3),
                 KernelConfig(64, 32, 4, 4)]
+    pool += variant_candidates(kernel, d_pad, elem_bytes)
     out = [pinned] + [c for c in pool if c != pinned]
     return out[:MAX_CANDIDATES]
 
 
-MAX_CANDIDATES = 4
+def variant_candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
+    """TMA and warp-specialised forms of the code-table config (warp specialisation needs 4 warps and, with
+    Triton 3.6, a 128-row consumer tile; these compile for sm_90, checked on the CPU by
+    ``scripts/device/flash_tune.py --aot``)."""
+    if elem_bytes == 4 or d_pad > 128:
+        return []
+    base = getattr(_pinned(d_pad, elem_bytes), kernel)
+    out = [replace(base, tma=True)]
+    if kernel == "fwd":
+        out.append(KernelConfig(128, 64, 4, 2, tma=True, warp_spec=True))
+    elif kernel == "dkdv":
+        out.append(KernelConfig(64, 128, 4, 2, tma=True, warp_spec=True))
+    else:
+        out.append(KernelConfig(128, 64, 4, 2, tma=True, warp_spec=True))
+    return out
+
+
+MAX_CANDIDATES = 6
 _CACHE_PATH = Path(os.environ.get("CS336_FLASH_TUNE_CACHE", Path.home() / ".cache" / "cs336_systems" /
                                   "flash_tune.json"))
 _memory_cache: dict[str, dict] | None = None
@@ -120,7 +156,43 @@ def autotune_enabled() -> bool:
     return mode == "auto"
 
 
-def pinned_config(device: torch.device, d_pad: int, dtype: torch.dtype) -> FlashConfig:
+PINNED_JSON = Path(__file__).with_name("flash_tune_h100.json")
+_pinned_json: dict | None = None
+
+
+def _load_pinned_json() -> dict:
+    """The committed tuning results (``{"capability": [9, 0], "configs": {key: KernelConfig fields}}``), or {}."""
+    global _pinned_json
+    if _pinned_json is None:
+        try:
+            data = json.loads(PINNED_JSON.read_text())
+            data["configs"] = {k: KernelConfig(**v) for k, v in data.get("configs", {}).items()}
+            _pinned_json = data
+        except (OSError, ValueError, TypeError) as err:
+            if PINNED_JSON.exists():
+                raise ValueError(f"{PINNED_JSON} is not a valid tuning file: {err}") from err
+            _pinned_json = {}
+    return _pinned_json
+
+
+def pinned_key(kernel: str, d_pad: int, dtype: torch.dtype, n_q: int | None = None) -> str:
+    """``fwd|d64|bfloat16`` (head dim and dtype) or ``fwd|d64|bfloat16|q16384`` (and query-length bucket)."""
+    key = f"{kernel}|d{d_pad}|{str(dtype).removeprefix('torch.')}"
+    return key if n_q is None else f"{key}|q{seq_bucket(n_q)}"
+
+
+def pinned_config(device: torch.device, d_pad: int, dtype: torch.dtype, n_q: int | None = None) -> FlashConfig:
+    """The JSON's choice (query-length bucket, then head dim and dtype) on a GPU of the capability it was
+    tuned on, else the code table; ``CPU_CONFIG`` off CUDA."""
     if device.type != "cuda":
         return CPU_CONFIG
-    return _pinned(d_pad, torch.finfo(dtype).bits // 8)
+    table = _pinned(d_pad, torch.finfo(dtype).bits // 8)
+    data = _load_pinned_json()
+    configs = data.get("configs")
+    if not configs or tuple(data.get("capability", ())) != torch.cuda.get_device_capability(device):
+        return table
+    picked = {}
+    for kernel in ("fwd", "dkdv", "dq"):
+        cfg = configs.get(pinned_key(kernel, d_pad, dtype, n_q)) if n_q is not None else None
+        picked[kernel] = cfg or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel)
+    return FlashConfig(**picked)
