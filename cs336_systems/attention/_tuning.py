@@ -93,9 +93,9 @@ def candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
 
 
 def variant_candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
-    """TMA and warp-specialised forms of the code-table config (warp specialisation needs 4 warps and, with
-    Triton 3.6, a 128-row consumer tile; these compile for sm_90, checked on the CPU by
-    ``scripts/device/flash_tune.py --aot``)."""
+    """The TMA form of the code-table config and one warp-specialised config (4 warps: with 8 Triton 3.6
+    does not specialise); all compile for sm_90a (checked on the CPU with ``scripts/device/flash_tune.py
+    --aot``)."""
     if elem_bytes == 4 or d_pad > 128:
         return []
     base = getattr(_pinned(d_pad, elem_bytes), kernel)
@@ -103,9 +103,10 @@ def variant_candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelC
     if kernel == "fwd":
         out.append(KernelConfig(128, 64, 4, 2, tma=True, warp_spec=True))
     elif kernel == "dkdv":
-        out.append(KernelConfig(64, 128, 4, 2, tma=True, warp_spec=True))
-    else:
-        out.append(KernelConfig(128, 64, 4, 2, tma=True, warp_spec=True))
+        out.append(KernelConfig(64, 128, 4, 2, tma=True, warp_spec=True) if d_pad <= 64 else
+                   KernelConfig(32, 64, 4, 3, tma=True, warp_spec=True))
+    else:  # dQ: the 3.6 pass fails on 128-row warp-specialised tiles
+        out.append(KernelConfig(64, 64, 4, 3, tma=True, warp_spec=True))
     return out
 
 
