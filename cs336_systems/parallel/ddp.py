@@ -29,15 +29,23 @@ launched strictly in bucket order on every rank: a bucket that is complete befor
 waits for it, so all ranks issue the same sequence of collectives even if autograd finishes
 gradients in a slightly different order than predicted.
 
-Gradients as bucket views (as torch DDP's ``gradient_as_bucket_view``): a bucket of several
-parameters owns one flat gradient buffer, allocated once, and every parameter's ``.grad`` becomes a
-view into it. When the bucket is launched, a gradient that is not its view (the first backward, or
-after ``zero_grad(set_to_none=True)``, which makes autograd hand over a fresh tensor) is copied in
-once and ``.grad`` is pointed back at the view; a gradient that already is the view (``zero_grad
-(set_to_none=False)``; autograd then accumulates in place) needs no copy. The all-reduce averages the
-buffer in place, so after ``finish_gradient_synchronization()`` there is nothing to copy back. Cost:
-the buffers stay allocated between steps (the size of the bucketed gradients), as torch DDP's do.
-Nothing in the hooks or in ``finish_gradient_synchronization()`` waits for the device.
+Gradients as bucket views (as torch DDP's ``gradient_as_bucket_view``): after a synchronised
+backward, the gradients of a bucket of several parameters are views into one flat buffer, laid out
+back to back in bucket order, and the all-reduce averaged that buffer in place, so there is nothing
+to copy back. When a bucket is launched:
+
+* if its gradients already lie back to back in one buffer in bucket order (the previous step's views,
+  kept by ``zero_grad(set_to_none=False)``; autograd then accumulates into them in place), that
+  buffer is reduced as it is: no copy;
+* otherwise (the first backward, or after ``zero_grad(set_to_none=True)``, torch's default, which
+  makes autograd hand over fresh tensors) the gradients are concatenated into a new buffer (one
+  ``torch.cat``, as flattening always costs) and ``.grad`` is pointed at its views, freeing the
+  fresh tensors.
+
+The wrapper holds a bucket's buffer only from launch to ``finish_gradient_synchronization()``; after
+that the gradients own it, so ``zero_grad(set_to_none=True)`` frees it and nothing stays allocated
+between steps (torch DDP keeps its buckets for the whole run). Nothing in the hooks or in
+``finish_gradient_synchronization()`` waits for the device.
 """
 
 from __future__ import annotations
@@ -217,24 +225,36 @@ class FlatDDP(_DataParallel):
 class _Bucket:
     params: list[nn.Parameter]
     index: int
-    # The bucket's gradient storage, allocated once; views[i] is params[i]'s .grad inside it.
-    # None / []: a one-parameter bucket, whose gradient tensor is reduced in place wherever it lives.
-    flat: torch.Tensor | None = None
-    views: list[torch.Tensor] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # element offset of each parameter's gradient in the flat buffer
+    numel: int = 0
     ready: set[int] = field(default_factory=set)  # id() of params whose gradient has arrived this step
     work: object | None = None  # the async all-reduce in flight
-    reduced: torch.Tensor | None = None  # the tensor it reduces
+    reduced: torch.Tensor | None = None  # the tensor it reduces (the flat buffer, or a one-parameter bucket's grad)
     divide: bool = False  # whether ``reduced`` still has to be divided by the world size (no AVG)
+
+    def __post_init__(self):
+        for p in self.params:
+            self.offsets.append(self.numel)
+            self.numel += p.numel()
 
     @property
     def complete(self) -> bool:
         return len(self.ready) == len(self.params)
 
-
-def _is_view(grad: torch.Tensor | None, view: torch.Tensor) -> bool:
-    """Whether ``grad`` is ``view`` (the same memory and layout), without touching the device."""
-    return grad is view or (grad is not None and grad.data_ptr() == view.data_ptr()
-                            and grad.shape == view.shape and grad.stride() == view.stride())
+    def flat_gradient(self) -> torch.Tensor:
+        """The bucket's gradients as one flat tensor whose views they are: the buffer they already
+        lie in back to back, or a new one they are copied into (``.grad`` then points at its views)."""
+        grads = [p.grad for p in self.params]
+        base = grads[0]._base
+        if (base is not None and base.dim() == 1 and base.numel() == self.numel and base.is_contiguous()
+                and all(g._base is not None and g._base.data_ptr() == base.data_ptr() and g.is_contiguous()
+                        and g.data_ptr() == base.data_ptr() + off * base.element_size()
+                        for g, off in zip(grads, self.offsets))):
+            return base  # host-side checks only (pointers and layout): nothing waits for the device
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        for p, off in zip(self.params, self.offsets):
+            p.grad = flat[off:off + p.numel()].view(p.shape)
+        return flat
 
 
 class BucketedDDP(_DataParallel):
@@ -242,8 +262,8 @@ class BucketedDDP(_DataParallel):
 
     ``bucket_size_mb``: at most this many MiB of gradients per bucket (a larger tensor gets a bucket
     of its own); ``None``: one bucket per parameter, reduced in place without a copy (``OverlapDDP``).
-    A bucket also never mixes devices or dtypes. The gradients of a bucket of several parameters are
-    views into its flat buffer (module docstring); a gradient that exists at construction is moved in.
+    A bucket also never mixes devices or dtypes. After each synchronised backward the gradients of a
+    bucket of several parameters are views of one flat buffer (module docstring).
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
@@ -253,7 +273,6 @@ class BucketedDDP(_DataParallel):
         super().__init__(module, process_group)
         self.bucket_size_mb = bucket_size_mb
         self.buckets = self._assign_buckets()
-        self._allocate_bucket_storage()
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
@@ -275,22 +294,6 @@ class BucketedDDP(_DataParallel):
                 size = nbytes
         return [_Bucket(params, i) for i, params in enumerate(buckets)]
 
-    @torch.no_grad()
-    def _allocate_bucket_storage(self) -> None:
-        for bucket in self.buckets:
-            if len(bucket.params) == 1:
-                continue
-            first = bucket.params[0]
-            bucket.flat = torch.zeros(sum(p.numel() for p in bucket.params), dtype=first.dtype, device=first.device)
-            offset = 0
-            for p in bucket.params:
-                view = bucket.flat[offset:offset + p.numel()].view(p.shape)
-                offset += p.numel()
-                bucket.views.append(view)
-                if p.grad is not None:  # keep a gradient computed before wrapping
-                    view.copy_(p.grad)
-                    p.grad = view
-
     # -- backward-time hooks ----------------------------------------------------------------
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         if not self._sync_enabled:
@@ -309,27 +312,8 @@ class BucketedDDP(_DataParallel):
 
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
-        if bucket.flat is None:
-            bucket.reduced = bucket.params[0].grad
-        else:
-            self._gather_into_bucket(bucket)
-            bucket.reduced = bucket.flat
+        bucket.reduced = bucket.params[0].grad if len(bucket.params) == 1 else bucket.flat_gradient()
         bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
-
-    @staticmethod
-    def _gather_into_bucket(bucket: _Bucket) -> None:
-        """Make every gradient of ``bucket`` its view, copying those that live elsewhere (once per step
-        at most: after ``set_to_none`` or on the first backward; never when they already are views)."""
-        stale = [i for i, (p, v) in enumerate(zip(bucket.params, bucket.views)) if not _is_view(p.grad, v)]
-        if not stale:
-            return
-        if len(stale) == len(bucket.params):  # the usual case after zero_grad(set_to_none=True): one kernel
-            torch.cat([p.grad.reshape(-1) for p in bucket.params], out=bucket.flat)
-        else:
-            for i in stale:
-                bucket.views[i].copy_(bucket.params[i].grad)
-        for i in stale:
-            bucket.params[i].grad = bucket.views[i]
 
     # -- API --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -370,13 +354,9 @@ class BucketedDDP(_DataParallel):
                                "call finish_gradient_synchronization() after backward")
 
     def close(self) -> None:
-        """Remove the hooks and drop the bucket buffers (gradients that are views keep their storage
-        alive until they are set to None)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        for bucket in self.buckets:
-            bucket.flat, bucket.views = None, []
 
 
 class OverlapDDP(BucketedDDP):
