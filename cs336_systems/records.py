@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import os
 import platform
 import re
 import shlex
@@ -25,6 +26,10 @@ RESULTS_DIR = Path("results")
 
 
 def _git_commit() -> str:
+    # An explicit CS336_GIT_COMMIT wins: a launcher that runs an exported tree (e.g. `git archive` on a lent GPU
+    # machine) knows the commit, while `git` there may find an enclosing repository at another commit.
+    if os.environ.get("CS336_GIT_COMMIT"):
+        return os.environ["CS336_GIT_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[1]
         commit = subprocess.run(
@@ -44,8 +49,6 @@ def _git_commit() -> str:
 
 def _commit_from_env() -> str:
     # A copy of the tree without .git (e.g. a lent GPU machine): the launcher passes the commit in.
-    import os
-
     return os.environ.get("CS336_GIT_COMMIT", "unknown")
 
 

@@ -65,3 +65,13 @@ def test_memory_section_subtracts_leftover_from_earlier_configurations():
     net = [_net(r, leftover[id(r)]) for r in rows]
     assert [round(r["peak_memory_gib"], 6) for r in net[:3]] == [20.0, 20.0, 20.0]
     assert net[3]["peak_memory_gib"] == pytest.approx(9.7) and net[3]["params_and_optimizer_state_gib"] == 1.0
+
+
+def test_explicit_commit_overrides_git(monkeypatch):
+    # An exported tree run inside some other checkout must record the commit its launcher names.
+    from cs336_systems import records
+
+    monkeypatch.setenv("CS336_GIT_COMMIT", "abc123def456")
+    assert records._git_commit() == "abc123def456"
+    monkeypatch.delenv("CS336_GIT_COMMIT")
+    assert records._git_commit() != "abc123def456"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from cs336_systems.configs import PRESETS
 from cs336_systems.profiling.kernels import short_kernel_name
 from cs336_systems.report.sections._common import load, ok, provenance, table
 
@@ -17,6 +18,35 @@ def _kernels(r: dict) -> str:
                  .rename(columns={"total_ms": f"total ms ({r['steps']} steps)", "pct": "% of scope"}))
 
 
+def _configs(rows: list[dict]) -> list[tuple[str, int]]:
+    """(preset, context) pairs, smallest model first, then by context length."""
+    order = {name: i for i, name in enumerate(PRESETS)}
+    return sorted({(r["preset"], r["context_length"]) for r in rows},
+                  key=lambda pc: (order.get(pc[0], len(order)), pc[0], pc[1]))
+
+
+def _summary(rows: list[dict]) -> str:
+    """One row per (preset, context): kernel time per scope, the GEMM share, softmax vs matmul in attention."""
+    out = []
+    for preset, ctxlen in _configs(rows):
+        sc = {r["scope"]: r for r in rows if r["preset"] == preset and r["context_length"] == ctxlen}
+        row = {"preset": preset, "context": ctxlen}
+        for scope in ("forward", "forward-backward", "train-step"):
+            if scope in sc:
+                row[f"{scope} kernel ms"] = sc[scope]["kernel_ms_per_step"]
+                row[f"{scope} GEMM %"] = 100 * sc[scope]["gemm_share"]
+        f = sc.get("forward")
+        if f:
+            row["forward host-timed ms"] = f["unprofiled"]["forward"]
+            a, fl = f["attention_ms_per_step"], f["attention_flops_per_step"]
+            mm_ms, mm_fl = a["scores"] + a["final_matmul"], fl["scores"] + fl["final_matmul"]
+            row["softmax / matmul time"] = a["softmax"] / mm_ms
+            row["softmax / matmul FLOPs"] = fl["softmax"] / mm_fl
+        out.append(row)
+    return ("Summary (per step; kernel time is device time under the profiler, the host-timed forward is the "
+            "synchronised wall clock of the same forward without the profiler):\n\n" + table(pd.DataFrame(out)))
+
+
 def build(ctx) -> str | None:
     rows = ok(load(ctx, "nsys_profile", ("preset", "context_length", "scope", "precision", "attention")))
     if not rows:
@@ -28,11 +58,12 @@ def build(ctx) -> str | None:
              "carries NVTX ranges (`warmup`, `measured`, `forward`, `backward`, `optimizer`, `attention/*`) for "
              "`nsys profile --capture-range=nvtx --nvtx-capture=measured` where nsys exists.\n",
              provenance(rows) + "\n",
-             "Profiled here: " + ", ".join(sorted({f"{r['preset']} at context {r['context_length']}" for r in rows}))
+             "Profiled here: " + ", ".join(f"{p} at context {c}" for p, c in _configs(rows))
              + (". The handout asks for two model sizes at three context lengths; the command takes them "
                 "(`--preset small medium --context-length 256 512 1024`), but the device time available covered "
                 "fewer." if len({(r["preset"], r["context_length"]) for r in rows}) < 6 else ".") + "\n"]
-    for (preset, ctxlen) in sorted({(r["preset"], r["context_length"]) for r in rows}):
+    parts.append(_summary(rows) + "\n")
+    for (preset, ctxlen) in _configs(rows):
         scopes = {r["scope"]: r for r in rows if r["preset"] == preset and r["context_length"] == ctxlen}
         parts.append(f"### {preset}, context {ctxlen}, {next(iter(scopes.values()))['precision']}\n")
         for scope in ("forward", "forward-backward", "train-step"):
