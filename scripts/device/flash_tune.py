@@ -35,10 +35,10 @@ def _candidates() -> dict[int, dict[str, list]]:
         return ([K(*c) for c in ptr] + [K(*c, tma=True) for c in tma]
                 + [K(*c, tma=True, warp_spec=True) for c in ws])
 
-    # Checked with --aot (2026-11-23, triton 3.6): every entry compiles for sm_90a without spills over a few
-    # bytes; the warp-specialised ones are really split into producer/consumer partitions. Rejected there:
-    # dQ warp-specialised with 128-row tiles (the pass fails), dK/dV 64x32 (not specialised), 64x128/w4/s3
-    # TMA at d=64 (428 B of spills).
+    # Checked with --aot (2026-11-23, triton 3.6): every entry compiles for sm_90a (spills <= 52 B, in two
+    # d=128 dK/dV entries); the warp-specialised ones are really split into producer/consumer partitions.
+    # Rejected there: dQ warp-specialised with 128-row tiles (the pass fails), dK/dV 64x32 (not
+    # specialised), 64x128/w4/s3 TMA at d=64 (428 B of spills).
     return {  # by head dim; the pinned code-table config is always tried first
         64: {
             "fwd": forms([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3)],
