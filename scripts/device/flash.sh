@@ -10,7 +10,7 @@ for step in "$@"; do
   echo "=== $step $(date +%T)"
   case $step in
     tests) timeout 240 python -m pytest -m gpu tests/test_flash_attention.py -x -q -p no:cacheprovider ${TEST_ARGS:-} 2>&1 | grep -v DEBUG | tail -25 ;;
-    tune) timeout ${TUNE_TIMEOUT:-240} python scripts/device/flash_tune.py "$OUT/tune.json" ${TUNE_SHAPES:-leaderboard} 2>&1 | grep -v "^$" | tail -60 ;;
+    tune) timeout ${TUNE_TIMEOUT:-240} python scripts/device/flash_tune.py --out "$OUT/tune.json" --shapes ${TUNE_SHAPES:-leaderboard} 2>&1 | grep -v "^$" | tail -60 ;;
     bench-quick) python -m cs336_systems flash-bench --quick --only sweep --results-dir "$OUT/results" 2>&1 | tail -40 ;;
     bench) timeout ${BENCH_TIMEOUT:-380} python -m cs336_systems flash-bench --only sweep ${BENCH_ARGS:-} --results-dir "$OUT/results" 2>&1 | tail -60 ;;
     lb) python -m cs336_systems flash-bench --only leaderboard ${LB_ARGS:-} --results-dir "$OUT/results" 2>&1 | tail -40 ;;

@@ -11,7 +11,9 @@ Device run:  python scripts/device/flash_tune.py --out OUT.json [--pin PATH] [--
   Writes OUT.json (every measurement, the winners) after each shape, and with ``--pin`` the winners in
   the format ``cs336_systems/attention/_tuning.py`` reads (``flash_tune_h100.json``), so the following
   steps of the same device run use them.
-CPU (no GPU):  python scripts/device/flash_tune.py --aot [--shapes ...]
+CPU rehearsal of the sweep (interpreter, tiny shapes, bf16 on CPU):
+  FLASH_TUNE_DRY_RUN=1 TRITON_INTERPRET=1 python scripts/device/flash_tune.py --out /tmp/t.json --pin /tmp/p.json
+CPU (no GPU):  python scripts/device/flash_tune.py --aot [--shapes ...] [--jobs N] [--quiet]
   Compiles every candidate for sm_90a with Triton's bundled ptxas and prints shared memory, registers and
   spills (what the sweep would find out by failing), without a GPU.
 """
@@ -66,6 +68,8 @@ def _candidates() -> dict[int, dict[str, list]]:
 
 
 KERNELS = ("fwd", "dkdv", "dq")
+DRY_RUN = os.environ.get("FLASH_TUNE_DRY_RUN") == "1"  # CPU: TRITON_INTERPRET=1, tiny shapes
+DEVICE = "cpu" if DRY_RUN else "cuda"
 
 
 # ----------------------------------------------------------------------------------------- device sweep
@@ -74,7 +78,7 @@ def _rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run_shape(name: str, skip: set[str], log_path: Path) -> None:
+def run_shape(name: str, skip: set[str], done: set[str], log_path: Path) -> None:
     """Child: sweep one shape, one JSON line per event to log_path (START before each candidate runs)."""
     import torch
     from triton.testing import do_bench
@@ -90,8 +94,18 @@ def run_shape(name: str, skip: set[str], log_path: Path) -> None:
         log.flush()
 
     s = LEADERBOARD_SHAPES[name]
+    if DRY_RUN:  # CPU rehearsal of the sweep's logic: interpreter, a tiny shape, one timed call
+        from dataclasses import replace
+
+        s = replace(s, heads=1, seq_len=40)
+
+        def do_bench(fn, **_):
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+
     torch.manual_seed(0)
-    q, k, v, do = (torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do = (torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device=DEVICE, dtype=torch.bfloat16)
                    for _ in range(4))
     d_pad = max(16, 1 << (s.head_dim - 1).bit_length())
     base = pinned_config(q.device, d_pad, q.dtype, s.seq_len)
@@ -102,11 +116,15 @@ def run_shape(name: str, skip: set[str], log_path: Path) -> None:
         cands = [pinned] + [c for c in _candidates()[s.head_dim][kernel] if c != pinned]
         for cfg in cands:
             tag = f"{name}|{kernel}|{cfg.short()}"
+            if tag in done:  # measured by an earlier attempt
+                continue
             if tag in skip:
                 emit(event="result", shape=name, kernel=kernel, cfg=asdict(cfg), ms=None,
-                     status="skipped: crashed or hung the previous attempt")
+                     status="skipped: crashed or hung an earlier attempt")
                 continue
             emit(event="start", tag=tag)
+            if DRY_RUN and os.environ.get("FLASH_TUNE_DRY_CRASH") == tag:  # rehearse a crash
+                os._exit(3)
             c = FlashConfig(**{**{kk: getattr(base, kk) for kk in KERNELS}, kernel: cfg})
             row = dict(event="result", shape=name, kernel=kernel, cfg=asdict(cfg), ms=None)
             try:
@@ -116,7 +134,8 @@ def run_shape(name: str, skip: set[str], log_path: Path) -> None:
                 else:
                     fn = lambda: flash_backward(q, k, v, o, lse, do, True, config=c)
                     got, want = fn(), ref_bwd
-                torch.cuda.synchronize()
+                if not DRY_RUN:
+                    torch.cuda.synchronize()
                 err = max(_rel_err(a, b) for a, b in zip(got, want))
                 row["rel_err_vs_default"] = err
                 if not err < 2e-2:  # also catches NaN
@@ -144,14 +163,17 @@ def sweep(args) -> int:
         log_path.unlink(missing_ok=True)
         skip: set[str] = set()
         for attempt in range(args.max_attempts):
-            cmd = [sys.executable, __file__, "--child", name, "--log", str(log_path), "--skip", *sorted(skip)]
+            done = {f"{e['shape']}|{e['kernel']}|{_short(e['cfg'])}" for e in _events(log_path)
+                    if e["event"] == "result"}
+            cmd = [sys.executable, __file__, "--child", name, "--log", str(log_path), "--skip", *sorted(skip),
+                   "--done", *sorted(done)]
             t0 = time.time()
             try:
                 rc = subprocess.run(cmd, timeout=args.shape_timeout).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
             print(f"=== {name}: attempt {attempt + 1} rc={rc} in {time.time() - t0:.0f}s", flush=True)
-            events = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
+            events = _events(log_path)
             done = {f"{e['shape']}|{e['kernel']}|{_short(e['cfg'])}" for e in events if e["event"] == "result"}
             started = [e["tag"] for e in events if e["event"] == "start"]
             if rc == 0:
@@ -162,13 +184,13 @@ def sweep(args) -> int:
             print(f"=== {name}: {culprit} crashed or hung; retrying without it", flush=True)
             skip.add(culprit)
             log_path.write_text("".join(json.dumps(e) + "\n" for e in events if e["event"] == "result"))
-        rows = [e for e in (json.loads(x) for x in log_path.read_text().splitlines()) if e["event"] == "result"] \
-            if log_path.exists() else []
-        # a candidate that crashed/hung and was not retried is recorded as such
-        results.extend(rows + [dict(shape=name, kernel=t.split("|")[1], cfg=t.split("|")[2], ms=None,
-                                    status="crashed or hung") for t in skip])
+        results.extend(e for e in _events(log_path) if e["event"] == "result")
         _write(out, args.pin, results, torch, triton)
     return 0
+
+
+def _events(log_path: Path) -> list[dict]:
+    return [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.exists() else []
 
 
 def _short(cfg: dict) -> str:
@@ -199,7 +221,8 @@ def _write(out: Path, pin: str | None, results: list[dict], torch, triton) -> No
             if general not in general_done:  # the first shape of a head dim sets the general choice
                 configs[general] = best["cfg"]
                 general_done.add(general)
-    meta = dict(device=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()),
+    meta = dict(device="cpu (dry run)" if DRY_RUN else torch.cuda.get_device_name(),
+                capability=[0, 0] if DRY_RUN else list(torch.cuda.get_device_capability()),
                 torch=torch.__version__, triton=triton.__version__,
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), source="scripts/device/flash_tune.py")
     out.write_text(json.dumps(dict(**meta, configs=configs, winners=winners, measurements=results), indent=1))
@@ -243,51 +266,76 @@ def _ptxas_usage(ptx: str) -> str:
     return f"regs={regs.group(1) if regs else '?'} spill_st={spill.group(1) if spill else '?'}"
 
 
-def aot(args) -> int:
+def _aot_one(task: tuple[str, str, dict, bool]) -> str:
+    """Compile one candidate for sm_90a at one shape's argument specialisation; returns a status line."""
     os.environ.pop("TRITON_INTERPRET", None)
     import torch
 
     import cs336_systems.attention.flash_triton as ft
+    from cs336_systems.attention._tuning import KernelConfig
     from cs336_systems.bench.flash import LEADERBOARD_SHAPES
 
-    failures = 0
+    name, kernel, cfg_fields, report = task
+    cfg = KernelConfig(**cfg_fields)
+    s = LEADERBOARD_SHAPES[name]
+    bh, n, d = s.batch * s.heads, s.seq_len, s.head_dim
+    x = torch.empty(bh, n, d, dtype=torch.bfloat16)
+    lse = torch.empty(bh, n)
+    x3, x2 = x.stride(), x.stride()[:2]
+    tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                 HEAD_DIM=d, D_PAD=d, IS_CAUSAL=True, INPUT_PRECISION="tf32", INTERPRET=False)
+    form = dict(WARP_SPEC=cfg.warp_spec) if cfg.tma else dict(EVEN_D=True)
+    try:
+        if kernel == "fwd":
+            fn = ft._flash_fwd_kernel_tma if cfg.tma else ft._flash_fwd_kernel
+            strides = (x2 if cfg.tma else x3) * 4
+            k = aot_compile(fn, x, x, x, x, lse, *strides, *lse.stride(), n, n, 0.18, **tiles, **form)
+        elif kernel == "dkdv":
+            fn = ft._flash_bwd_dkdv_kernel_tma if cfg.tma else ft._flash_bwd_dkdv_kernel
+            strides = (x2 if cfg.tma else x3) * 6
+            k = aot_compile(fn, x, x, x, x, lse, lse, x, x, *strides, n, n, 0.125, 0.18, **tiles, **form)
+        else:
+            fn = ft._flash_bwd_dq_kernel_tma if cfg.tma else ft._flash_bwd_dq_kernel
+            strides = (x2 if cfg.tma else x3) * 5
+            k = aot_compile(fn, x, x, x, x, lse, lse, x, *strides, n, n, 0.125, 0.18, **tiles, **form)
+        ws = "ttg.warp_specialize" in k.asm["ttgir"]
+        usage = _ptxas_usage(k.asm["ptx"]) if report else ""
+        status = f"ok shared={k.metadata.shared} {usage} warp_specialized={ws}"
+        if cfg.warp_spec and not ws:
+            status += " (WARNING: asked for warp specialisation, compiler did not apply it)"
+        if k.metadata.shared > 232448:
+            status = "FAILED: " + status + " (over the 227 KiB shared memory of a block)"
+    except Exception as err:
+        status = f"FAILED {type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
+    return f"{name:12s} {kernel:5s} {cfg.short():22s} {status}"
+
+
+def aot(args) -> int:
+    """Compile every candidate (``--jobs`` processes). On the device this also fills Triton's kernel cache
+    with the same keys the JIT uses, so the sweep that follows compiles little."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    tasks = []
+    seen_d = set()
     for name in args.shapes:
+        from cs336_systems.bench.flash import LEADERBOARD_SHAPES
+
         s = LEADERBOARD_SHAPES[name]
-        bh, n, d = s.batch * s.heads, s.seq_len, s.head_dim
-        x = torch.empty(bh, n, d, dtype=torch.bfloat16)
-        lse = torch.empty(bh, n)
-        x3, x2 = x.stride(), x.stride()[:2]
-        common = dict(HEAD_DIM=d, D_PAD=d, IS_CAUSAL=True, INPUT_PRECISION="tf32", INTERPRET=False)
-        for kernel, cands in _candidates()[d].items():
-            for cfg in cands:
-                tiles = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages, **common)
-                form = dict(WARP_SPEC=cfg.warp_spec) if cfg.tma else dict(EVEN_D=True)
-                try:
-                    if kernel == "fwd":
-                        fn = ft._flash_fwd_kernel_tma if cfg.tma else ft._flash_fwd_kernel
-                        strides = (*x2, *x2, *x2, *x2) if cfg.tma else (*x3, *x3, *x3, *x3)
-                        k = aot_compile(fn, x, x, x, x, lse, *strides, *lse.stride(), n, n, 0.18, **tiles, **form)
-                    elif kernel == "dkdv":
-                        fn = ft._flash_bwd_dkdv_kernel_tma if cfg.tma else ft._flash_bwd_dkdv_kernel
-                        strides = (x2 if cfg.tma else x3) * 6
-                        k = aot_compile(fn, x, x, x, x, lse, lse, x, x, *strides, n, n, 0.125, 0.18, **tiles, **form)
-                    else:
-                        fn = ft._flash_bwd_dq_kernel_tma if cfg.tma else ft._flash_bwd_dq_kernel
-                        strides = (x2 if cfg.tma else x3) * 5
-                        k = aot_compile(fn, x, x, x, x, lse, lse, x, *strides, n, n, 0.125, 0.18, **tiles, **form)
-                    ws = "ttg.warp_specialize" in k.asm["ttgir"]
-                    status = (f"ok shared={k.metadata.shared} {_ptxas_usage(k.asm['ptx'])} "
-                              f"warp_specialized={ws}")
-                    if cfg.warp_spec and not ws:
-                        status += " (WARNING: asked for warp specialisation, compiler did not apply it)"
-                    if k.metadata.shared > 232448:
-                        status += " (over the 227 KiB shared memory of a block)"
-                        failures += 1
-                except Exception as err:
-                    failures += 1
-                    status = f"FAILED {type(err).__name__}: {str(err).strip().splitlines()[-1][:120]}"
-                print(f"{name:12s} {kernel:5s} {cfg.short():22s} {status}", flush=True)
+        if (s.head_dim, s.seq_len % 16 == 0) in seen_d:
+            continue  # same argument specialisation as a shape already listed: same binaries
+        seen_d.add((s.head_dim, s.seq_len % 16 == 0))
+        tasks += [(name, kernel, asdict(cfg), not args.quiet) for kernel, cands in _candidates()[s.head_dim].items()
+                  for cfg in cands]
+    failures = 0
+    try:
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for line in pool.map(_aot_one, tasks):
+                failures += "FAILED" in line
+                print(line, flush=True)
+    except BrokenProcessPool as err:  # a compiler crash took a worker down
+        print(f"FAILED: a compile process died ({err})", flush=True)
+        failures += 1
     return 1 if failures else 0
 
 
@@ -299,14 +347,17 @@ def main() -> int:
     p.add_argument("--shape-timeout", type=float, default=150.0)
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--aot", action="store_true", help="compile every candidate for sm_90a on the CPU")
+    p.add_argument("--jobs", type=int, default=1, help="--aot: parallel compile processes")
+    p.add_argument("--quiet", action="store_true", help="--aot: skip the ptxas resource report")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--log", default=None, help=argparse.SUPPRESS)
     p.add_argument("--skip", nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--done", nargs="*", default=[], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.aot:
         return aot(args)
     if args.child:
-        run_shape(args.child, set(args.skip), Path(args.log))
+        run_shape(args.child, set(args.skip), set(args.done), Path(args.log))
         return 0
     return sweep(args)
 
