@@ -93,6 +93,9 @@ def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
         **_static_provenance(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": shlex.join(argv),
+        # NCCL tuning variables change communication timings: a run records the ones it ran under.
+        **({"nccl_env": env} if (env := {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")})
+           else {}),
     }
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import statistics
 import tempfile
 import timeit
@@ -67,9 +68,12 @@ class DDPBenchConfig:
     attention: str = "reference"
     device: str | None = None  # None: cuda if available
     timeout_s: float = 900.0
+    nccl_max_ctas: int | None = None  # cap on NCCL's thread blocks per collective (NCCL_MAX_CTAS); None: NCCL's
 
     def __post_init__(self):
         get_preset(self.preset)
+        if self.nccl_max_ctas is not None and not 1 <= self.nccl_max_ctas <= 64:
+            raise ValueError(f"ddp-bench: nccl_max_ctas must be in 1..64, got {self.nccl_max_ctas}")
         for v in self.variants:
             if v not in VARIANTS:
                 raise ValueError(f"ddp-bench: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
@@ -220,8 +224,8 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     nocomm_times = timed(False)
     prof = {}
     if cfg.profile:
-        prof = _profile_step(step, device, keep_intervals=info.is_main and variant_label(variant, bucket_mb)
-                             in cfg.timeline_variants)
+        label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas)
+        prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
     wrapped.close()
     phases = [statistics.median(col) for col in zip(*clock_rows)]
     return {"comm_step_s": comm_times, "nocomm_step_s": nocomm_times, "fwd_bwd_ms": phases[0],
@@ -229,8 +233,19 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
             "comm_bytes_per_step": comm_bytes / cfg.steps, "comm_host_ms": comm_host_s / cfg.steps * 1e3, **prof}
 
 
-def variant_label(variant: str, bucket_mb: float | None) -> str:
-    return f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
+def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None) -> str:
+    label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
+    return label + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
+
+
+def apply_nccl_cta_cap(n: int | None) -> None:
+    """Cap NCCL's thread blocks per collective (read when a communicator is created, so call this before the
+    process group's first collective): fewer SMs taken from the backward's kernels while gradients stream."""
+    if n is None:
+        return
+    os.environ["NCCL_MAX_CTAS"] = str(n)
+    if int(os.environ.get("NCCL_MIN_CTAS", "1")) > n:
+        os.environ["NCCL_MIN_CTAS"] = str(n)
 
 
 def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
@@ -251,7 +266,7 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
                 torch.cuda.reset_peak_memory_stats(info.device)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb,
-                          label=variant_label(variant, bucket_mb),
+                          label=variant_label(variant, bucket_mb, cfg.nccl_max_ctas),
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30
                                            if info.device.type == "cuda" else None),
                           peak_memory_scope="variant")
