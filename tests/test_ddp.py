@@ -533,6 +533,7 @@ def test_nccl_cta_cap_labels_and_environment(monkeypatch):
     assert os.environ["NCCL_MAX_CTAS"] == "8" and os.environ["NCCL_MIN_CTAS"] == "8"
     assert variant_label("bucketed", 100.0, 8) == "bucketed-100MB@ctas8"
     assert variant_label("torch-ddp", None) == "torch-ddp"
+    assert variant_label("bucketed", 1000.0, 8, compiled=True) == "bucketed-1000MB+compile@ctas8"
     assert provenance("cpu")["nccl_env"]["NCCL_MAX_CTAS"] == "8"
     with pytest.raises(ValueError, match="nccl_max_ctas"):
         DDPBenchConfig(preset="tiny", device="cpu", nccl_max_ctas=0)

@@ -437,3 +437,15 @@ def test_gpu_variant_falls_back_on_layouts_descriptors_cannot_describe(seed):
     o, _ = flash_forward(q, q, q, True, config=FlashConfig(kc, kc, kc))
     ref, _ = reference(q.float(), q.float(), q.float(), True, dtype=torch.float32)
     assert (o.float() - ref).abs().max().item() <= 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_refuses_the_warp_specialised_form():
+    """Triton 3.6's warp-specialised loop gave wrong results on an H100: a GPU launch must say so, not run it."""
+    from cs336_systems.attention._tuning import FlashConfig, KernelConfig
+    from cs336_systems.attention.flash_triton import flash_forward
+
+    q = torch.randn(1, 128, 64, device="cuda", dtype=torch.bfloat16)
+    ws = KernelConfig(128, 64, 4, 2, tma=True, warp_spec=True)
+    with pytest.raises(ValueError, match="warp-specialised"):
+        flash_forward(q, q, q, True, config=FlashConfig(ws, ws, ws))

@@ -15,7 +15,8 @@ On the CPU (the Triton interpreter) tiles are 16 x 16 so the interpreter stays q
 A ``KernelConfig`` also selects the kernel form: ``tma`` loads and stores through tensor descriptors
 (Hopper's TMA unit) instead of block pointers; ``warp_spec`` (implies ``tma``) additionally runs the
 key/query loop warp-specialised (Triton 3.6 does that on Hopper only with ``num_warps == 4`` and a single
-loop, so that form masks every tile). Both fall back to the block-pointer kernels where descriptors
+loop, so that form masks every tile); it is right in the interpreter but wrong on an H100, so GPU launches
+refuse it. Both fall back to the block-pointer kernels where descriptors
 cannot describe the tensors (see ``flash_triton._tma_ready``).
 """
 
@@ -93,21 +94,11 @@ def candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
 
 
 def variant_candidates(kernel: str, d_pad: int, elem_bytes: int) -> list[KernelConfig]:
-    """The TMA form of the code-table config and one warp-specialised config (4 warps: with 8 Triton 3.6
-    does not specialise); all compile for sm_90a (checked on the CPU with ``scripts/device/flash_tune.py
-    --aot``)."""
+    """The TMA form of the code-table config. The warp-specialised form is not a candidate: it compiles for
+    sm_90a with Triton 3.6 but returns wrong results on an H100 (see ``flash_triton._use_tma``)."""
     if elem_bytes == 4 or d_pad > 128:
         return []
-    base = getattr(_pinned(d_pad, elem_bytes), kernel)
-    out = [replace(base, tma=True)]
-    if kernel == "fwd":
-        out.append(KernelConfig(128, 64, 4, 2, tma=True, warp_spec=True))
-    elif kernel == "dkdv":
-        out.append(KernelConfig(64, 128, 4, 2, tma=True, warp_spec=True) if d_pad <= 64 else
-                   KernelConfig(32, 64, 4, 3, tma=True, warp_spec=True))
-    else:  # dQ: the 3.6 pass fails on 128-row warp-specialised tiles
-        out.append(KernelConfig(64, 64, 4, 3, tma=True, warp_spec=True))
-    return out
+    return [replace(getattr(_pinned(d_pad, elem_bytes), kernel), tma=True)]
 
 
 MAX_CANDIDATES = 6

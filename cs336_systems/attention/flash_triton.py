@@ -685,6 +685,11 @@ def _tma_workspace(size: int, alignment: int, stream) -> Tensor:
 
 
 def _use_tma(cfg: KernelConfig, ready: bool) -> bool:
+    if cfg.warp_spec and not _INTERPRETED:
+        raise ValueError(
+            f"{cfg.short()}: the warp-specialised kernel form is refused on GPUs: Triton 3.6 compiles it for sm_90 "
+            "but it returns wrong results there (relative errors 0.2-1.4 and NaN, measured on an H100; "
+            "docs/flash_tuning_notes.md). Use tma=True without warp_spec.")
     if not (cfg.tma and ready):
         return False
     if not _INTERPRETED:

@@ -69,6 +69,7 @@ class DDPBenchConfig:
     device: str | None = None  # None: cuda if available
     timeout_s: float = 900.0
     nccl_max_ctas: int | None = None  # cap on NCCL's thread blocks per collective (NCCL_MAX_CTAS); None: NCCL's
+    compile: bool = False  # torch.compile each Transformer block in place (regional compilation; fewer launches)
 
     def __post_init__(self):
         get_preset(self.preset)
@@ -224,7 +225,7 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     nocomm_times = timed(False)
     prof = {}
     if cfg.profile:
-        label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas)
+        label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile)
         prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
     wrapped.close()
     phases = [statistics.median(col) for col in zip(*clock_rows)]
@@ -233,9 +234,11 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
             "comm_bytes_per_step": comm_bytes / cfg.steps, "comm_host_ms": comm_host_s / cfg.steps * 1e3, **prof}
 
 
-def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None) -> str:
+def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
+                  compiled: bool = False) -> str:
+    """'bucketed-100MB', plus '+compile' for compiled blocks and '@ctasN' for an NCCL CTA cap."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
-    return label + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
+    return label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
 
 
 def apply_nccl_cta_cap(n: int | None) -> None:
@@ -256,6 +259,9 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
         torch.manual_seed(0)
         model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                     check_inputs=False, device=info.device)
+        if cfg.compile:  # in place: the parameters (and the wrappers' hooks on them) stay the same objects
+            for block in model.layers:
+                block.compile()
         optimizer = AdamW(model.parameters(), lr=1e-5)
         g = torch.Generator(device="cpu").manual_seed(1000 + info.rank)
         x, y = (torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.context_length), generator=g)
@@ -266,7 +272,7 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
                 torch.cuda.reset_peak_memory_stats(info.device)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb,
-                          label=variant_label(variant, bucket_mb, cfg.nccl_max_ctas),
+                          label=variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile),
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30
                                            if info.device.type == "cuda" else None),
                           peak_memory_scope="variant")

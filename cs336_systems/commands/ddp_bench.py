@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="reference")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each Transformer block (fewer kernel launches: a GPU-bound step); labels get "
+                        "'+compile'")
     p.add_argument("--nccl-max-ctas", type=int, default=None,
                    help="cap NCCL's thread blocks per collective (NCCL_MAX_CTAS), so gradient all-reduces take fewer "
                         "SMs from the backward; labels get '@ctas<N>'")
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                          bucket_sizes_mb=tuple(args.bucket_sizes_mb), world_size=world, warmup=args.warmup,
                          steps=args.steps, profile=not args.no_profile,
                          timeline_variants=tuple(args.timeline_variants), attention=args.attention,
-                         device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas)
+                         device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas,
+                         compile=args.compile)
     apply_nccl_cta_cap(cfg.nccl_max_ctas)  # before any communicator exists (spawned ranks inherit it)
     rows = run_ddp_bench(cfg)
     if rows is None:  # not rank 0
