@@ -534,6 +534,14 @@ def test_nccl_cta_cap_labels_and_environment(monkeypatch):
     assert variant_label("bucketed", 100.0, 8) == "bucketed-100MB@ctas8"
     assert variant_label("torch-ddp", None) == "torch-ddp"
     assert variant_label("bucketed", 1000.0, 8, compiled=True) == "bucketed-1000MB+compile@ctas8"
+    assert variant_label("none", None, high_priority=True) == "none@hiprio"
+    from cs336_systems.parallel.process_group import HIGH_PRIORITY_ENV, nccl_high_priority
+
+    monkeypatch.setenv(HIGH_PRIORITY_ENV, "yes")
+    with pytest.raises(ValueError, match=HIGH_PRIORITY_ENV):
+        nccl_high_priority()
+    monkeypatch.setenv(HIGH_PRIORITY_ENV, "1")
+    assert nccl_high_priority()
     assert provenance("cpu")["nccl_env"]["NCCL_MAX_CTAS"] == "8"
     with pytest.raises(ValueError, match="nccl_max_ctas"):
         DDPBenchConfig(preset="tiny", device="cpu", nccl_max_ctas=0)

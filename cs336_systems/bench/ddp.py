@@ -70,6 +70,7 @@ class DDPBenchConfig:
     timeout_s: float = 900.0
     nccl_max_ctas: int | None = None  # cap on NCCL's thread blocks per collective (NCCL_MAX_CTAS); None: NCCL's
     compile: bool = False  # torch.compile each Transformer block in place (regional compilation; fewer launches)
+    nccl_high_priority: bool = False  # NCCL on high-priority streams (process_group.HIGH_PRIORITY_ENV)
 
     def __post_init__(self):
         get_preset(self.preset)
@@ -225,7 +226,7 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     nocomm_times = timed(False)
     prof = {}
     if cfg.profile:
-        label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile)
+        label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority)
         prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
     wrapped.close()
     phases = [statistics.median(col) for col in zip(*clock_rows)]
@@ -235,10 +236,12 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
 
 
 def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
-                  compiled: bool = False) -> str:
-    """'bucketed-100MB', plus '+compile' for compiled blocks and '@ctasN' for an NCCL CTA cap."""
+                  compiled: bool = False, high_priority: bool = False) -> str:
+    """'bucketed-100MB', plus '+compile' for compiled blocks, '@ctasN' for an NCCL CTA cap and '@hiprio' for
+    NCCL on high-priority streams."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
-    return label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
+    return (label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
+            + ("@hiprio" if high_priority else ""))
 
 
 def apply_nccl_cta_cap(n: int | None) -> None:
@@ -272,7 +275,8 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
                 torch.cuda.reset_peak_memory_stats(info.device)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb,
-                          label=variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile),
+                          label=variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile,
+                                              cfg.nccl_high_priority),
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30
                                            if info.device.type == "cuda" else None),
                           peak_memory_scope="variant")

@@ -24,7 +24,7 @@ from cs336_systems.bench.ddp import (
     render_timeline,
     run_ddp_bench,
 )
-from cs336_systems.parallel.process_group import under_torchrun
+from cs336_systems.parallel.process_group import HIGH_PRIORITY_ENV, under_torchrun
 from cs336_systems.records import write_records
 
 TABLE_COLUMNS = ["precision", "label", "step_ms", "step_std_ms", "nocomm_step_ms", "exposed_comm_ms", "fwd_bwd_ms",
@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each Transformer block (fewer kernel launches: a GPU-bound step); labels get "
                         "'+compile'")
+    p.add_argument("--nccl-high-priority", action="store_true",
+                   help="run NCCL collectives on high-priority CUDA streams (CS336_NCCL_HIGH_PRIORITY=1); labels "
+                        "get '@hiprio'")
     p.add_argument("--nccl-max-ctas", type=int, default=None,
                    help="cap NCCL's thread blocks per collective (NCCL_MAX_CTAS), so gradient all-reduces take fewer "
                         "SMs from the backward; labels get '@ctas<N>'")
@@ -67,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
                          steps=args.steps, profile=not args.no_profile,
                          timeline_variants=tuple(args.timeline_variants), attention=args.attention,
                          device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas,
-                         compile=args.compile)
+                         compile=args.compile, nccl_high_priority=args.nccl_high_priority)
     apply_nccl_cta_cap(cfg.nccl_max_ctas)  # before any communicator exists (spawned ranks inherit it)
+    if cfg.nccl_high_priority:
+        os.environ[HIGH_PRIORITY_ENV] = "1"  # read by init_distributed
     rows = run_ddp_bench(cfg)
     if rows is None:  # not rank 0
         return 0

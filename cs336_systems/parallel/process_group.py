@@ -64,6 +64,17 @@ def default_backend(device_type: str | None = None) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+HIGH_PRIORITY_ENV = "CS336_NCCL_HIGH_PRIORITY"
+
+
+def nccl_high_priority() -> bool:
+    """Whether NCCL collectives run on high-priority CUDA streams (``CS336_NCCL_HIGH_PRIORITY=1``)."""
+    value = os.environ.get(HIGH_PRIORITY_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{HIGH_PRIORITY_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def init_distributed(backend: str | None = None, device_type: str | None = None,
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
     """Join the process group described by torchrun's environment variables; returns :class:`DistInfo`.
@@ -90,8 +101,14 @@ def init_distributed(backend: str | None = None, device_type: str | None = None,
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
+        options = None
+        if backend == "nccl" and nccl_high_priority():
+            # NCCL kernels on a high-priority stream: when backward's kernels fill the GPU, the block scheduler
+            # gives freed SMs to the gradient all-reduces first, so they progress during backward.
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = True
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                timeout=_dt.timedelta(seconds=timeout_s))
+                                timeout=_dt.timedelta(seconds=timeout_s), pg_options=options)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=device)
 
 

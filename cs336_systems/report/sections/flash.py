@@ -118,13 +118,19 @@ def _leaderboard(ctx) -> str | None:
     if not rows:
         return None
     df = _impl_sorted(pd.DataFrame(rows))
+    df["run"] = [r["date"][:16].replace("T", " ") for r in df["provenance"]]
     cols = ["config", "impl", "heads", "seq_len", "head_dim", "status", "forward_ms", "forward_backward_ms",
-            "forward_backward_tflops"]
+            "forward_backward_tflops", "run"]
+    ours_run = df.loc[df["impl"] == "triton", "run"]
+    same_run = (df["run"] == ours_run.iloc[0]).all() if len(ours_run) else True
     parts = ["## leaderboard\n",
              "The handout's timing test (`torch.compile(FlashAttention2.apply)`, bf16, causal, "
              "`o.sum().backward()`, `do_bench`) at 16 heads x 16,384 x d 64, and the two other target shapes "
-             "(16 x 4,096 x 128; 1 x 65,536 x 64); every peer timed in the same run (SDPA peers and naive "
-             "compiled too; `torch_tiled` eager, compiling it would unroll its tile loop).\n",
+             "(16 x 4,096 x 128; 1 x 65,536 x 64), SDPA peers and naive compiled too (`torch_tiled` eager: "
+             "compiling it would unroll its tile loop). "
+             + ("Every peer was timed in the same run as ours." if same_run else
+                "Each row is the latest measurement of that implementation (column `run`, UTC); the comparisons "
+                "below use only peers timed in the same run as ours.") + "\n",
              table(df[[c for c in cols if c in df]], ".3f") + "\n"]
     peak = df["matmul_peak_tflops"].dropna().iloc[0] if "matmul_peak_tflops" in df else float("nan")
     lines = []
@@ -133,7 +139,9 @@ def _leaderboard(ctx) -> str | None:
         if "triton" not in g.index:
             continue
         ours = g.loc["triton"]
-        peers = g.loc[[p for p in PEERS if p in g.index]]
+        peers = g.loc[[p for p in PEERS if p in g.index and g.loc[p, "run"] == ours["run"]]]
+        if peers.empty:
+            continue
         fastest = peers["forward_backward_ms"].idxmin()
         fastest_fwd = peers["forward_ms"].idxmin()
         fb, fw = ours["forward_backward_ms"], ours["forward_ms"]
@@ -150,20 +158,27 @@ def _leaderboard(ctx) -> str | None:
     lb = df[(df["config"] == "leaderboard") & (df["status"] == "ok")].set_index("impl")
     if "triton" in lb.index and "sdpa_cudnn" in lb.index:
         t, c = lb.loc["triton"], lb.loc["sdpa_cudnn"]
-        met = t["forward_backward_ms"] <= 4.5
+        rivals = lb[(lb.index != "triton") & (lb["run"] == t["run"]) & lb.index.isin(PEERS)]
+        best = rivals["forward_backward_ms"].min() if len(rivals) else float("nan")
+        met = t["forward_backward_ms"] <= 4.5 and t["forward_backward_ms"] < best
         parts.append(
-            f"Target (forward+backward <= 4.5 ms and faster than every peer): "
+            f"Target (forward+backward <= 4.5 ms and faster than every peer of the same run): "
             f"{'met' if met else 'missed'}; ours is {t['forward_backward_ms']:.3f} ms, "
             f"{t['forward_backward_ms'] - 4.5:+.3f} ms from 4.5 and "
-            f"{t['forward_backward_ms'] - c['forward_backward_ms']:+.3f} ms from cuDNN. Forward: "
-            f"{t['forward_ms']:.3f} vs cuDNN {c['forward_ms']:.3f} ms. What limits it: the backward. Our "
+            f"{t['forward_backward_ms'] - c['forward_backward_ms']:+.3f} ms from cuDNN "
+            f"({100 * (t['forward_backward_ms'] / c['forward_backward_ms'] - 1):+.0f}%). Forward: "
+            f"{t['forward_ms']:.3f} vs cuDNN {c['forward_ms']:.3f} ms "
+            f"({100 * (t['forward_ms'] / c['forward_ms'] - 1):+.0f}%). What limits it: the backward. Our "
             "no-atomics design recomputes P in both backward kernels, seven tile matmuls where cuDNN and "
             "FlashAttention-2 do five (2.5x the forward's FLOPs), so at equal matmul efficiency it needs 7/5 "
-            "of their time, and the tile sweep (docs/flash_tuning_notes.md) found no tile choice that closes "
-            "that. The forward runs on Triton's block pointers (cp.async loads, wgmma "
-            "from shared memory, no warp specialisation); cuDNN's Hopper kernels use TMA descriptors and "
-            "producer/consumer warp specialisation with larger tiles, the next steps here "
-            "(docs/flash_tuning_notes.md).\n")
+            "of their time, and the tile sweeps (docs/flash_tuning_notes.md) found no tile choice that closes "
+            "that. The tuned kernels load through TMA tensor descriptors (the sweep's winners for every kernel "
+            "at d=64 and d=128), but run without warp specialisation: Triton 3.6's warp-specialised loop "
+            "compiled for sm_90 but returned wrong results on the H100, so it is refused. cuDNN's Hopper kernels "
+            "use producer/consumer warpgroups and overlap the softmax of one tile with the matmuls of the next "
+            "(the FlashAttention-3 techniques, Shah et al. 2024), which keep the tensor cores busy. At d=128 "
+            "(16 x 4,096) fixed per-call costs dominate: the tile sweep timed the forward kernel alone at "
+            "0.19 ms against 0.40 ms for the compiled apply here (docs/flash_tuning_notes.md).\n")
     parts.append(provenance(rows))
     return "\n".join(parts)
 
