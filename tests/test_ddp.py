@@ -531,12 +531,13 @@ def test_nccl_hooks_do_not_synchronize_host(strategy, bucket_size_mb):
 def test_nccl_cta_cap_labels_and_environment(monkeypatch):
     import os
 
-    from cs336_systems.bench.ddp import DDPBenchConfig, apply_nccl_cta_cap, variant_label
+    from cs336_systems.bench.ddp import DDPBenchConfig, variant_label
+    from cs336_systems.parallel.process_group import configure_nccl
     from cs336_systems.records import provenance
 
     monkeypatch.delenv("NCCL_MAX_CTAS", raising=False)
     monkeypatch.setenv("NCCL_MIN_CTAS", "32")
-    apply_nccl_cta_cap(8)
+    configure_nccl(max_ctas=8)
     assert os.environ["NCCL_MAX_CTAS"] == "8" and os.environ["NCCL_MIN_CTAS"] == "8"
     assert variant_label("bucketed", 100.0, 8) == "bucketed-100MB@ctas8"
     assert variant_label("torch-ddp", None) == "torch-ddp"

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
 import statistics
 import tempfile
 import timeit
@@ -182,7 +181,7 @@ def _profile_step(step_fn, device: torch.device, keep_intervals: bool) -> dict:
 
 
 def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, precision: str, variant: str,
-                   bucket_mb: float | None) -> dict:
+                   bucket_mb: float | None, label: str) -> dict:
     device = info.device
     wrapped = wrap_model(model, variant, bucket_mb)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
@@ -226,7 +225,6 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     nocomm_times = timed(False)
     prof = {}
     if cfg.profile:
-        label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority)
         prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
     wrapped.close()
     phases = [statistics.median(col) for col in zip(*clock_rows)]
@@ -242,16 +240,6 @@ def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | No
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
     return (label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
             + ("@hiprio" if high_priority else ""))
-
-
-def apply_nccl_cta_cap(n: int | None) -> None:
-    """Cap NCCL's thread blocks per collective (read when a communicator is created, so call this before the
-    process group's first collective): fewer SMs taken from the backward's kernels while gradients stream."""
-    if n is None:
-        return
-    os.environ["NCCL_MAX_CTAS"] = str(n)
-    if int(os.environ.get("NCCL_MIN_CTAS", "1")) > n:
-        os.environ["NCCL_MIN_CTAS"] = str(n)
 
 
 def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
@@ -273,10 +261,9 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
             if info.device.type == "cuda":  # each variant's own peak (the model and AdamW state are shared)
                 torch.cuda.synchronize(info.device)
                 torch.cuda.reset_peak_memory_stats(info.device)
-            result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb)
-            result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb,
-                          label=variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile,
-                                              cfg.nccl_high_priority),
+            label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority)
+            result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label)
+            result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb, label=label,
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30
                                            if info.device.type == "cuda" else None),
                           peak_memory_scope="variant")

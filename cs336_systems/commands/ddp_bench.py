@@ -20,11 +20,10 @@ from cs336_systems.bench.ddp import (
     PROBLEM,
     VARIANTS,
     DDPBenchConfig,
-    apply_nccl_cta_cap,
     render_timeline,
     run_ddp_bench,
 )
-from cs336_systems.parallel.process_group import HIGH_PRIORITY_ENV, under_torchrun
+from cs336_systems.parallel.process_group import configure_nccl, under_torchrun
 from cs336_systems.records import write_records
 
 TABLE_COLUMNS = ["precision", "label", "step_ms", "step_std_ms", "nocomm_step_ms", "exposed_comm_ms", "fwd_bwd_ms",
@@ -71,9 +70,7 @@ def run(args: argparse.Namespace) -> int:
                          timeline_variants=tuple(args.timeline_variants), attention=args.attention,
                          device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas,
                          compile=args.compile, nccl_high_priority=args.nccl_high_priority)
-    apply_nccl_cta_cap(cfg.nccl_max_ctas)  # before any communicator exists (spawned ranks inherit it)
-    if cfg.nccl_high_priority:
-        os.environ[HIGH_PRIORITY_ENV] = "1"  # read by init_distributed
+    configure_nccl(cfg.nccl_max_ctas, cfg.nccl_high_priority)  # before any communicator exists
     rows = run_ddp_bench(cfg)
     if rows is None:  # not rank 0
         return 0

@@ -75,6 +75,21 @@ def nccl_high_priority() -> bool:
     return value == "1"
 
 
+def configure_nccl(max_ctas: int | None = None, high_priority: bool = False) -> None:
+    """NCCL settings for the process groups this process will create (read when a communicator is made, so
+    call this before ``init_distributed``; ranks spawned afterwards inherit them): ``max_ctas`` caps NCCL's
+    thread blocks per collective (``NCCL_MAX_CTAS``, fewer SMs taken from compute kernels running beside it);
+    ``high_priority`` puts NCCL's kernels on high-priority streams (``CS336_NCCL_HIGH_PRIORITY``)."""
+    if max_ctas is not None:
+        if not 1 <= max_ctas <= 64:
+            raise ValueError(f"NCCL max_ctas must be in 1..64, got {max_ctas}")
+        os.environ["NCCL_MAX_CTAS"] = str(max_ctas)
+        if int(os.environ.get("NCCL_MIN_CTAS", "1")) > max_ctas:
+            os.environ["NCCL_MIN_CTAS"] = str(max_ctas)
+    if high_priority:
+        os.environ[HIGH_PRIORITY_ENV] = "1"
+
+
 def init_distributed(backend: str | None = None, device_type: str | None = None,
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
     """Join the process group described by torchrun's environment variables; returns :class:`DistInfo`.

@@ -272,8 +272,9 @@ def build(ctx) -> str | None:
             "rank; a unit's forward all-gathers it in one collective (cast to the compute dtype first) while the "
             "next unit's gather is already in flight, so at most two units are gathered at a time; gathered "
             "weights are freed after the unit's forward and gathered again in backward (prefetching in reverse), "
-            "and each unit's gradients leave in one asynchronous reduce-scatter. For `xl` that is 149 collectives "
-            "per step instead of the 1,014 of one gather per weight (`FSDP.collectives`). tests/test_fsdp.py "
+            "and each unit's gradients leave in one asynchronous reduce-scatter, instead of one collective per "
+            "weight (`FSDP.collectives` counts them; the profiled step below counts the all-gather kernels). "
+            "tests/test_fsdp.py "
             "checks bitwise equality with single-process fp32 training on 2 and 3 ranks.\n", *fsdp_impl]
     if fsdp_acct:
         out += ["\n## fsdp_accounting\n", *fsdp_acct]
