@@ -1,5 +1,6 @@
 """shard-bench bookkeeping (CPU): nothing of one variant may outlive it and inflate the next one's
-memory counters, and the report's correction of records taken before that was fixed.
+memory counters, and the report's correction of records taken before that was fixed; the timed steps
+synchronise only at their ends, the memory steps between phases; the CLI end to end (records, traces).
 
 The bug these guard against: ``_saved_activation_bytes`` returned the tensor itself from its pack
 hook, which for saved outputs makes a reference cycle through C++ (node -> saved variable -> tensor
@@ -9,8 +10,12 @@ AccumulateGrad nodes, the parameters of ``none`` alive for the rest of the run (
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
+import gzip
+import json
+import math
 import weakref
 
 import pytest
@@ -18,6 +23,7 @@ import torch
 
 import cs336_systems.bench.shard as sh
 from cs336_basics.model import BasicsTransformerLM
+from cs336_systems.commands import shard_bench
 from cs336_systems.configs import get_preset
 from cs336_systems.parallel.ddp import LocalModule
 from cs336_systems.parallel.process_group import spawn
@@ -65,17 +71,32 @@ def _leaky_activation_bytes(wrapped, x, autocast):
 def _worker(info, cfg, leaky):
     if leaky:
         sh._saved_activation_bytes = _leaky_activation_bytes
-    return sh.shard_bench_worker(info, cfg)
+    calls = {"timed": 0, "measured": 0}
+
+    def counted(name):
+        method = getattr(sh._Step, name)
+
+        def wrapper(self, *a, **k):
+            calls[name] += 1
+            return method(self, *a, **k)
+        return wrapper
+
+    sh._Step.timed, sh._Step.measured = counted("timed"), counted("measured")  # this spawned process only
+    return sh.shard_bench_worker(info, cfg), calls
 
 
 @pytest.mark.parametrize("leaky", [False, True], ids=["fixed", "leaky-hook"])
 def test_no_variant_outlives_itself(leaky):
     """End to end on 2 gloo ranks: with the fixed hook nothing of 'none' is alive when 'ddp' and
     'zero1' start; with the old hook the tracker sees 'none's parameters (so the check can fail)."""
-    cfg = sh.ShardBenchConfig(**CFG, variants=("none", "ddp", "zero1"), precision="bf16")
-    per_rank = spawn(_worker, 2, (cfg, leaky), timeout_s=120)
-    rows = sh.summarize(cfg, per_rank, "gloo")
+    cfg = sh.ShardBenchConfig(**CFG, variants=("none", "ddp", "zero1"), precision="bf16", memory_steps=3)
+    out = spawn(_worker, 2, (cfg, leaky), timeout_s=120)
+    rows = sh.summarize(cfg, [rank_rows for rank_rows, _ in out], "gloo")
     assert [r["status"] for r in rows] == ["ok"] * 3
+    for _, calls in out:  # per variant: warmup + steps timed steps, then memory_steps memory steps
+        assert calls == {"timed": 3 * (cfg.warmup + cfg.steps), "measured": 3 * cfg.memory_steps}, calls
+    for r in rows:
+        assert r["timing"] == "ends-synced" and r["memory_steps"] == 3 and len(r["losses_rank0"]) == cfg.steps
     after_none = rows[1]["retained_prev_gib"]
     if leaky:
         assert after_none > 0
@@ -127,3 +148,136 @@ def test_report_uses_net_values_of_new_records():
     clean, corrected, _ = clean_memory(rows)
     assert not corrected
     assert [c["pre_step_peak_gib"] for c in clean] == [9.5, 9.5, 7.0, 8.0, 5.0, 4.75]
+
+
+class _LoggingMemory(sh._Memory):
+    """A CPU ``_Memory`` that logs every synchronize and counter access (the calls a CUDA run makes)."""
+
+    def __init__(self, log: list[str]):
+        super().__init__(torch.device("cpu"))
+        self.log = log
+
+    def sync(self):
+        self.log.append("sync")
+
+    def reset_peak(self):
+        self.log.append("reset_peak")
+
+    def allocated(self):
+        self.log.append("allocated")
+        return 0.0
+
+    def peak(self):
+        self.log.append("peak")
+        return 0.0
+
+
+class _LoggingModel(torch.nn.Module):
+    def __init__(self, log: list[str]):
+        super().__init__()
+        self.log = log
+        self.emb = torch.nn.Embedding(7, 5)
+
+    def on_train_batch_start(self):
+        self.log.append("start")
+
+    def forward(self, x):
+        self.log.append("forward")
+        out = self.emb(x)
+        out.register_hook(lambda g: self.log.append("backward"))
+        return out
+
+
+class _LoggingOptimizer:
+    def __init__(self, log: list[str], params):
+        self.log, self.inner = log, torch.optim.SGD(params, lr=0.1)
+
+    def step(self):
+        self.log.append("opt_step")
+        self.inner.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.log.append("zero_grad")
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
+def _logging_step():
+    log: list[str] = []
+    model = _LoggingModel(log)
+    x, y = torch.randint(0, 7, (2, 3)), torch.randint(0, 5, (2, 3))
+    step = sh._Step(model, _LoggingOptimizer(log, model.parameters()), lambda: log.append("finish"), x, y,
+                    contextlib.nullcontext, _LoggingMemory(log))
+    return step, log
+
+
+def test_timed_step_synchronises_only_at_its_ends():
+    step, log = _logging_step()
+    with torch.no_grad():  # the loss the step must report: before its update (fp32, same ops: tight)
+        want = torch.nn.functional.cross_entropy(step.wrapped.emb(step.x).reshape(-1, 5), step.y.reshape(-1))
+    seconds, loss = step.timed()
+    assert log == ["sync", "start", "forward", "backward", "finish", "opt_step", "zero_grad", "sync"]
+    assert seconds > 0 and loss == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_memory_step_synchronises_between_phases():
+    step, log = _logging_step()
+    record: dict = {}
+    step.measured(record)
+    phases = [e for e in log if e in ("forward", "backward", "finish", "opt_step", "zero_grad")]
+    assert phases == ["forward", "backward", "finish", "opt_step", "zero_grad"]
+    for before, after in (("forward", "backward"), ("finish", "opt_step"), ("opt_step", "zero_grad")):
+        between = log[log.index(before) + 1:log.index(after)]
+        assert "sync" in between and "allocated" in between, (before, after, between)
+    assert log[-1] == "sync"
+    assert set(record) == {"forward_saved_gib", "pre_step_alloc_gib", "pre_step_peak_gib", "post_step_alloc_gib",
+                           "post_step_peak_gib"}
+
+
+def _cli(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    shard_bench.add_arguments(parser)
+    return parser.parse_args(["--preset", "tiny", "--context-length", "19", "--batch-size", "3", "--warmup", "1",
+                              "--steps", "2", "--device", "cpu", "--world-size", "2", "--timeout-s", "120",
+                              "--no-save", *argv])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (("--memory-steps", "0"), "memory_steps"),
+    (("--profile-cpu",), "trace_dir"),
+    (("--profile-cpu", "--trace-dir", "x", "--variants", "none", "--profile", "fsdp"), "profiled"),
+])
+def test_cli_rejects_bad_settings(argv, match):
+    with pytest.raises(ValueError, match=match):
+        shard_bench.run(_cli(*argv))
+
+
+def test_cli_profile_cpu_writes_a_trace_per_rank(tmp_path, monkeypatch):
+    """The command end to end on 2 gloo ranks: records carry the timing method and sane memory keys;
+    ``--profile-cpu`` makes every rank write its Chrome trace."""
+    rows_seen: list[list[dict]] = []
+    monkeypatch.setattr(shard_bench, "run_shard_bench", lambda cfg: rows_seen.append(sh.run_shard_bench(cfg))
+                        or rows_seen[-1])
+    args = _cli("--variants", "fsdp", "--profile", "fsdp", "--profile-cpu", "--trace-dir", str(tmp_path),
+                "--memory-steps", "1", "--precision", "fp32")
+    assert shard_bench.run(args) == 0
+    ((fsdp,),) = rows_seen
+    assert fsdp["status"] == "ok" and fsdp["variant"] == "fsdp"
+    assert fsdp["timing"] == "ends-synced" and fsdp["memory_steps"] == 1 and fsdp["profile_cpu"] is True
+    assert fsdp["step_ms"] > 0 and fsdp["step_min_ms"] <= fsdp["step_ms"] and len(fsdp["losses_rank0"]) == 2
+    assert fsdp["losses_rank0"][0] == pytest.approx(math.log(512), rel=0.1)  # fresh init, tiny's vocab of 512
+    # CPU: no allocator, so the counters are zeros, but every key and its net twin stays in the record.
+    assert fsdp["forward_saved_gib"] == 0.0
+    for key in sh.ABS_MEMORY_KEYS:
+        assert fsdp[key] == 0.0 and fsdp[sh.net_key(key)] == 0.0 and len(fsdp[f"{key}_per_rank"]) == 2
+    # Each rank holds about half of the fp32 weights; AdamW keeps two moments per parameter it steps.
+    full_gib = fsdp["n_params"] * 4 / 2**30
+    assert 0.45 * full_gib < fsdp["params_gib"] < 0.6 * full_gib
+    assert fsdp["grads_gib"] == pytest.approx(fsdp["params_gib"])
+    assert fsdp["optimizer_state_gib"] == pytest.approx(2 * fsdp["params_gib"])
+    assert fsdp["comm_kernels"] > 0 and "timeline" in fsdp
+    for rank in (0, 1):
+        path = tmp_path / f"shard_trace_fsdp_fp32_rank{rank}.json.gz"
+        with gzip.open(path, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        assert any(e.get("cat") == "cpu_op" for e in events), path
+    assert fsdp["trace_file"] == "shard_trace_fsdp_fp32_rank0.json.gz"

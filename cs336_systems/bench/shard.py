@@ -14,14 +14,31 @@ Variants (each builds a fresh model on every rank, so memory after construction 
 =============  ==============================================================================
 
 The optimizer is ``torch.optim.AdamW(foreach=True)`` everywhere (it also steps FSDP2's DTensors).
-Per variant and rank: allocated and peak memory after construction, right before and right after
-``optimizer.step()`` (peaks reset at the start of each phase), the memory a forward leaves for
-backward, and the step time (median over ``steps``, slowest rank). The breakdown into parameters,
-gradients and optimizer state is computed from the tensors each rank holds (their element counts
-times their dtype size), activations from the bytes autograd saves in a forward of the plain model
-(``saved_tensors_hooks``, unique storages); the report sets them against the measured numbers.
-For ``fsdp`` and ``torch-fsdp2`` one step is profiled (CUDA kernels): communication time, how much
-of it overlapped compute, the kernel timeline, and a Chrome trace.
+
+Method, per variant and rank (``TIMING`` = ``"ends-synced"`` in every record):
+
+1. ``warmup`` untimed steps.
+2. ``steps`` timed steps: a device synchronize right before and right after each step and none
+   inside it (no memory counters, no peak resets), so the host launches of one phase overlap the
+   device work of the previous one as in real training; ``step_s`` per step, and in the record the
+   median / std / min over steps of the slowest rank's time. Records without a ``timing`` key were
+   taken with a synchronize after every phase (forward, backward + finish, optimizer step, zero_grad),
+   which also charged the host launch latency of each phase to the step (host-bound steps, such as
+   eager bf16 on small models, looked slower than they are).
+3. ``memory_steps`` memory steps with a synchronize and allocator reads between phases: allocated
+   and peak memory right before and right after ``optimizer.step()`` (peaks reset at the start of
+   each phase) and the memory a forward leaves for backward, each the maximum over these steps.
+4. The profiled step (variants in ``profile``), run like a memory step.
+
+The losses recorded are those of the timed steps. Allocated and peak memory after construction are
+read once, before any step. The breakdown into parameters, gradients and optimizer state is computed
+from the tensors each rank holds (their element counts times their dtype size), activations from the
+bytes autograd saves in a forward of the plain model (``saved_tensors_hooks``, unique storages); the
+report sets them against the measured numbers. For ``fsdp`` and ``torch-fsdp2`` one step is profiled
+(CUDA kernels): communication time, how much of it overlapped compute, the kernel timeline, and rank
+0's Chrome trace. With ``profile_cpu`` the profiler records CPU activity as well and every rank writes
+its trace; the metrics are still computed from the kernel events only (recording host ops slows the
+host, so the profiled step's idle time may grow; the timed steps are never profiled).
 
 Memory convention. The variants run one after another in the same processes, so whatever one leaves
 allocated would inflate the next one's counters. Each variant therefore starts with ``gc.collect()``,
@@ -77,6 +94,7 @@ VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
 PRECISIONS = ("fp32", "bf16")
 GIB = 2**30
 LEFTOVER_WARN_GIB = 0.25  # more than this allocated (or retained) between variants is reported
+TIMING = "ends-synced"  # how ``step_s`` was taken; older records (no ``timing`` key) synchronised every phase
 ABS_MEMORY_KEYS = ("init_alloc_gib", "init_peak_gib", "pre_step_alloc_gib", "pre_step_peak_gib",
                    "post_step_alloc_gib", "post_step_peak_gib")
 
@@ -96,7 +114,9 @@ class ShardBenchConfig:
     world_size: int = 2
     warmup: int = 2
     steps: int = 5
+    memory_steps: int = 2  # after the timed steps: synchronised per phase to read the memory counters
     profile: tuple[str, ...] = ("fsdp", "torch-fsdp2")
+    profile_cpu: bool = False  # the profiled step records CPU activity too; every rank writes its trace
     trace_dir: str | None = None
     attention: str = "reference"
     device: str | None = None
@@ -113,6 +133,14 @@ class ShardBenchConfig:
             raise ValueError("shard-bench: world_size must be >= 2 (the single-GPU step is the 'none' variant)")
         if self.warmup < 1 or self.steps < 2:
             raise ValueError(f"shard-bench: need warmup >= 1 and steps >= 2, got {self.warmup}, {self.steps}")
+        if self.memory_steps < 1:
+            raise ValueError(f"shard-bench: need memory_steps >= 1 (the memory counters come from those steps), "
+                             f"got {self.memory_steps}")
+        if self.profile_cpu and not self.trace_dir:
+            raise ValueError("shard-bench: profile_cpu writes every rank's Chrome trace and needs trace_dir")
+        if self.profile_cpu and not set(self.profile) & set(self.variants):
+            raise ValueError(f"shard-bench: profile_cpu is set but none of the variants {list(self.variants)} is "
+                             f"profiled (profile={list(self.profile)})")
 
     @property
     def device_type(self) -> str:
@@ -213,10 +241,64 @@ def _saved_activation_bytes(wrapped, x, autocast) -> int:
         return saved_tensor_bytes(wrapped, x, exclude=wrapped.parameters())
 
 
-def _profile(step_fn, device: torch.device, trace_path: Path | None) -> dict:
+class _Step:
+    """One training step of a built variant, run in the benchmark's two ways (``timed``, ``measured``)."""
+
+    def __init__(self, wrapped, opt, finish, x: torch.Tensor, y: torch.Tensor, autocast, mem: _Memory):
+        self.wrapped, self.opt, self.finish, self.x, self.y, self.autocast, self.mem = (
+            wrapped, opt, finish, x, y, autocast, mem)
+
+    def timed(self) -> tuple[float, float]:
+        """(seconds, loss) of one step with a device synchronize at both ends and none inside."""
+        self.mem.sync()
+        t0 = timeit.default_timer()
+        self.wrapped.on_train_batch_start()
+        with self.autocast():
+            loss = cross_entropy(self.wrapped(self.x), self.y)
+        loss.backward()
+        self.finish()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.mem.sync()
+        elapsed = timeit.default_timer() - t0
+        return elapsed, loss.item()  # after the synchronize: reading the loss waits for nothing
+
+    def measured(self, record: dict | None = None) -> None:
+        """One step synchronised between phases, with the allocator counters read into ``record``."""
+        mem = self.mem
+        self.wrapped.on_train_batch_start()
+        mem.sync()
+        mem.reset_peak()
+        before_fwd = mem.allocated()
+        with self.autocast():
+            loss = cross_entropy(self.wrapped(self.x), self.y)
+        mem.sync()
+        after_fwd = mem.allocated()
+        loss.backward()
+        self.finish()
+        mem.sync()
+        pre_alloc, pre_peak = mem.allocated(), mem.peak()
+        mem.reset_peak()
+        self.opt.step()
+        mem.sync()
+        post_alloc, post_peak = mem.allocated(), mem.peak()
+        self.opt.zero_grad(set_to_none=True)
+        mem.sync()
+        if record is not None:
+            record.update(forward_saved_gib=after_fwd - before_fwd,
+                          pre_step_alloc_gib=pre_alloc, pre_step_peak_gib=pre_peak,
+                          post_step_alloc_gib=post_alloc, post_step_peak_gib=post_peak)
+
+
+def _profile(step_fn, device: torch.device, trace_path: Path | None, cpu: bool = False) -> dict:
+    """Profile one call of ``step_fn``; metrics from the CUDA kernels (``cpu_op`` events on a CPU device).
+    ``cpu`` adds CPU activity to a CUDA profile (in the trace only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cpu else [ProfilerActivity.CUDA]
+    else:
+        activities = [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         step_fn()
     with tempfile.TemporaryDirectory() as tmp:
@@ -276,44 +358,17 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
                 for _ in range(2))
         autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if cfg.precision == "bf16" \
             else contextlib.nullcontext
-        samples: list[dict] = []
-
-        def step(record: dict | None = None) -> None:
-            wrapped.on_train_batch_start()
-            mem.sync()
-            mem.reset_peak()
-            before_fwd = mem.allocated()
-            t0 = timeit.default_timer()
-            with autocast():
-                loss = cross_entropy(wrapped(x), y)
-            mem.sync()
-            after_fwd = mem.allocated()
-            loss.backward()
-            finish()
-            mem.sync()
-            pre_alloc, pre_peak = mem.allocated(), mem.peak()
-            mem.reset_peak()
-            opt.step()
-            mem.sync()
-            post_alloc, post_peak = mem.allocated(), mem.peak()
-            opt.zero_grad(set_to_none=True)
-            mem.sync()
-            if record is not None:
-                record.update(step_s=timeit.default_timer() - t0, loss=loss.item(),
-                              forward_saved_gib=after_fwd - before_fwd,
-                              pre_step_alloc_gib=pre_alloc, pre_step_peak_gib=pre_peak,
-                              post_step_alloc_gib=post_alloc, post_step_peak_gib=post_peak)
-
+        step = _Step(wrapped, opt, finish, x, y, autocast, mem)
         for _ in range(cfg.warmup):
-            step()
-        for _ in range(cfg.steps):
-            samples.append({})
-            step(samples[-1])
-        row["step_s"] = [s["step_s"] for s in samples]
-        row["losses"] = [s["loss"] for s in samples]  # same init and data in every variant: a cross-check
+            step.timed()
+        timed = [step.timed() for _ in range(cfg.steps)]
+        row["step_s"] = [t for t, _ in timed]
+        row["losses"] = [loss for _, loss in timed]  # same init and data in every variant: a cross-check
+        samples: list[dict] = [{} for _ in range(cfg.memory_steps)]
+        for sample in samples:
+            step.measured(sample)
         for key in samples[0]:
-            if key not in ("step_s", "loss"):
-                row[key] = max(s[key] for s in samples)
+            row[key] = max(s[key] for s in samples)
         # What this rank holds, from the tensors themselves (bytes -> GiB).
         params = list(model.parameters())
         row.update(
@@ -326,8 +381,8 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
             row["saved_activations_gib"] = _saved_activation_bytes(wrapped, x, autocast) / GIB
         if variant in cfg.profile:
             trace = Path(cfg.trace_dir) / f"shard_trace_{variant}_{cfg.precision}_rank{info.rank}.json.gz" \
-                if cfg.trace_dir and info.rank == 0 else None
-            row.update(_profile(step, device, trace))
+                if cfg.trace_dir and (info.rank == 0 or cfg.profile_cpu) else None
+            row.update(_profile(step.measured, device, trace, cpu=cfg.profile_cpu))
             if trace is not None:
                 row["trace_file"] = trace.name
         row["status"] = "ok"
@@ -367,7 +422,7 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
     for results in zip(*per_rank):
         r0 = results[0]
         row = {**base, "backend": backend, "variant": r0["variant"], "status": r0["status"],
-               "n_params": count_parameters(model_cfg)}
+               "n_params": count_parameters(model_cfg), "timing": TIMING}
         for key in ("start_alloc_gib", "leftover_gib", "retained_prev_gib"):
             row[key] = max(r[key] for r in results)
             row[f"{key}_per_rank"] = [r[key] for r in results]

@@ -35,8 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="variants with one profiled step (kernel timeline, Chrome trace)")
     p.add_argument("--world-size", type=int, default=None, help="default: torchrun's WORLD_SIZE, else 2")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--trace-dir", default=None, help="write Chrome traces (rank 0) and the timeline PNG here")
+    p.add_argument("--steps", type=int, default=5,
+                   help="timed steps (device synchronize at both ends of each step only): step time")
+    p.add_argument("--memory-steps", type=int, default=2,
+                   help="steps after the timed ones, synchronised per phase: the memory counters (max over them)")
+    p.add_argument("--trace-dir", default=None,
+                   help="write Chrome traces (rank 0; every rank with --profile-cpu) and the timeline PNG here")
+    p.add_argument("--profile-cpu", action="store_true",
+                   help="the profiled step records CPU activity too and every rank writes its trace (needs "
+                        "--trace-dir); the kernel metrics are unchanged")
     p.add_argument("--attention", default="reference")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--timeout-s", type=float, default=900.0)
@@ -48,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
     world = args.world_size or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
     cfg = ShardBenchConfig(preset=args.preset, context_length=args.context_length, batch_size=args.batch_size,
                            precision=args.precision, variants=tuple(args.variants), world_size=world,
-                           warmup=args.warmup, steps=args.steps, profile=tuple(args.profile or ()),
-                           trace_dir=args.trace_dir, attention=args.attention, device=args.device,
-                           timeout_s=args.timeout_s)
+                           warmup=args.warmup, steps=args.steps, memory_steps=args.memory_steps,
+                           profile=tuple(args.profile or ()), profile_cpu=args.profile_cpu, trace_dir=args.trace_dir,
+                           attention=args.attention, device=args.device, timeout_s=args.timeout_s)
     rows = run_shard_bench(cfg)
     if rows is None:  # not rank 0
         return 0
