@@ -24,6 +24,8 @@ whatever the gradient.) That fp16 is really used is checked on the weights the m
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -89,7 +91,7 @@ def _fp16_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: (p.half() if n in cast else p) for n, p in model.named_parameters()}
 
 
-def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None):
+def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None, autocast=False):
     torch.use_deterministic_algorithms(True)
     W, rank = info.world_size, info.rank
     batches = _batches(seed, W, same_data)
@@ -105,11 +107,15 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None):
     for m in model.module.modules():
         if isinstance(m, (Linear, Embedding, nn.Linear, nn.Embedding)):
             m.register_forward_pre_hook(lambda mod, args: seen_dtypes.add(mod.weight.dtype))
-    worst, checks = 0.0, []
+    # autocast: both run under autocast to the compute dtype, which then casts the activations (FSDP's
+    # own casting hooks stand down); the reference still sees the same fp16 weights.
+    region = (lambda: torch.autocast("cpu", dtype=compute_dtype)) if autocast else contextlib.nullcontext
+    worst, checks, cast_hooks = 0.0, [], set()
     for step in range(STEPS):
         # Reference: the ranks' micro-batches in rank order, gradients averaged.
         for x, y in batches[step]:
-            out = functional_call(ref, _fp16_params(ref), (x,)) if fp16 else ref(x)
+            with region():
+                out = functional_call(ref, _fp16_params(ref), (x,)) if fp16 else ref(x)
             _loss(out, y).backward()
         for p in ref.parameters():
             p.grad.div_(W)
@@ -118,7 +124,9 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None):
 
         x, y = batches[step][rank]
         model.on_train_batch_start()
-        logits = model(x)
+        with region():
+            logits = model(x)
+        cast_hooks.add(len(model._cast_hooks))
         live_after_forward = len(model._live)
         _loss(logits, y).backward()
         model.finish_gradient_synchronization()
@@ -141,7 +149,7 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None):
                            n_packed=len(model._packed), replicated=replicated_grads, collectives=collectives))
     units = [dict(name=u.name, weights=[n[0] for n in u.weight_names], numels=u.numels, shard_sizes=u.shard_sizes,
                   params=[(p.shape, p.dtype) for p in u.params]) for u in model.units]
-    return dict(worst=worst, checks=checks, units=units, seen_dtypes=seen_dtypes)
+    return dict(worst=worst, checks=checks, units=units, seen_dtypes=seen_dtypes, cast_hooks=cast_hooks)
 
 
 def _check_common(results, world_size, kind="toy"):
@@ -225,6 +233,21 @@ def test_fsdp_fp16_compute_within_1e4(world_size, reduce_dtype, seed):
         assert r["worst"] <= 1e-4, f"max |FSDP fp16 - reference| = {r['worst']}"
         if reduce_dtype is not None:
             assert r["worst"] > 0.0  # fp16 sums do round: an exact match would mean fp16 was not used
+
+
+@pytest.mark.parametrize("kind", ["toy", "lm"])
+def test_fsdp_fp16_compute_under_autocast(kind, seed):
+    """Under autocast to the compute dtype FSDP leaves the casting of activations to autocast (no casting
+    hooks), and still matches the reference under the same autocast within the fp16 tolerance above;
+    without autocast its hooks cast Linear inputs (one pre- and one post-hook per sharded Linear)."""
+    results = spawn(_fsdp_worker, 2, (seed, kind, False, torch.float16, None, True), timeout_s=120)
+    _check_common(results, 2, kind)
+    for r in results:
+        assert r["cast_hooks"] == {0}
+        assert r["seen_dtypes"] == {torch.float16}
+        assert r["worst"] <= 1e-4, f"max |FSDP fp16 - reference| = {r['worst']}"
+    plain = spawn(_fsdp_worker, 2, (seed, "toy", False, torch.float16), timeout_s=120)
+    assert plain[0]["cast_hooks"] == {2 * 3}  # ToyNet's Linears: up, down, head
 
 
 class _TorchBlock(nn.Module):

@@ -27,13 +27,15 @@ rank by rank), copies it out once into a weight-by-weight buffer of which every 
 and starts the all-gather of the *next* unit in forward order. The gather of unit ``j`` thus starts
 when unit ``j-1`` starts, i.e. after unit ``j-2`` has finished its forward, never earlier (the
 handout's limit on prefetching), and runs while unit ``j-1`` computes: at most two units are gathered
-at a time. A pre-hook on each sharded module shadows its ``weight`` parameter with the full view (an
-instance attribute for the duration of the call; the module code is not changed). Leaving the unit
-drops the gathered buffer, except for the last unit of the forward, which backward needs first (as
-FSDP2 keeps its root unsharded).
+at a time. Entering also shadows the ``weight`` parameter of every module of the unit with its full
+view (an instance attribute; the module code is not changed) and leaving removes them, so a block
+costs two hook calls whatever the number of weights in it (the modules inside carry no hooks). Leaving
+the unit drops the gathered buffer, except for the last unit of the forward, which backward needs
+first (as FSDP2 keeps its root unsharded).
 
 Backward. Autograd would keep every gathered weight alive until backward (a matmul saves its
-weight). A ``saved_tensors_hooks`` pair replaces a saved view of a gathered unit by a small token and,
+weight). A ``saved_tensors_hooks`` pair replaces a saved view of a gathered unit (recognised by its
+``_base``: one attribute read and one dict lookup per saved tensor) by a small reference and,
 in backward, gathers the unit again (waiting for a prefetch issued when the previous unit in reverse
 order started its backward); the gathered unit is kept until its backward is over. The gradients of
 a unit's full weights arrive together in ``_UnshardUnit.backward``; they are packed rank by rank
@@ -43,7 +45,9 @@ outstanding, so full-size gradients do not pile up. ``finish_gradient_synchroniz
 the rest and all-reduces the replicated parameters' gradients.
 
 Mixed precision. With ``compute_dtype`` (e.g. bf16) each flat shard is cast *before* the all-gather
-(half the traffic) and floating inputs of ``Linear`` modules are cast to it. Gradients are reduced in
+(half the traffic) and floating inputs (and biases) of ``Linear`` modules are cast to it, by hooks
+registered only while forwards run outside an autocast region of that dtype (inside one, autocast
+casts the matmul operands itself, to the same values). Gradients are reduced in
 ``reduce_dtype`` (default: fp32, the parameter dtype: the average is exact to fp32; pass
 ``reduce_dtype=compute_dtype`` for half the reduce-scatter traffic, FSDP2's default policy), then
 accumulated in fp32. Under ``torch.autocast`` pass the same ``compute_dtype``: autocast's own cast of
@@ -53,7 +57,8 @@ Not supported: ``no_sync`` gradient accumulation without communication (each bac
 gradients of several backwards do accumulate correctly in ``.grad``), data-dependent unit order
 across ranks, activation checkpointing that re-runs a unit's forward inside backward,
 ``torch.compile`` of the wrapped module (hooks and collectives break graphs), modules that read a
-sharded weight without calling the module (e.g. ``nn.MultiheadAttention.out_proj``), moving the
+sharded weight without calling the module (e.g. ``nn.MultiheadAttention.out_proj``), calling a module
+of a block unit outside its block's forward, moving the
 wrapped model to another device or dtype, and ``nn.Embedding`` with ``max_norm`` or sparse gradients
 (``ValueError``).
 """
@@ -95,6 +100,7 @@ class _Unit:
     offsets: list[int]  # start of each weight's shard in flat_shard
     flat_shard: torch.Tensor  # (sum(shard_sizes),) fp32: this rank's shards, back to back
     params: list[nn.Parameter] = field(default_factory=list)  # views of flat_shard, one per weight
+    members: list[tuple[nn.Module, int]] = field(default_factory=list)  # (sharded module, its weight slot)
     active: int = 0  # forward calls of the unit's block / modules in progress
     pos: int = -1  # position in this forward's order (last acquisition)
     views: tuple | None = None  # the full weights while the unit is in use in forward
@@ -102,6 +108,7 @@ class _Unit:
     fwd_pending: tuple | None = None  # (work, rank-major buffer, source) of a forward gather in flight
     bwd_pending: tuple | None = None  # the same, for backward
     bwd_full: torch.Tensor | None = None  # gathered buffer for this unit's backward (held until it ends)
+    packed: bool = False  # a view of the gathered weights was saved for backward in this forward
 
     @property
     def shard_numel(self) -> int:
@@ -173,6 +180,7 @@ class FSDP(nn.Module):
         self.units: list[_Unit] = []
         self._unit_of_module: dict[nn.Module, tuple[_Unit, int]] = {}  # sharded module -> (unit, weight slot)
         self._unit_of_root: dict[nn.Module, _Unit] = {}  # block that is not itself a sharded module -> unit
+        self._standalone: list[nn.Module] = []  # sharded modules outside every block: units entered by themselves
         self._build_units(unit_classes)
         sharded = {id(p) for u in self.units for p in u.params}
         self.replicated: list[nn.Parameter] = [p for p in module.parameters()
@@ -180,19 +188,26 @@ class FSDP(nn.Module):
         # Per-step state.
         self._expected_order: list[_Unit] = list(self.units)
         self._order: list[_Unit] = []
-        self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered unit in forward use -> unit
+        self._live: dict[int, _Unit] = {}  # id() of the gathered buffer of a unit in forward use -> unit
         self._packed: list[_Unit] = []  # units a view of which was saved for backward, forward order
         self._bwd_started: set[int] = set()
         self._rs_pending: list[tuple] = []
         self.trace: list[tuple[str, int]] = []  # ("gather"|"start"|"end", forward position), ("bwd_*", unit)
         self.collectives: Counter = Counter()  # collectives issued since the last forward began, by kind
+        # Hooks: a block unit enters and leaves with its block (one pre- and one post-hook for all its weights);
+        # a sharded module outside any block is a unit entered by its own hooks. The modules inside a block
+        # carry no hooks (a call of such a module outside its block's forward is not supported).
         self._hooks = []
         for root, u in self._unit_of_root.items():
             self._hooks.append(root.register_forward_pre_hook(lambda m, a, u=u: self._enter(u)))
             self._hooks.append(root.register_forward_hook(lambda m, a, o, u=u: self._exit(u)))
-        for m in self._unit_of_module:
-            self._hooks.append(m.register_forward_pre_hook(self._pre_forward))
-            self._hooks.append(m.register_forward_hook(self._post_forward))
+        for m in self._standalone:
+            u = self._unit_of_module[m][0]
+            self._hooks.append(m.register_forward_pre_hook(lambda mod, a, u=u: self._enter(u)))
+            self._hooks.append(m.register_forward_hook(lambda mod, a, o, u=u: self._exit(u)))
+        # Casting Linear inputs (and biases) to compute_dtype: only needed outside an autocast region of that
+        # dtype (autocast casts matmul operands itself); registered while such forwards run (_set_casting).
+        self._cast_hooks: list = []
 
     # -- construction -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -278,8 +293,11 @@ class FSDP(nn.Module):
         for m, root, w in group:
             m._parameters["weight"] = u.params[slot[w]]  # same name, now a slice of the flat shard
             self._unit_of_module[m] = (u, slot[w])
+            u.members.append((m, slot[w]))
             if root is not m:
                 self._unit_of_root[root] = u
+            else:
+                self._standalone.append(m)
         self.units.append(u)
 
     @torch.no_grad()
@@ -328,6 +346,7 @@ class FSDP(nn.Module):
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         self._reset_step()
+        self._set_casting(self._needs_casting())
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
         for u in self.units:  # a prefetch that was not used (order changed): let it land and drop it
@@ -345,8 +364,11 @@ class FSDP(nn.Module):
             for pending in (u.fwd_pending, u.bwd_pending):
                 if pending is not None:
                     pending[0].wait()
+            if u.views is not None:
+                self._uninstall(u)
             u.fwd_pending = u.bwd_pending = u.bwd_full = u.views = u.full = None
             u.active = 0
+            u.packed = False
         self._order, self._packed, self._bwd_started, self._live = [], [], set(), {}
         self.trace = []
         self.collectives = Counter()
@@ -370,54 +392,82 @@ class FSDP(nn.Module):
         self.trace.append(("start", pos))
         full = self._wait_gather(u, u.fwd_pending)
         u.fwd_pending = None
-        self._live[full.untyped_storage().data_ptr()] = u
+        self._live[id(full)] = u
         u.full, u.views = full, _UnshardUnit.apply(self, u, full, *u.params)
+        for m, slot in u.members:  # shadow each shard parameter by its full weight while the unit is in use
+            object.__setattr__(m, "weight", u.views[slot])
 
     def _exit(self, u: _Unit) -> None:
         u.active -= 1
         if u.active > 0:
             return
-        self._live.pop(u.full.untyped_storage().data_ptr(), None)
+        self._live.pop(id(u.full), None)
+        self._uninstall(u)
         self.trace.append(("end", u.pos))
-        if (torch.is_grad_enabled() and u in self._packed and u is self._expected_order[-1]
+        if (torch.is_grad_enabled() and u.packed and u is self._expected_order[-1]
                 and u.bwd_full is None):
             u.bwd_full = u.full  # the last unit: backward needs it first, keep it instead of gathering again
             self.trace.append(("bwd_keep", u.index))
         u.full = u.views = None
 
-    def _pre_forward(self, module: nn.Module, args: tuple):
-        u, slot = self._unit_of_module[module]
-        self._enter(u)
-        object.__setattr__(module, "weight", u.views[slot])  # shadows the shard parameter during this call
-        bias = module._parameters.get("bias")
-        if self.compute_dtype is not None and bias is not None:
-            object.__setattr__(module, "bias", bias.to(self.compute_dtype))  # replicated; grad flows back fp32
-        if self.compute_dtype is not None and isinstance(module, LINEAR_TYPES):
-            return tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a
-                         for a in args)
-        return None
+    @staticmethod
+    def _uninstall(u: _Unit) -> None:
+        for m, _ in u.members:
+            m.__dict__.pop("weight", None)
 
-    def _post_forward(self, module: nn.Module, args, output):
-        module.__dict__.pop("weight", None)
+    # -- casting to compute_dtype ---------------------------------------------------------------------
+    def _needs_casting(self) -> bool:
+        """Whether Linear inputs must be cast to ``compute_dtype`` by hooks: not inside an autocast region of
+        that dtype on the weights' device, where autocast casts the matmul operands to the same dtype."""
+        if self.compute_dtype is None or not self.units:
+            return False
+        device_type = self.units[0].flat_shard.device.type
+        return not (torch.is_autocast_enabled(device_type)
+                    and torch.get_autocast_dtype(device_type) == self.compute_dtype)
+
+    def _set_casting(self, on: bool) -> None:
+        if on == bool(self._cast_hooks):
+            return
+        if on:
+            for m in self._unit_of_module:
+                if isinstance(m, LINEAR_TYPES):
+                    self._cast_hooks.append(m.register_forward_pre_hook(self._cast_inputs))
+                    self._cast_hooks.append(m.register_forward_hook(self._drop_cast_bias))
+        else:
+            for h in self._cast_hooks:
+                h.remove()
+            self._cast_hooks.clear()
+
+    def _cast_inputs(self, module: nn.Module, args: tuple):
+        bias = module._parameters.get("bias")
+        if bias is not None:
+            object.__setattr__(module, "bias", bias.to(self.compute_dtype))  # replicated; grad flows back fp32
+        return tuple(a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+    @staticmethod
+    def _drop_cast_bias(module: nn.Module, args, output):
         module.__dict__.pop("bias", None)
-        self._exit(self._unit_of_module[module][0])
         return output
 
     # -- saved tensors: gathered weights are not kept for backward ------------------------------------
     def _pack(self, t: torch.Tensor):
-        if not self._live or t.layout != torch.strided:
+        # Called for every tensor autograd saves: kept cheap (one attribute, one dict lookup). A full weight
+        # is a view of its unit's gathered buffer, and views of views share the root's ``_base``.
+        base = t._base
+        if base is None:
             return t
-        u = self._live.get(t.untyped_storage().data_ptr())
+        u = self._live.get(id(base))
         if u is None:
             return t
-        if u not in self._packed:
+        if not u.packed:
+            u.packed = True
             self._packed.append(u)
-        return (_WeightToken, u, t.size(), t.stride(), t.storage_offset())
+        return _WeightRef(u, t.size(), t.stride(), t.storage_offset())
 
     def _unpack(self, packed):
-        if not (isinstance(packed, tuple) and packed and packed[0] is _WeightToken):
+        if type(packed) is not _WeightRef:
             return packed
-        _, u, size, stride, offset = packed
+        u, size, stride, offset = packed.unit, packed.size, packed.stride, packed.offset
         if u.bwd_full is None:
             if u.bwd_pending is None:
                 u.bwd_pending = self._issue_gather(u)
@@ -519,6 +569,7 @@ class FSDP(nn.Module):
         return out_dict
 
     def close(self) -> None:
+        self._set_casting(False)
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
@@ -545,5 +596,10 @@ class _Done:
         return None
 
 
-class _WeightToken:
-    """Marks a saved tensor that is a view of a gathered unit (see ``FSDP._pack``)."""
+class _WeightRef:
+    """Stands for a saved tensor that is a view of a gathered unit (see ``FSDP._pack``): unit and geometry."""
+
+    __slots__ = ("offset", "size", "stride", "unit")
+
+    def __init__(self, unit: _Unit, size: torch.Size, stride: tuple[int, ...], offset: int):
+        self.unit, self.size, self.stride, self.offset = unit, size, stride, offset
