@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Two-GPU runs of issues #5 and #8 on `nvidia-h200-x2` after the FSDP host-path change and the
+# shard-bench timing change (steps synchronised only at their ends). Each step has its own time limit
+# and may fail without stopping the rest (step.sh).
+#
+#   device tool, kind nvidia-h200-x2:   CS336_GIT_COMMIT=<commit> bash scripts/device/x2.sh a
+#
+# a: GPU tests of the parallel code; shard-bench bf16 (every variant, 10 timed steps); a diagnostic
+#    shard-bench of none + fsdp with CPU activity in the profile on both ranks (not saved as records);
+#    ddp-bench bf16 eager (single GPU, bucketed 25/100/1000 MB, torch DDP; 15 timed steps).
+# b: shard-bench fp32 (every variant) and ddp-bench fp32 (single GPU, bucketed, torch DDP).
+#
+# Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
+# summary.txt, timeline PNGs.
+set -u
+PLAN=${1:?usage: x2.sh a|b}
+OUT=${OUT:-/tmp/x2-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md
+PY=${PY:-python3}
+R="$OUT/results"; T="$OUT/traces"; D="$OUT/diag"; mkdir -p "$R" "$T" "$D"
+CLI="-m cs336_systems"
+TR2="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
+XL="--preset xl --context-length 512 --batch-size 4"
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
+$PY -m pip install --no-deps --no-build-isolation -e . -q >"$OUT/log-pip.txt" 2>&1 || echo "pip install failed (PYTHONPATH used)"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/summary.txt"
+$PY -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())" | tee -a "$OUT/summary.txt"
+
+case "$PLAN" in
+a)
+  step 120 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py tests/test_fsdp.py tests/test_shard_bench.py \
+    -p no:cacheprovider
+  step 150 shard-bench-bf16 $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 10 --memory-steps 2 \
+    --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  step 90 shard-diag-bf16 $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 3 --memory-steps 1 \
+    --variants none fsdp --profile none fsdp --profile-cpu --trace-dir "$D" --no-save
+  step 150 ddp-bench-bf16 $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 25 100 1000 --timeline-variants bucketed-25MB \
+    --trace-dir "$T" --results-dir "$R"
+  ;;
+b)
+  step 200 shard-bench-fp32 $TR2 $CLI shard-bench $XL --precision fp32 --warmup 2 --steps 6 --memory-steps 1 \
+    --profile --results-dir "$R"
+  step 200 ddp-bench-fp32 $TR2 $CLI ddp-bench $XL --precision fp32 --warmup 2 --steps 8 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 25 1000 --timeline-variants --results-dir "$R"
+  ;;
+esac
+
+cd "$OUT" || exit 1
+mv traces/*.png . 2>/dev/null
+tar czf results.tgz results traces && rm -rf results traces
+[ -d diag ] && tar czf diag.tgz diag && rm -rf diag
+tar czf logs.tgz log-*.txt && rm -f log-*.txt
+ls -la "$OUT"
