@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cs336_systems.bench.comm import CommBenchConfig, run_comm_bench, summarize_ranks
 from cs336_systems.bench.ddp import DDPBenchConfig, render_timeline, run_ddp_bench
@@ -75,6 +76,12 @@ def test_ddp_bench_tiny_end_to_end(tmp_path):
     assert 1 < by["bucketed-0.1MB"]["comm_calls_per_step"] < 21
     for r in rows:
         assert r["step_ms"] > 0 and r["nocomm_step_ms"] > 0 and r["status"] == "ok"
+        # paired timing: one no-communication step per step, overhead from the pairs with its interval
+        assert r["timing"] == "paired" and len(r["step_times_ms"]) == len(r["nocomm_times_ms"]) == 2
+        pairs = sorted(s / n - 1 for s, n in zip(r["step_times_ms"], r["nocomm_times_ms"]))
+        assert r["overhead"] == pytest.approx(sum(pairs) / 2)
+        lo, hi = r["overhead_ci95"]
+        assert pairs[0] - 1e-12 <= lo <= r["overhead"] <= hi <= pairs[1] + 1e-12
     assert "timeline" in by["naive"] and "timeline" in by["overlap"] and "timeline" not in by["flat"]
     assert render_timeline(rows, tmp_path / "t.png").stat().st_size > 0
     # The report section renders these records (tables, targets, overhead model, timeline) without a GPU.
@@ -87,6 +94,18 @@ def test_ddp_bench_tiny_end_to_end(tmp_path):
     for pid in section.PROBLEM_IDS[1:]:
         assert f"## {pid}\n" in text, pid
     assert "ddp_timeline_fp32.png" in text and (tmp_path / "figures" / "ddp_timeline_fp32.png").exists()
+
+
+def test_median_ci95_brackets_the_median():
+    from cs336_systems.bench.ddp import median_ci95
+
+    rng = torch.Generator().manual_seed(3)
+    x = (torch.randn(41, generator=rng) * 0.1 + 1.0).tolist()
+    lo, hi = median_ci95(x)
+    med = sorted(x)[20]
+    assert lo < med < hi and hi - lo < 0.2  # ~ 2 * 1.96 * 1.25 * 0.1 / sqrt(41) ~= 0.08 wide
+    assert median_ci95(x) == (lo, hi)  # seeded
+    assert median_ci95([2.0]) == (2.0, 2.0)
 
 
 def test_accounting_arithmetic():

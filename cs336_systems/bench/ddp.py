@@ -10,8 +10,12 @@ removed between variants; PyTorch DDP goes last). Per variant:
   ends of a step; CUDA events on the compute stream split it into forward+backward, the wait for
   gradients (``sync``: everything the compute stream waited for in ``finish_gradient_synchronization``)
   and the optimizer. A step's time is the slowest rank's.
-* the same number of steps inside ``no_sync()``: no collective is issued. ``exposed`` communication
-  = median step time minus median no-communication step time.
+* after each timed step, the same step inside ``no_sync()`` (no collective is issued): the steps come in
+  pairs, so that drifting host speed (a shared machine; the eager bf16 step is host-bound) hits both
+  halves of a pair alike. ``exposed`` communication = median over pairs of (step - no-communication
+  step); ``overhead`` = median over pairs of step / no-communication step - 1, with a bootstrap 95%
+  interval (``overhead_ci95``). Records with ``timing="paired"``; older records ran all steps first,
+  then all no-communication steps, and took the difference of the two medians.
 * on GPUs, one step under ``torch.profiler`` (CUDA activity only): the summed duration of NCCL
   kernels (``comm_kernel_ms``, the time spent inside collectives on the device) and how much of it
   ran concurrently with compute kernels (``comm_hidden_ms``). On CPU (gloo) the same numbers come
@@ -203,26 +207,28 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
         optimizer.zero_grad(set_to_none=True)
         mark()
 
-    def timed(communicate: bool) -> list[float]:
-        times = []
-        for _ in range(cfg.steps):
-            clock = _StepClock(device)
-            _sync(device)
-            t0 = timeit.default_timer()
-            step(communicate, clock)
-            _sync(device)
-            times.append(timeit.default_timer() - t0)
-            if communicate:
-                clock_rows.append(clock.intervals_ms())
-        return times
+    def timed(communicate: bool) -> float:
+        clock = _StepClock(device)
+        _sync(device)
+        t0 = timeit.default_timer()
+        step(communicate, clock)
+        _sync(device)
+        if communicate:
+            clock_rows.append(clock.intervals_ms())
+        return timeit.default_timer() - t0
 
     for _ in range(cfg.warmup):
         step(True)
-    wrapped.stats.reset()
-    comm_times = timed(True)
-    comm_calls, comm_bytes, comm_host_s = wrapped.stats.calls, wrapped.stats.bytes, wrapped.stats.seconds
     step(False)  # warm the no-communication path (allocator, no_sync branches)
-    nocomm_times = timed(False)
+    wrapped.stats.reset()
+    # Pairs: a step with communication, then the same step inside no_sync(). Host speed on a shared
+    # machine drifts over seconds; a pair sees the same conditions, so their difference is the cost of
+    # communicating even when the absolute step time wanders.
+    comm_times, nocomm_times = [], []
+    for _ in range(cfg.steps):
+        comm_times.append(timed(True))
+        nocomm_times.append(timed(False))
+    comm_calls, comm_bytes, comm_host_s = wrapped.stats.calls, wrapped.stats.bytes, wrapped.stats.seconds
     prof = {}
     if cfg.profile:
         prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
@@ -286,13 +292,18 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
         step = [max(ts) for ts in zip(*(r["comm_step_s"] for r in results))]
         nocomm = [max(ts) for ts in zip(*(r["nocomm_step_s"] for r in results))]
         step_ms, nocomm_ms = statistics.median(step) * 1e3, statistics.median(nocomm) * 1e3
+        ratios = [s / n for s, n in zip(step, nocomm, strict=True)]
         row = {k: v for k, v in asdict(cfg).items() if k not in ("variants", "precisions", "bucket_sizes_mb",
                                                                 "timeline_variants")}
         row.update(
             status="ok", backend=backend, precision=r0["precision"], variant=r0["variant"], label=r0["label"],
             bucket_size_mb=r0["bucket_size_mb"], n_params=n_params, grad_bytes=4 * n_params,
             step_ms=step_ms, step_std_ms=statistics.stdev(step) * 1e3, step_min_ms=min(step) * 1e3,
-            nocomm_step_ms=nocomm_ms, exposed_comm_ms=step_ms - nocomm_ms,
+            nocomm_step_ms=nocomm_ms, timing="paired",
+            step_times_ms=[t * 1e3 for t in step], nocomm_times_ms=[t * 1e3 for t in nocomm],
+            # paired: step i with communication against step i + 1/2 without (same host conditions)
+            exposed_comm_ms=statistics.median((s - n) * 1e3 for s, n in zip(step, nocomm, strict=True)),
+            overhead=statistics.median(ratios) - 1.0, overhead_ci95=[r - 1.0 for r in median_ci95(ratios)],
             fwd_bwd_ms=statistics.fmean(r["fwd_bwd_ms"] for r in results),
             sync_ms=statistics.fmean(r["sync_ms"] for r in results),
             optimizer_ms=statistics.fmean(r["optimizer_ms"] for r in results),
@@ -309,6 +320,18 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
             row["timeline"] = r0["timeline"]
         rows.append(row)
     return rows
+
+
+def median_ci95(samples: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap 95% interval of the median of ``samples`` (fixed seed: reproducible)."""
+    import numpy as np
+
+    x = np.asarray(samples, dtype=float)
+    if len(x) < 2:
+        return float(x[0]), float(x[0])
+    rng = np.random.default_rng(seed)
+    medians = np.median(x[rng.integers(0, len(x), size=(resamples, len(x)))], axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
 def run_ddp_bench(cfg: DDPBenchConfig) -> list[dict] | None:
