@@ -1,6 +1,8 @@
 """shard-bench bookkeeping (CPU): nothing of one variant may outlive it and inflate the next one's
 memory counters, and the report's correction of records taken before that was fixed; the timed steps
-synchronise only at their ends, the memory steps between phases; the CLI end to end (records, traces).
+synchronise only at their ends, the memory steps between phases; ``rounds`` (the variant list run
+several times in turn: pooled step times, per-round medians and ratios to ``none``, memory and profile
+in round 1 only, OOM not retried); the CLI end to end (records, traces).
 
 The bug these guard against: ``_saved_activation_bytes`` returned the tensor itself from its pack
 hook, which for saved outputs makes a reference cycle through C++ (node -> saved variable -> tensor
@@ -16,6 +18,7 @@ import gc
 import gzip
 import json
 import math
+import statistics
 import weakref
 
 import pytest
@@ -97,6 +100,11 @@ def test_no_variant_outlives_itself(leaky):
         assert calls == {"timed": 3 * (cfg.warmup + cfg.steps), "measured": 3 * cfg.memory_steps}, calls
     for r in rows:
         assert r["timing"] == "ends-synced" and r["memory_steps"] == 3 and len(r["losses_rank0"]) == cfg.steps
+        assert r["rounds"] == 1 and len(r["round_step_ms"]) == 1
+    for r in rows[1:]:  # one round: the pooled ratio is the round's ratio
+        assert r["ratio_to_none"] == pytest.approx(r["step_ms"] / rows[0]["step_ms"])
+        assert r["round_ratio_to_none"] == pytest.approx([r["ratio_to_none"]])
+        assert r["ratio_to_none_round_median"] == pytest.approx(r["ratio_to_none"])
     after_none = rows[1]["retained_prev_gib"]
     if leaky:
         assert after_none > 0
@@ -243,6 +251,7 @@ def _cli(*argv: str) -> argparse.Namespace:
 
 @pytest.mark.parametrize("argv, match", [
     (("--memory-steps", "0"), "memory_steps"),
+    (("--rounds", "0"), "rounds"),
     (("--profile-cpu",), "trace_dir"),
     (("--profile-cpu", "--trace-dir", "x", "--variants", "none", "--profile", "fsdp"), "profiled"),
 ])
@@ -281,3 +290,110 @@ def test_cli_profile_cpu_writes_a_trace_per_rank(tmp_path, monkeypatch):
             events = json.load(f)["traceEvents"]
         assert any(e.get("cat") == "cpu_op" for e in events), path
     assert fsdp["trace_file"] == "shard_trace_fsdp_fp32_rank0.json.gz"
+
+
+def test_config_rejects_bad_rounds():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rounds"):
+            sh.ShardBenchConfig(**CFG, rounds=bad)
+    assert sh.ShardBenchConfig(**CFG).rounds == 1
+
+
+def _rank_result(variant: str, rounds: list[list[float]]) -> dict:
+    """What ``shard_bench_worker`` returns for one variant on one rank (only the keys summarize reads)."""
+    return {"variant": variant, "status": "ok", "start_alloc_gib": 0.0, "leftover_gib": 0.0, "retained_prev_gib": 0.0,
+            "round_leftover_gib": [0.0] * len(rounds), "round_retained_prev_gib": [0.0] * len(rounds),
+            "step_s": [t for r in rounds for t in r], "round_step_s": rounds, "losses": [1.0] * len(rounds[0])}
+
+
+def test_summarize_pools_rounds_and_ratios_per_round():
+    """Host speed doubles between round 1 and 2 for every variant; fsdp is 1.2x none in round 1 and 1.1x
+    in round 2. Per step the slowest rank counts (rank 1 has the slow steps of 'none' in round 1)."""
+    none = [_rank_result("none", [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]),
+            _rank_result("none", [[0.5, 1.5, 1.25], [1.0, 1.0, 2.0]])]  # slowest per step: [1, 1.5, 1.25], [2, 2, 2]
+    fsdp = [_rank_result("fsdp", [[1.5, 1.5, 1.5], [2.2, 2.2, 2.2]]),
+            _rank_result("fsdp", [[1.5, 1.5, 1.5], [2.2, 2.2, 2.2]])]
+    cfg = sh.ShardBenchConfig(**CFG, variants=("none", "fsdp"), rounds=2)
+    rows = sh.summarize(cfg, [[none[0], fsdp[0]], [none[1], fsdp[1]]], "gloo")
+    n, f = rows
+    assert n["rounds"] == f["rounds"] == 2
+    assert n["round_step_ms"] == pytest.approx([1250.0, 2000.0])
+    assert f["round_step_ms"] == pytest.approx([1500.0, 2200.0])
+    assert n["step_ms"] == pytest.approx(1750.0)  # median of [1, 1.5, 1.25, 2, 2, 2] s
+    assert n["step_min_ms"] == pytest.approx(1000.0)
+    assert f["step_ms"] == pytest.approx(1850.0)
+    assert not any(k in n for k in ("ratio_to_none", "round_ratio_to_none", "ratio_to_none_round_median"))
+    assert f["ratio_to_none"] == pytest.approx(1850.0 / 1750.0)
+    assert f["round_ratio_to_none"] == pytest.approx([1.2, 1.1])
+    assert f["ratio_to_none_round_median"] == pytest.approx(1.15)
+
+
+def _rounds_worker(info, cfg, oom_at):
+    """``shard_bench_worker`` with call counters, and an injected OOM at the build of
+    (variant, round) for each entry of ``oom_at`` (on every rank, as a real OOM is agreed on)."""
+    calls = {"timed": 0, "measured": 0, "build": {}}
+
+    def counted(name):
+        method = getattr(sh._Step, name)
+
+        def wrapper(self, *a, **k):
+            calls[name] += 1
+            return method(self, *a, **k)
+        return wrapper
+
+    build = sh._build
+
+    def failing_build(cfg, variant, device):
+        calls["build"][variant] = calls["build"].get(variant, 0) + 1
+        if (variant, calls["build"][variant]) in oom_at:
+            raise torch.OutOfMemoryError(f"injected: {variant} out of memory")
+        return build(cfg, variant, device)
+
+    sh._Step.timed, sh._Step.measured = counted("timed"), counted("measured")  # this spawned process only
+    sh._build = failing_build
+    return sh.shard_bench_worker(info, cfg), calls
+
+
+def test_rounds_pool_steps_measure_memory_once_and_skip_oom():
+    """2 gloo ranks, 2 rounds of none, ddp, zero1, fsdp: zero1 runs out of memory in round 1 (not built
+    again), ddp in round 2 (its record is OOM and names the round); none and fsdp get both rounds' steps,
+    round 1's memory counters only, and fsdp its ratios to none."""
+    cfg = sh.ShardBenchConfig(**CFG, variants=("none", "ddp", "zero1", "fsdp"), precision="bf16", memory_steps=2,
+                              rounds=2)
+    out = spawn(_rounds_worker, 2, (cfg, {("zero1", 1), ("ddp", 2)}), timeout_s=120)
+    per_rank = [rank_rows for rank_rows, _ in out]
+    for _, calls in out:
+        assert calls["build"] == {"none": 2, "ddp": 2, "zero1": 1, "fsdp": 2}, calls
+        # timed: none and fsdp twice, ddp once (round 1); memory steps: round 1 of none, ddp, fsdp only
+        assert calls["timed"] == 5 * (cfg.warmup + cfg.steps) and calls["measured"] == 3 * cfg.memory_steps, calls
+    for rank_rows in per_rank:
+        none, ddp, zero1, fsdp = rank_rows
+        for r in (none, fsdp):
+            assert len(r["round_step_s"]) == 2 and all(len(ts) == cfg.steps for ts in r["round_step_s"])
+            assert r["step_s"] == r["round_step_s"][0] + r["round_step_s"][1]
+            assert len(r["losses"]) == cfg.steps and len(r["round_leftover_gib"]) == 2
+        assert len(ddp["round_leftover_gib"]) == 2 and len(zero1["round_leftover_gib"]) == 1
+    rows = sh.summarize(cfg, per_rank, "gloo")
+    none, ddp, zero1, fsdp = rows
+    assert [r["status"] for r in rows] == ["ok", "OOM", "OOM", "ok"]
+    assert ddp["error"].startswith("round 2: injected") and zero1["error"].startswith("injected")
+    for r in rows:
+        assert r["rounds"] == 2 and r["timing"] == "ends-synced"
+    for r in (ddp, zero1, none):
+        assert not any(k in r for k in ("ratio_to_none", "round_ratio_to_none", "ratio_to_none_round_median"))
+    for r in (none, fsdp):
+        assert len(r["round_step_ms"]) == 2 and len(r["losses_rank0"]) == cfg.steps
+        slowest = [max(ts) for ts in zip(*(rank[rows.index(r)]["step_s"] for rank in per_rank))]
+        assert len(slowest) == 2 * cfg.steps and r["step_ms"] == pytest.approx(statistics.median(slowest) * 1e3)
+        for k, ms in enumerate(r["round_step_ms"]):
+            assert ms == pytest.approx(statistics.median(slowest[k * cfg.steps:(k + 1) * cfg.steps]) * 1e3)
+        for key in (*sh.ABS_MEMORY_KEYS, *map(sh.net_key, sh.ABS_MEMORY_KEYS), "forward_saved_gib", "params_gib",
+                    "grads_gib", "optimizer_state_gib", "saved_activations_gib"):
+            assert key in r, key
+        assert r["round_retained_prev_gib"] == [0.0, 0.0] and "leftover_warning" not in r
+    assert fsdp["ratio_to_none"] == pytest.approx(fsdp["step_ms"] / none["step_ms"])
+    assert fsdp["round_ratio_to_none"] == pytest.approx([f / n for f, n in zip(fsdp["round_step_ms"],
+                                                                                none["round_step_ms"])])
+    assert fsdp["ratio_to_none_round_median"] == pytest.approx(statistics.median(fsdp["round_ratio_to_none"]))
+    # each rank holds about half of the fp32 weights under fsdp (round 1's breakdown)
+    assert 0.45 * none["params_gib"] < fsdp["params_gib"] < 0.6 * none["params_gib"]

@@ -30,7 +30,22 @@ Method, per variant and rank (``TIMING`` = ``"ends-synced"`` in every record):
    each phase) and the memory a forward leaves for backward, each the maximum over these steps.
 4. The profiled step (variants in ``profile``), run like a memory step.
 
-The losses recorded are those of the timed steps. Allocated and peak memory after construction are
+Rounds (``rounds`` = R, default 1). The host speed of the lent machines drifts (other tenants), and an
+eager bf16 step is host-bound, so a variant measured a minute after another can look 10-20% faster or
+slower for reasons of its own. With R > 1 the whole variant list runs R times in turn (round 1: every
+variant, round 2: every variant, ...), each time building the variant afresh and running ``warmup``
+untimed then ``steps`` timed steps. The memory steps, the profiled step and the tensor breakdown
+are taken in round 1 only (later rounds only time), so every memory key means what it means with
+R = 1. ``step_s`` pools the timed steps of all rounds (``step_ms`` etc. are over R x ``steps``
+slowest-rank steps) and ``round_step_ms`` lists the median of each round. Every variant other than
+``none`` gets, when ``none`` was measured, ``ratio_to_none`` (= ``step_ms`` / none's ``step_ms``),
+``round_ratio_to_none`` (per round: its round median / none's round median of the same round, so a
+drift slower than a round cancels) and ``ratio_to_none_round_median`` (their median). A variant that
+runs out of memory is not run again in later rounds; one that runs out only in a later round becomes
+an OOM record too (``error`` names the round). The leftover check runs in every round
+(``round_leftover_gib``, ``round_retained_prev_gib``; warnings of later rounds name their round).
+
+The losses recorded are those of round 1's timed steps. Allocated and peak memory after construction are
 read once, before any step. The breakdown into parameters, gradients and optimizer state is computed
 from the tensors each rank holds (their element counts times their dtype size), activations from the
 bytes autograd saves in a forward of the plain model (``saved_tensors_hooks``, unique storages); the
@@ -79,6 +94,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
@@ -115,6 +131,7 @@ class ShardBenchConfig:
     warmup: int = 2
     steps: int = 5
     memory_steps: int = 2  # after the timed steps: synchronised per phase to read the memory counters
+    rounds: int = 1  # the variant list runs this many times in turn; memory and profile in round 1 only
     profile: tuple[str, ...] = ("fsdp", "torch-fsdp2")
     profile_cpu: bool = False  # the profiled step records CPU activity too; every rank writes its trace
     trace_dir: str | None = None
@@ -133,6 +150,9 @@ class ShardBenchConfig:
             raise ValueError("shard-bench: world_size must be >= 2 (the single-GPU step is the 'none' variant)")
         if self.warmup < 1 or self.steps < 2:
             raise ValueError(f"shard-bench: need warmup >= 1 and steps >= 2, got {self.warmup}, {self.steps}")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"shard-bench: need rounds >= 1 (an integer: how often the variant list runs), "
+                             f"got {self.rounds!r}")
         if self.memory_steps < 1:
             raise ValueError(f"shard-bench: need memory_steps >= 1 (the memory counters come from those steps), "
                              f"got {self.memory_steps}")
@@ -331,7 +351,11 @@ def _profile(step_fn, device: torch.device, trace_path: Path | None, cpu: bool =
     }
 
 
-def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue: _Residue | None = None) -> dict:
+def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue: _Residue | None = None,
+                   round_index: int = 0) -> dict:
+    """One build and run of ``variant``. In round 0 all of it; in later rounds (``round_index`` > 0) only
+    the warmup and timed steps (no memory counters, memory steps, tensor breakdown or profile)."""
+    first = round_index == 0
     device = info.device
     mem = _Memory(device)
     residue = residue if residue is not None else _Residue()
@@ -342,8 +366,9 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
     row: dict = {"variant": variant, "start_alloc_gib": start, "leftover_gib": start,
                  "retained_prev_gib": residue.alive_bytes() / GIB}
     if max(row["leftover_gib"], row["retained_prev_gib"]) > LEFTOVER_WARN_GIB:
+        where = f"rank {info.rank}" + ("" if first else f", round {round_index + 1}")
         row["leftover_warning"] = (
-            f"shard-bench rank {info.rank}: {row['leftover_gib']:.2f} GiB allocated and "
+            f"shard-bench {where}: {row['leftover_gib']:.2f} GiB allocated and "
             f"{row['retained_prev_gib']:.2f} GiB of {residue.variant!r}'s parameters/optimizer state still alive "
             f"before {variant!r} starts; its absolute memory counters include that (see the *_net_gib values)")
         print(f"WARNING: {row['leftover_warning']}", file=sys.stderr, flush=True)
@@ -351,7 +376,8 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
     try:
         wrapped, opt, finish, model = _build(cfg, variant, device)
         mem.sync()
-        row.update(init_alloc_gib=mem.allocated(), init_peak_gib=mem.peak())
+        if first:
+            row.update(init_alloc_gib=mem.allocated(), init_peak_gib=mem.peak())
         model_cfg = get_preset(cfg.preset)
         g = torch.Generator().manual_seed(1000 + info.rank)
         x, y = (torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.context_length), generator=g).to(device)
@@ -364,27 +390,28 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
         timed = [step.timed() for _ in range(cfg.steps)]
         row["step_s"] = [t for t, _ in timed]
         row["losses"] = [loss for _, loss in timed]  # same init and data in every variant: a cross-check
-        samples: list[dict] = [{} for _ in range(cfg.memory_steps)]
-        for sample in samples:
-            step.measured(sample)
-        for key in samples[0]:
-            row[key] = max(s[key] for s in samples)
-        # What this rank holds, from the tensors themselves (bytes -> GiB).
-        params = list(model.parameters())
-        row.update(
-            local_param_numel=sum(_local_numel(p) for p in params),
-            params_gib=sum(_local_bytes(p) for p in params) / GIB,
-            grads_gib=sum(_local_bytes(p) for p in params if p.requires_grad) / GIB,  # fp32 grads, param-shaped
-            optimizer_state_gib=_optimizer_state_bytes(opt) / GIB,
-        )
-        if variant == "none":
-            row["saved_activations_gib"] = _saved_activation_bytes(wrapped, x, autocast) / GIB
-        if variant in cfg.profile:
-            trace = Path(cfg.trace_dir) / f"shard_trace_{variant}_{cfg.precision}_rank{info.rank}.json.gz" \
-                if cfg.trace_dir and (info.rank == 0 or cfg.profile_cpu) else None
-            row.update(_profile(step.measured, device, trace, cpu=cfg.profile_cpu))
-            if trace is not None:
-                row["trace_file"] = trace.name
+        if first:  # memory steps, tensor breakdown and profile: round 1 only
+            samples: list[dict] = [{} for _ in range(cfg.memory_steps)]
+            for sample in samples:
+                step.measured(sample)
+            for key in samples[0]:
+                row[key] = max(s[key] for s in samples)
+            # What this rank holds, from the tensors themselves (bytes -> GiB).
+            params = list(model.parameters())
+            row.update(
+                local_param_numel=sum(_local_numel(p) for p in params),
+                params_gib=sum(_local_bytes(p) for p in params) / GIB,
+                grads_gib=sum(_local_bytes(p) for p in params if p.requires_grad) / GIB,  # fp32 grads, param-shaped
+                optimizer_state_gib=_optimizer_state_bytes(opt) / GIB,
+            )
+            if variant == "none":
+                row["saved_activations_gib"] = _saved_activation_bytes(wrapped, x, autocast) / GIB
+            if variant in cfg.profile:
+                trace = Path(cfg.trace_dir) / f"shard_trace_{variant}_{cfg.precision}_rank{info.rank}.json.gz" \
+                    if cfg.trace_dir and (info.rank == 0 or cfg.profile_cpu) else None
+                row.update(_profile(step.measured, device, trace, cpu=cfg.profile_cpu))
+                if trace is not None:
+                    row["trace_file"] = trace.name
         row["status"] = "ok"
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not is_oom(err):
@@ -410,8 +437,39 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
 
 
 def shard_bench_worker(info: DistInfo, cfg: ShardBenchConfig) -> list[dict]:
+    """One dict per entry of ``cfg.variants``: round 1's run, with the timed steps of later rounds appended
+    to ``step_s`` and listed per round in ``round_step_s``. Every rank skips the same runs (the status is
+    agreed on by all ranks in ``_bench_variant``), so no rank waits alone in a collective."""
     residue = _Residue()
-    return [_bench_variant(info, cfg, v, residue) for v in cfg.variants]
+    merged: list[dict | None] = [None] * len(cfg.variants)
+    bar = tqdm(total=cfg.rounds * len(cfg.variants), desc="shard-bench", unit="run", disable=info.rank != 0)
+    for r in range(cfg.rounds):
+        for i, variant in enumerate(cfg.variants):
+            bar.set_postfix_str(f"round {r + 1}/{cfg.rounds} {variant}")
+            prev = merged[i]
+            if prev is not None and prev["status"] != "ok":  # out of memory before: not tried again
+                bar.update()
+                continue
+            run = _bench_variant(info, cfg, variant, residue, round_index=r)
+            bar.update()
+            if prev is None:
+                run["round_step_s"] = [run["step_s"]] if run["status"] == "ok" else []
+                for key in ("leftover_gib", "retained_prev_gib"):
+                    run[f"round_{key}"] = [run[key]]
+                merged[i] = run
+                continue
+            for key in ("leftover_gib", "retained_prev_gib"):
+                prev[f"round_{key}"].append(run[key])
+            if run.get("leftover_warning"):
+                prev["leftover_warning"] = "; ".join(w for w in (prev.get("leftover_warning"),
+                                                                 run["leftover_warning"]) if w)
+            if run["status"] != "ok":
+                prev.update(status="OOM", error=f"round {r + 1}: {run['error']}")
+                continue
+            prev["step_s"] = prev["step_s"] + run["step_s"]
+            prev["round_step_s"].append(run["step_s"])
+    bar.close()
+    return merged
 
 
 def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -> list[dict]:
@@ -426,6 +484,9 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
         for key in ("start_alloc_gib", "leftover_gib", "retained_prev_gib"):
             row[key] = max(r[key] for r in results)
             row[f"{key}_per_rank"] = [r[key] for r in results]
+        for key in ("round_leftover_gib", "round_retained_prev_gib"):  # per round, the largest rank's
+            if key in r0:
+                row[key] = [max(vals) for vals in zip(*(r[key] for r in results))]
         warnings = [r["leftover_warning"] for r in results if r.get("leftover_warning")]
         if warnings:
             row["leftover_warning"] = "; ".join(warnings)
@@ -433,9 +494,13 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
             row.update(status="OOM", error=next(r.get("error") for r in results if r["status"] != "ok"))
             rows.append(row)
             continue
+        # Slowest rank per step, then pooled over every round's steps (and the median of each round).
         step = [max(ts) for ts in zip(*(r["step_s"] for r in results))]
+        per_round = [r.get("round_step_s") or [r["step_s"]] for r in results]  # [rank][round][step]
+        round_ms = [statistics.median(max(ts) for ts in zip(*(rank[k] for rank in per_round))) * 1e3
+                    for k in range(len(per_round[0]))]
         row.update(step_ms=statistics.median(step) * 1e3, step_std_ms=statistics.stdev(step) * 1e3,
-                   step_min_ms=min(step) * 1e3, losses_rank0=r0["losses"])
+                   step_min_ms=min(step) * 1e3, round_step_ms=round_ms, losses_rank0=r0["losses"])
         for key in r0:
             if (key.endswith("_gib") or key in ("local_param_numel",)) and key not in row:
                 row[key] = max(r[key] for r in results)
@@ -449,7 +514,22 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
     for row in rows:
         if row["status"] == "ok" and acts is not None:
             row["saved_activations_gib"] = acts  # same forward for every variant
+    _add_ratios_to_none(rows)
     return rows
+
+
+def _add_ratios_to_none(rows: list[dict]) -> None:
+    """Step time of every measured variant other than ``none`` relative to ``none`` (the first ``none``
+    record with status ok): of the pooled medians, per round, and the median of the per-round ratios."""
+    none = next((r for r in rows if r["variant"] == "none" and r["status"] == "ok"), None)
+    if none is None:
+        return
+    for row in rows:
+        if row["variant"] == "none" or row["status"] != "ok":
+            continue
+        per_round = [v / n for v, n in zip(row["round_step_ms"], none["round_step_ms"], strict=True)]
+        row.update(ratio_to_none=row["step_ms"] / none["step_ms"], round_ratio_to_none=per_round,
+                   ratio_to_none_round_median=statistics.median(per_round))
 
 
 def run_shard_bench(cfg: ShardBenchConfig) -> list[dict] | None:

@@ -3,6 +3,7 @@ step time of optimizer-state sharding and FSDP vs unsharded DDP, the single-GPU 
 ZeroRedundancyOptimizer and FSDP2 (optimizer_state_sharding_accounting, fsdp_accounting).
 
     torchrun --nproc-per-node 2 -m cs336_systems shard-bench --preset xl --precision bf16 --trace-dir out/
+    torchrun --nproc-per-node 2 -m cs336_systems shard-bench --variants none fsdp --rounds 3   # drift-robust ratio
     cs336-systems shard-bench --preset tiny --device cpu        # spawns 2 gloo processes itself
 """
 
@@ -20,9 +21,9 @@ from cs336_systems.bench.shard import PRECISIONS, PROBLEM, VARIANTS, ShardBenchC
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
 
-TABLE_COLUMNS = ["variant", "status", "step_ms", "init_peak_gib", "pre_step_peak_gib", "post_step_peak_gib",
-                 "post_step_alloc_gib", "params_gib", "grads_gib", "optimizer_state_gib", "forward_saved_gib",
-                 "comm_kernel_ms", "comm_hidden_ms", "compute_idle_ms"]
+TABLE_COLUMNS = ["variant", "status", "step_ms", "ratio_to_none", "ratio_to_none_round_median", "init_peak_gib",
+                 "pre_step_peak_gib", "post_step_peak_gib", "post_step_alloc_gib", "params_gib", "grads_gib",
+                 "optimizer_state_gib", "forward_saved_gib", "comm_kernel_ms", "comm_hidden_ms", "compute_idle_ms"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timed steps (device synchronize at both ends of each step only): step time")
     p.add_argument("--memory-steps", type=int, default=2,
                    help="steps after the timed ones, synchronised per phase: the memory counters (max over them)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the whole variant list this many times in turn, each variant built afresh; step "
+                        "times are pooled, per-round medians and per-round ratios to 'none' recorded (host-speed "
+                        "drift cancels within a round); memory steps and the profile in round 1 only")
     p.add_argument("--trace-dir", default=None,
                    help="write Chrome traces (rank 0; every rank with --profile-cpu) and the timeline PNG here")
     p.add_argument("--profile-cpu", action="store_true",
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ShardBenchConfig(preset=args.preset, context_length=args.context_length, batch_size=args.batch_size,
                            precision=args.precision, variants=tuple(args.variants), world_size=world,
                            warmup=args.warmup, steps=args.steps, memory_steps=args.memory_steps,
+                           rounds=args.rounds,
                            profile=tuple(args.profile or ()), profile_cpu=args.profile_cpu, trace_dir=args.trace_dir,
                            attention=args.attention, device=args.device, timeout_s=args.timeout_s)
     rows = run_shard_bench(cfg)
@@ -63,6 +69,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     df = pd.DataFrame(rows)
     print(df[[c for c in TABLE_COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".4g"))
+    if cfg.rounds > 1:  # per round: median step and its ratio to 'none' of the same round
+        per_round = pd.DataFrame([
+            {"variant": r["variant"], **{f"round {k + 1} ms": ms for k, ms in enumerate(r["round_step_ms"])},
+             **{f"round {k + 1} / none": q for k, q in enumerate(r.get("round_ratio_to_none", []))}}
+            for r in rows if r["status"] == "ok"])
+        print(per_round.to_markdown(index=False, floatfmt=".4g"))
     if not args.no_save:
         print(f"records: {write_records(PROBLEM, rows, args.results_dir, device=torch.device(cfg.device_type))}")
     if args.trace_dir:
