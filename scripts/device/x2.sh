@@ -8,12 +8,14 @@
 # a: GPU tests of the parallel code; shard-bench bf16 (every variant, 10 timed steps); a diagnostic
 #    shard-bench of none + fsdp with CPU activity in the profile on both ranks (not saved as records);
 #    ddp-bench bf16 eager (single GPU, bucketed 25/100/1000 MB, torch DDP; 15 timed steps).
-# b: shard-bench fp32 (every variant) and ddp-bench fp32 (single GPU, bucketed, torch DDP).
+# b: bf16 again with the drift-robust methods: ddp-bench with paired steps (eager and compiled blocks),
+#    shard-bench with 3 rounds of every variant.
+# c: fp32 with the same methods.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b}
+PLAN=${1:?usage: x2.sh a|b|c}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -40,11 +42,20 @@ a)
     --variants none bucketed torch-ddp --bucket-sizes-mb 25 100 1000 --timeline-variants bucketed-25MB \
     --trace-dir "$T" --results-dir "$R"
   ;;
-b)
-  step 200 shard-bench-fp32 $TR2 $CLI shard-bench $XL --precision fp32 --warmup 2 --steps 6 --memory-steps 1 \
-    --profile --results-dir "$R"
-  step 200 ddp-bench-fp32 $TR2 $CLI ddp-bench $XL --precision fp32 --warmup 2 --steps 8 \
+b)  # bf16 with the drift-robust methods: paired DDP steps, shard-bench rounds
+  step 130 ddp-bench-bf16 $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 25 100 1000 --timeline-variants bucketed-100MB \
+    --trace-dir "$T" --results-dir "$R"
+  step 150 ddp-bench-bf16-compile $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 --compile \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --timeline-variants --results-dir "$R"
+  step 280 shard-bench-bf16 $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 8 --memory-steps 2 \
+    --rounds 3 --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  ;;
+c)  # fp32 with the same methods
+  step 230 ddp-bench-fp32 $TR2 $CLI ddp-bench $XL --precision fp32 --warmup 2 --steps 8 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 25 1000 --timeline-variants --results-dir "$R"
+  step 300 shard-bench-fp32 $TR2 $CLI shard-bench $XL --precision fp32 --warmup 2 --steps 4 --memory-steps 1 \
+    --rounds 2 --profile --results-dir "$R"
   ;;
 esac
 
