@@ -11,11 +11,12 @@
 # b: bf16 again with the drift-robust methods: ddp-bench with paired steps (eager and compiled blocks),
 #    shard-bench with 3 rounds of every variant.
 # c: fp32 with the same methods.
+# p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c}
+PLAN=${1:?usage: x2.sh a|b|c|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -50,6 +51,9 @@ b)  # bf16 with the drift-robust methods: paired DDP steps, shard-bench rounds
     --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --timeline-variants --results-dir "$R"
   step 280 shard-bench-bf16 $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 8 --memory-steps 2 \
     --rounds 3 --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  ;;
+p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
+  step 120 host-probe $TR2 scripts/device/host_probe.py
   ;;
 c)  # fp32 with the same methods
   step 230 ddp-bench-fp32 $TR2 $CLI ddp-bench $XL --precision fp32 --warmup 2 --steps 8 \
