@@ -52,6 +52,7 @@ from cs336_systems.parallel.process_group import DistInfo, run_distributed
 
 PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one problem id
 VARIANTS = ("none", "naive", "flat", "overlap", "bucketed", "torch-ddp")
+COMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -74,6 +75,7 @@ class DDPBenchConfig:
     nccl_max_ctas: int | None = None  # cap on NCCL's thread blocks per collective (NCCL_MAX_CTAS); None: NCCL's
     compile: bool = False  # torch.compile each Transformer block in place (regional compilation; fewer launches)
     nccl_high_priority: bool = False  # NCCL on high-priority streams (process_group.HIGH_PRIORITY_ENV)
+    grad_comm_dtype: str | None = None  # "bf16" / "fp16": overlap, bucketed and torch-ddp all-reduce in it
 
     def __post_init__(self):
         get_preset(self.preset)
@@ -89,6 +91,13 @@ class DDPBenchConfig:
             raise ValueError("ddp-bench: world_size must be >= 2 (the single-device step is the 'none' variant)")
         if self.warmup < 1 or self.steps < 2:
             raise ValueError(f"ddp-bench: need warmup >= 1 and steps >= 2, got {self.warmup}, {self.steps}")
+        if self.grad_comm_dtype is not None:
+            if self.grad_comm_dtype not in COMM_DTYPES:
+                raise ValueError(f"ddp-bench: grad_comm_dtype must be one of {', '.join(COMM_DTYPES)} or None, "
+                                 f"got {self.grad_comm_dtype!r}")
+            bad = [v for v in self.variants if v in ("naive", "flat")]
+            if bad:
+                raise ValueError(f"ddp-bench: grad_comm_dtype applies to overlap, bucketed and torch-ddp; drop {bad}")
         if any(b <= 0 for b in self.bucket_sizes_mb):
             raise ValueError(f"ddp-bench: bucket sizes must be > 0, got {self.bucket_sizes_mb}")
         if self.device == "cuda" or (self.device is None and torch.cuda.is_available()):
@@ -187,7 +196,8 @@ def _profile_step(step_fn, device: torch.device, keep_intervals: bool) -> dict:
 def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, precision: str, variant: str,
                    bucket_mb: float | None, label: str) -> dict:
     device = info.device
-    wrapped = wrap_model(model, variant, bucket_mb)
+    comm = COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
+    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext
     clock_rows: list[list[float]] = []
@@ -240,12 +250,13 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
 
 
 def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
-                  compiled: bool = False, high_priority: bool = False) -> str:
+                  compiled: bool = False, high_priority: bool = False, grad_comm_dtype: str | None = None) -> str:
     """'bucketed-100MB', plus '+compile' for compiled blocks, '@ctasN' for an NCCL CTA cap and '@hiprio' for
     NCCL on high-priority streams."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
     return (label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
-            + ("@hiprio" if high_priority else ""))
+            + ("@hiprio" if high_priority else "")
+            + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else ""))
 
 
 def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
@@ -267,7 +278,8 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
             if info.device.type == "cuda":  # each variant's own peak (the model and AdamW state are shared)
                 torch.cuda.synchronize(info.device)
                 torch.cuda.reset_peak_memory_stats(info.device)
-            label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority)
+            label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority,
+                                  cfg.grad_comm_dtype)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb, label=label,
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30

@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nccl-max-ctas", type=int, default=None,
                    help="cap NCCL's thread blocks per collective (NCCL_MAX_CTAS), so gradient all-reduces take fewer "
                         "SMs from the backward; labels get '@ctas<N>'")
+    p.add_argument("--grad-comm-dtype", choices=["bf16", "fp16"], default=None,
+                   help="all-reduce gradients in this dtype (overlap, bucketed; torch-ddp through its compression "
+                   "hook); default: fp32, the gradients' dtype")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--no-save", action="store_true")
 
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
                          steps=args.steps, profile=not args.no_profile,
                          timeline_variants=tuple(args.timeline_variants), attention=args.attention,
                          device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas,
-                         compile=args.compile, nccl_high_priority=args.nccl_high_priority)
+                         compile=args.compile, nccl_high_priority=args.nccl_high_priority,
+                         grad_comm_dtype=args.grad_comm_dtype)
     configure_nccl(cfg.nccl_max_ctas, cfg.nccl_high_priority)  # before any communicator exists
     rows = run_ddp_bench(cfg)
     if rows is None:  # not rank 0

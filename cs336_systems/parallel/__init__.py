@@ -25,10 +25,11 @@ from cs336_systems.parallel.strategies import (
 
 
 def wrap_model(module: nn.Module, strategy: str, bucket_size_mb: float | None = None, *,
-               compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> nn.Module:
+               compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+               grad_comm_dtype: torch.dtype | None = None) -> nn.Module:
     """Wrap ``module`` with ``strategy`` (see ``STRATEGIES``)."""
     return get_strategy(strategy).wrap(module, WrapOptions(bucket_size_mb=bucket_size_mb, compute_dtype=compute_dtype,
-                                                           reduce_dtype=reduce_dtype))
+                                                           reduce_dtype=reduce_dtype, grad_comm_dtype=grad_comm_dtype))
 
 
 def needs_process_group(strategy: str) -> bool:

@@ -230,6 +230,7 @@ class _Bucket:
     ready: set[int] = field(default_factory=set)  # id() of params whose gradient has arrived this step
     work: object | None = None  # the async all-reduce in flight
     reduced: torch.Tensor | None = None  # the tensor it reduces (the flat buffer, or a one-parameter bucket's grad)
+    wire: torch.Tensor | None = None  # with comm_dtype: ``reduced`` cast to it, the tensor actually all-reduced
     divide: bool = False  # whether ``reduced`` still has to be divided by the world size (no AVG)
 
     def __post_init__(self):
@@ -264,13 +265,21 @@ class BucketedDDP(_DataParallel):
     of its own); ``None``: one bucket per parameter, reduced in place without a copy (``OverlapDDP``).
     A bucket also never mixes devices or dtypes. After each synchronised backward the gradients of a
     bucket of several parameters are views of one flat buffer (module docstring).
+
+    ``comm_dtype``: all-reduce the gradients in this dtype (e.g. ``torch.bfloat16``: half the bytes of
+    fp32, as PyTorch DDP's ``bf16_compress_hook`` and FSDP's ``reduce_dtype``): each bucket is cast to
+    it, averaged, and copied back into the fp32 gradients. Every gradient is then rounded to bf16 (8
+    significant bits) before it is averaged and the average is rounded again, so the result differs
+    from the fp32 average by up to ~2^-8 relative; ``None`` (default) reduces in the gradients' dtype.
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
-                 process_group: dist.ProcessGroup | None = None):
+                 process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None):
         if bucket_size_mb is not None and not bucket_size_mb > 0:
             raise ValueError(f"{type(self).__name__}: bucket_size_mb must be > 0, got {bucket_size_mb!r}")
+        _check_comm_dtype(type(self).__name__, comm_dtype)
         super().__init__(module, process_group)
+        self.comm_dtype = comm_dtype
         self.bucket_size_mb = bucket_size_mb
         self.buckets = self._assign_buckets()
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
@@ -313,7 +322,10 @@ class BucketedDDP(_DataParallel):
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
         bucket.reduced = bucket.params[0].grad if len(bucket.params) == 1 else bucket.flat_gradient()
-        bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
+        if self.comm_dtype is not None and bucket.reduced.dtype != self.comm_dtype:
+            bucket.wire = bucket.reduced.to(self.comm_dtype)
+        bucket.work, bucket.divide = self._all_reduce_mean(
+            bucket.reduced if bucket.wire is None else bucket.wire, async_op=True)
 
     # -- API --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -336,6 +348,8 @@ class BucketedDDP(_DataParallel):
                         "parameters with requires_grad_(False))")
             for bucket in self.buckets:
                 self._wait(bucket.work)
+                if bucket.wire is not None:
+                    bucket.reduced.copy_(bucket.wire)  # back into the fp32 gradients
                 if bucket.divide:  # no AVG on this backend: one divide of the whole reduced buffer
                     bucket.reduced.div_(self.world_size)
         finally:
@@ -344,7 +358,7 @@ class BucketedDDP(_DataParallel):
     def _reset_step(self) -> None:
         for bucket in self.buckets:
             bucket.ready.clear()
-            bucket.work = bucket.reduced = None
+            bucket.work = bucket.reduced = bucket.wire = None
             bucket.divide = False
         self._next_to_launch = 0
 
@@ -362,8 +376,9 @@ class BucketedDDP(_DataParallel):
 class OverlapDDP(BucketedDDP):
     """One async all-reduce per parameter, issued from its post-accumulate-grad hook during backward."""
 
-    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None):
-        super().__init__(module, bucket_size_mb=None, process_group=process_group)
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
+                 comm_dtype: torch.dtype | None = None):
+        super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype)
 
 
 class NothingToFinish:
@@ -401,9 +416,26 @@ class TorchDDP(NothingToFinish, nn.parallel.DistributedDataParallel):
     synchronises inside backward, so ``finish_gradient_synchronization`` has nothing left to do."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = None,
-                 process_group: dist.ProcessGroup | None = None):
+                 process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None):
+        _check_comm_dtype(type(self).__name__, comm_dtype, hooks=True)
         device = next(module.parameters()).device
         kwargs = {} if bucket_size_mb is None else {"bucket_cap_mb": bucket_size_mb}
         super().__init__(module, device_ids=[device] if device.type == "cuda" else None,
                          process_group=process_group, **kwargs)
+        if comm_dtype is not None:  # torch's own compression hooks (cast, all-reduce, divide, cast back)
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = {torch.bfloat16: default_hooks.bf16_compress_hook,
+                    torch.float16: default_hooks.fp16_compress_hook}[comm_dtype]
+            self.register_comm_hook(process_group, hook)
         self.stats = CommStats()  # collectives run inside the reducer; not visible here
+
+
+def _check_comm_dtype(who: str, comm_dtype: torch.dtype | None, hooks: bool = False) -> None:
+    allowed = (torch.bfloat16, torch.float16) if hooks else None
+    if comm_dtype is None:
+        return
+    if not (isinstance(comm_dtype, torch.dtype) and comm_dtype.is_floating_point) or (
+            allowed is not None and comm_dtype not in allowed):
+        choices = "torch.bfloat16 or torch.float16" if hooks else "a floating torch.dtype"
+        raise ValueError(f"{who}: comm_dtype must be {choices} or None, got {comm_dtype!r}")

@@ -59,6 +59,8 @@ class WrapOptions:
     bucket_size_mb: float | None = None  # bucketed / zero1 (None: 25 MiB), torch-ddp / torch-zero (None: torch's)
     compute_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of gathered weights (None: fp32)
     reduce_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of the gradient reduction (None: compute)
+    # overlap / bucketed / zero1 / torch-ddp / torch-zero: dtype of the gradient all-reduce (None: the gradients')
+    grad_comm_dtype: torch.dtype | None = None
 
     def __post_init__(self):
         if self.bucket_size_mb is not None and not self.bucket_size_mb > 0:
@@ -116,7 +118,8 @@ def _fsdp(module: nn.Module, o: WrapOptions) -> nn.Module:
 
 
 def _bucketed(module: nn.Module, o: WrapOptions) -> nn.Module:
-    return BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB if o.bucket_size_mb is None else o.bucket_size_mb)
+    return BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB if o.bucket_size_mb is None else o.bucket_size_mb,
+                       comm_dtype=o.grad_comm_dtype)
 
 
 def _local_optimizer(params, optimizer_cls, **kwargs) -> torch.optim.Optimizer:
@@ -177,15 +180,17 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy(name="naive", help="all-reduce each gradient after backward", wrap_fn=lambda m, o: NaiveDDP(m)),
     Strategy(name="flat", help="one all-reduce of all gradients flattened", wrap_fn=lambda m, o: FlatDDP(m)),
     Strategy(name="overlap", help="async all-reduce per gradient during backward",
-             wrap_fn=lambda m, o: OverlapDDP(m)),
+             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype)),
     Strategy(name="bucketed", help="async all-reduce per bucket during backward", wrap_fn=_bucketed,
              uses_buckets=True),
     Strategy(name="torch-ddp", help="PyTorch DistributedDataParallel",
-             wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb), uses_buckets=True),
+             wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb, comm_dtype=o.grad_comm_dtype),
+             uses_buckets=True),
     Strategy(name="zero1", help="bucketed DDP + optimizer state sharded (ShardedOptimizer)", wrap_fn=_bucketed,
              optimizer_fn=_sharded_optimizer, uses_buckets=True),
     Strategy(name="torch-zero", help="PyTorch DDP + ZeroRedundancyOptimizer",
-             wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb), optimizer_fn=_torch_zero,
+             wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb, comm_dtype=o.grad_comm_dtype),
+             optimizer_fn=_torch_zero,
              uses_buckets=True),
     Strategy(name="fsdp", help="our FSDP: weights, gradients and optimizer state sharded", wrap_fn=_fsdp,
              uses_dtypes=True, shards_gradients=True),
