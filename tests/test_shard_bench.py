@@ -30,7 +30,7 @@ from cs336_systems.commands import shard_bench
 from cs336_systems.configs import get_preset
 from cs336_systems.parallel.ddp import LocalModule
 from cs336_systems.parallel.process_group import spawn
-from cs336_systems.report.sections.sharding import clean_memory, derive_leftover
+from cs336_systems.report.sections.sharding import _ratio, clean_memory, derive_leftover
 
 CFG = dict(preset="tiny", context_length=19, batch_size=3, warmup=1, steps=2, profile=(), device="cpu",
            world_size=2, timeout_s=120.0)
@@ -397,3 +397,167 @@ def test_rounds_pool_steps_measure_memory_once_and_skip_oom():
     assert fsdp["ratio_to_none_round_median"] == pytest.approx(statistics.median(fsdp["round_ratio_to_none"]))
     # each rank holds about half of the fp32 weights under fsdp (round 1's breakdown)
     assert 0.45 * none["params_gib"] < fsdp["params_gib"] < 0.6 * none["params_gib"]
+
+
+# -- pair_with_none: every variant but none timed in pairs with a plain single-GPU partner -----------------------
+
+def _pair_worker(info, cfg):
+    """``shard_bench_worker`` logging, in order: builds, releases, the plain partner's build, timed steps of the
+    variant ('V') and of the partner ('P'), memory steps ('M'). zero1's partner runs out of memory (injected);
+    fsdp's first partner is kept alive on purpose (a leak the retained check must see)."""
+    log: list[str] = []
+    leaked: list = []
+    build, build_partner, release = sh._build, sh._build_partner, sh._Memory.release
+    timed, measured = sh._Step.timed, sh._Step.measured
+
+    def logged_build(cfg, variant, device):
+        log.append(f"build:{variant}")
+        return build(cfg, variant, device)
+
+    def logged_build_partner(cfg, device):
+        current = next(e for e in reversed(log) if e.startswith("build:")).removeprefix("build:")
+        log.append("partner")
+        if current == "zero1":
+            raise torch.OutOfMemoryError("injected: partner out of memory")
+        partner = build_partner(cfg, device)
+        partner[0]._is_partner = True
+        if current == "fsdp" and not leaked:
+            leaked.append(partner)
+        return partner
+
+    def logged_timed(self):
+        log.append("P" if getattr(self.wrapped, "_is_partner", False) else "V")
+        return timed(self)
+
+    def logged_measured(self, *a, **k):
+        log.append("M")
+        return measured(self, *a, **k)
+
+    def logged_release(self):
+        log.append("release")
+        return release(self)
+
+    sh._build, sh._build_partner, sh._Memory.release = logged_build, logged_build_partner, logged_release
+    sh._Step.timed, sh._Step.measured = logged_timed, logged_measured  # this spawned process only
+    return sh.shard_bench_worker(info, cfg), log
+
+
+def _expected_pair_log(cfg) -> list[str]:
+    """What one rank must do: per run, build, warm up, (paired) timed steps, partner dropped (a release) before
+    the memory steps (round 1 only), a release before and after every run; zero1 stops at its partner's OOM."""
+    w, s, m = cfg.warmup, cfg.steps, cfg.memory_steps
+    out: list[str] = []
+    for r in range(cfg.rounds):
+        for variant in cfg.variants:
+            if variant == "zero1" and r > 0:  # out of memory in round 1: not run again
+                continue
+            out += ["release", f"build:{variant}", *["V"] * w]
+            if variant == "zero1":
+                out += ["partner", "release"]
+                continue
+            if variant == "none":
+                out += ["V"] * s
+            else:
+                out += ["partner", "build:none", *["P"] * w, *["V", "P"] * s, "release"]
+            out += ["M"] * (m if r == 0 else 0) + ["release"]
+    return out
+
+
+def test_pair_with_none_pairs_steps_and_keeps_the_partner_out_of_memory_counters():
+    """2 gloo ranks, 2 rounds of none, ddp, zero1, fsdp with pair_with_none: the call order puts the partner
+    after the variant's warmup and drops it before the memory steps; ddp and fsdp get one pair ratio per timed
+    step (pooled over rounds) computed from the slowest rank of each side; the partner is the plain model
+    (its losses are none's); zero1's partner OOM makes zero1's record OOM, naming the partner."""
+    cfg = sh.ShardBenchConfig(**{**CFG, "steps": 3}, variants=("none", "ddp", "zero1", "fsdp"), precision="bf16",
+                              memory_steps=2, rounds=2, pair_with_none=True)
+    out = spawn(_pair_worker, 2, (cfg,), timeout_s=120)
+    for _, log in out:
+        assert log == _expected_pair_log(cfg), log
+    per_rank = [rank_rows for rank_rows, _ in out]
+    rows = sh.summarize(cfg, per_rank, "gloo")
+    none, ddp, zero1, fsdp = rows
+    assert [r["status"] for r in rows] == ["ok", "ok", "OOM", "ok"]
+    assert zero1["error"] == "building the plain partner (pair_with_none): injected: partner out of memory"
+    assert all(r["pair_with_none"] is True for r in rows)
+    assert not any(k in none for k in ("pair_ratios", "pair_ratio", "pair_ratio_ci95", "partner_step_ms"))
+    for r in (ddp, fsdp):
+        i = rows.index(r)
+        variant = [max(ts) for ts in zip(*(rank[i]["step_s"] for rank in per_rank))]
+        partner = [max(ts) for ts in zip(*(rank[i]["pair_partner_step_s"] for rank in per_rank))]
+        assert len(r["pair_ratios"]) == len(partner) == cfg.rounds * cfg.steps
+        assert r["pair_ratios"] == pytest.approx([v / p for v, p in zip(variant, partner)])
+        assert r["pair_ratio"] == statistics.median(r["pair_ratios"])
+        lo, hi = r["pair_ratio_ci95"]
+        assert lo <= r["pair_ratio"] <= hi
+        assert r["partner_step_ms"] == pytest.approx(statistics.median(partner) * 1e3)
+        assert r["ratio_to_none"] == pytest.approx(r["step_ms"] / none["step_ms"])  # unpaired ratios stay
+        # The partner is built and fed as 'none' is: same init, data, warmup count, so the same losses (fp32
+        # master weights, same CPU kernels in the same order: equal up to rounding at most).
+        assert r["pair_partner_losses_rank0"] == pytest.approx(none["losses_rank0"], rel=1e-6)
+        for key in (*sh.ABS_MEMORY_KEYS, *map(sh.net_key, sh.ABS_MEMORY_KEYS), "forward_saved_gib",
+                    "params_gib", "grads_gib", "optimizer_state_gib", "pair_partner_retained_gib"):
+            assert key in r, key
+    # Nothing of ddp's partner outlived it; fsdp's leaked partner is seen: its fp32 weights + two AdamW moments.
+    assert ddp["pair_partner_retained_gib"] == 0.0
+    assert fsdp["pair_partner_retained_gib"] == pytest.approx(3 * none["params_gib"])
+
+
+def test_summarize_pairs_slowest_rank_per_step_pooled_over_rounds():
+    """Pair i = slowest rank's variant step i / slowest rank's partner step i, rounds pooled in order."""
+    def result(variant, rounds, partner=None):
+        r = _rank_result(variant, rounds)
+        if partner is not None:
+            r.update(pair_partner_step_s=partner, pair_partner_losses=[1.0] * len(rounds[0]),
+                     pair_partner_retained_gib=0.0)
+        return r
+
+    none = [result("none", [[1.0, 1.0], [1.0, 1.0]])] * 2
+    fsdp = [result("fsdp", [[1.5, 1.5], [2.2, 2.2]], [1.0, 1.5, 2.0, 2.0]),
+            result("fsdp", [[1.2, 1.8], [2.2, 2.0]], [1.25, 1.0, 1.0, 2.2])]
+    # slowest: variant [1.5, 1.8, 2.2, 2.2], partner [1.25, 1.5, 2.0, 2.2] -> ratios [1.2, 1.2, 1.1, 1.0]
+    cfg = sh.ShardBenchConfig(**CFG, variants=("none", "fsdp"), rounds=2, pair_with_none=True)
+    n, f = sh.summarize(cfg, [[none[0], fsdp[0]], [none[1], fsdp[1]]], "gloo")
+    assert f["pair_ratios"] == pytest.approx([1.2, 1.2, 1.1, 1.0])
+    assert f["pair_ratio"] == pytest.approx(1.15)
+    assert f["partner_step_ms"] == pytest.approx(1750.0)
+    lo, hi = f["pair_ratio_ci95"]
+    assert 1.0 <= lo <= 1.15 <= hi <= 1.2
+    assert "pair_ratio" not in n and f["pair_with_none"] is True
+
+
+def test_pair_with_none_settings():
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="pair_with_none"):
+            sh.ShardBenchConfig(**CFG, pair_with_none=bad)
+    with pytest.raises(ValueError, match="pair_with_none"):
+        sh.ShardBenchConfig(**CFG, variants=("none",), pair_with_none=True)
+    assert sh.ShardBenchConfig(**CFG).pair_with_none is False
+    assert sh.ShardBenchConfig(**CFG, variants=("fsdp",), pair_with_none=True).pair_with_none  # none not needed
+
+
+def test_cli_passes_pair_with_none(monkeypatch):
+    seen = []
+    monkeypatch.setattr(shard_bench, "run_shard_bench", lambda cfg: seen.append(cfg))  # None: as on rank > 0
+    assert shard_bench.run(_cli("--variants", "none", "fsdp", "--pair-with-none")) == 0
+    assert shard_bench.run(_cli("--variants", "none", "fsdp")) == 0
+    assert [c.pair_with_none for c in seen] == [True, False]
+
+
+def test_report_ratio_prefers_pairs():
+    rows = {v: {"variant": v, "step_ms": ms, "round_step_ms": rounds} for v, ms, rounds in
+            (("none", 300.0, [300.0, 330.0]), ("ddp", 360.0, [360.0, 390.0]), ("zero1", 390.0, [400.0, 400.0]),
+             ("fsdp", 345.0, [330.0, 360.0]))}
+    # Without pairs: the median of the per-round ratios.
+    ratio, how = _ratio(rows["fsdp"], rows["none"])
+    assert ratio == pytest.approx(statistics.median([1.1, 360.0 / 330.0])) and "rounds" in how
+    pairs = {"ddp": [1.2, 1.25, 1.3], "zero1": [1.25, 1.3, 1.4], "fsdp": [1.05, 1.1, 1.2]}
+    for v, ratios in pairs.items():
+        rows[v].update(pair_ratios=ratios, pair_ratio=statistics.median(ratios), pair_ratio_ci95=[ratios[0],
+                                                                                                  ratios[-1]])
+    ratio, how = _ratio(rows["fsdp"], rows["none"])
+    assert ratio == 1.1 and "3 pairs" in how and "plain single-GPU model" in how and "[1.050, 1.200]" in how
+    ratio, how = _ratio(rows["zero1"], rows["ddp"])
+    assert ratio == pytest.approx(1.3 / 1.25) and "ratio of the two paired ratios" in how
+    del rows["ddp"]["pair_ratio"]  # only one side paired: back to the rounds
+    ratio, how = _ratio(rows["zero1"], rows["ddp"])
+    assert ratio == pytest.approx(statistics.median([400.0 / 360.0, 400.0 / 390.0])) and "rounds" in how

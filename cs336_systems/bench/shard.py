@@ -45,6 +45,28 @@ runs out of memory is not run again in later rounds; one that runs out only in a
 an OOM record too (``error`` names the round). The leftover check runs in every round
 (``round_leftover_gib``, ``round_retained_prev_gib``; warnings of later rounds name their round).
 
+Pairing with a plain model (``pair_with_none``). Even per-round ratios wander when the host speed
+drifts within a round (tens of seconds). With ``pair_with_none`` every variant other than ``none``
+times its steps in pairs, as ddp-bench does: after the variant's warmup a *partner* is built exactly
+as the ``none`` variant is (``_build(cfg, "none")``: same seed, ``BasicsTransformerLM`` on the same
+device behind the pass-through ``LocalModule``, the same AdamW construction, no communication) and
+warmed up ``warmup`` steps on the same x, y and autocast; then ``steps`` pairs run, each a timed step
+of the variant followed by a timed step of the partner (both ends-synced as above), so both halves
+of a pair see the same host conditions. The partner and its optimizer are then dropped and
+``_Memory.release()`` runs *before* the memory steps and the profiled step, so no memory counter
+sees it; weak references check that none of its tensors outlived it (``pair_partner_retained_gib``,
+a warning above ``LEFTOVER_WARN_GIB``). Per rank ``pair_partner_step_s`` (and
+``pair_partner_losses``, round 1) sit next to ``step_s``; the record has ``pair_ratios`` (per pair:
+the variant's slowest-rank step / the partner's slowest-rank step of the same index, pooled over
+rounds), ``pair_ratio`` (their median), ``pair_ratio_ci95`` (bootstrap 95% interval of that median)
+and ``partner_step_ms``. The partner is a second full model with AdamW state resident during the
+timed phase: while one of the two steps, the other holds its state between steps, so the device needs
+about the peak of the one plus the resident state of the other (xl, bf16, batch 4, context 512: a
+peak of ~47 GiB plus up to ~30 GiB resident: fine on a 141 GB H200, not on an 80 GB H100). An
+out-of-memory error while the partner exists makes the variant's record OOM with an ``error`` naming
+the partner. The variant's ``step_s`` is still its own step time, taken alternating with the
+partner's. ``none`` itself is not paired; ``none`` need not be in ``variants`` for the pairs.
+
 The losses recorded are those of round 1's timed steps. Allocated and peak memory after construction are
 read once, before any step. The breakdown into parameters, gradients and optimizer state is computed
 from the tensors each rank holds (their element counts times their dtype size), activations from the
@@ -98,7 +120,7 @@ from tqdm import tqdm
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
-from cs336_systems.bench.ddp import _is_comm, _union_ms
+from cs336_systems.bench.ddp import _is_comm, _union_ms, median_ci95
 from cs336_systems.bench.e2e import is_oom
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
@@ -132,6 +154,7 @@ class ShardBenchConfig:
     steps: int = 5
     memory_steps: int = 2  # after the timed steps: synchronised per phase to read the memory counters
     rounds: int = 1  # the variant list runs this many times in turn; memory and profile in round 1 only
+    pair_with_none: bool = False  # time every variant but none in pairs with a plain single-GPU partner
     profile: tuple[str, ...] = ("fsdp", "torch-fsdp2")
     profile_cpu: bool = False  # the profiled step records CPU activity too; every rank writes its trace
     trace_dir: str | None = None
@@ -153,6 +176,11 @@ class ShardBenchConfig:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
             raise ValueError(f"shard-bench: need rounds >= 1 (an integer: how often the variant list runs), "
                              f"got {self.rounds!r}")
+        if not isinstance(self.pair_with_none, bool):
+            raise ValueError(f"shard-bench: pair_with_none must be a bool, got {self.pair_with_none!r}")
+        if self.pair_with_none and not set(self.variants) - {"none"}:
+            raise ValueError("shard-bench: pair_with_none is set but no variant other than 'none' is measured "
+                             "(there is nothing to pair with the plain model)")
         if self.memory_steps < 1:
             raise ValueError(f"shard-bench: need memory_steps >= 1 (the memory counters come from those steps), "
                              f"got {self.memory_steps}")
@@ -219,6 +247,12 @@ def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
     wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype, reduce_dtype=dtype))
     opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1, foreach=True)
     return wrapped, opt, wrapped.finish_gradient_synchronization, model
+
+
+def _build_partner(cfg: ShardBenchConfig, device: torch.device):
+    """The plain partner of ``pair_with_none``: built exactly as the ``none`` variant is (same seed, the
+    pass-through ``LocalModule``, the same AdamW), so it steps as the single-GPU model does."""
+    return _build(cfg, "none", device)
 
 
 def _local_numel(t: torch.Tensor) -> int:
@@ -373,6 +407,8 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
             f"before {variant!r} starts; its absolute memory counters include that (see the *_net_gib values)")
         print(f"WARNING: {row['leftover_warning']}", file=sys.stderr, flush=True)
     wrapped = opt = model = finish = None
+    partner = partner_step = None  # the plain partner (pair_with_none) while it exists
+    stage = ""  # names the partner in an out-of-memory error raised while it exists
     try:
         wrapped, opt, finish, model = _build(cfg, variant, device)
         mem.sync()
@@ -387,7 +423,35 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
         step = _Step(wrapped, opt, finish, x, y, autocast, mem)
         for _ in range(cfg.warmup):
             step.timed()
-        timed = [step.timed() for _ in range(cfg.steps)]
+        if cfg.pair_with_none and variant != "none":
+            stage = "building the plain partner (pair_with_none)"
+            partner = _build_partner(cfg, device)
+            partner_step = _Step(*partner[:3], x, y, autocast, mem)
+            stage = "warming up the plain partner (pair_with_none)"
+            for _ in range(cfg.warmup):
+                partner_step.timed()
+            stage = "paired steps (the variant and its plain partner, pair_with_none, both resident)"
+            timed, partner_timed = [], []
+            for _ in range(cfg.steps):  # a step of the variant, then one of the plain model: same conditions
+                timed.append(step.timed())
+                partner_timed.append(partner_step.timed())
+            stage = ""
+            row["pair_partner_step_s"] = [t for t, _ in partner_timed]
+            row["pair_partner_losses"] = [loss for _, loss in partner_timed]
+            partner_left = _Residue()
+            partner_left.track("pair partner", [*partner[3].parameters(), *_optimizer_state_tensors(partner[1])])
+            partner = partner_step = None  # gone before the memory steps: no counter may see it
+            mem.release()
+            row["pair_partner_retained_gib"] = partner_left.alive_bytes() / GIB
+            if row["pair_partner_retained_gib"] > LEFTOVER_WARN_GIB:
+                warning = (f"shard-bench rank {info.rank}" + ("" if first else f", round {round_index + 1}")
+                           + f": {row['pair_partner_retained_gib']:.2f} GiB of the plain partner's parameters/"
+                           f"optimizer state still alive after it was dropped; {variant!r}'s memory counters "
+                           "include that")
+                row["leftover_warning"] = "; ".join(w for w in (row.get("leftover_warning"), warning) if w)
+                print(f"WARNING: {warning}", file=sys.stderr, flush=True)
+        else:
+            timed = [step.timed() for _ in range(cfg.steps)]
         row["step_s"] = [t for t, _ in timed]
         row["losses"] = [loss for _, loss in timed]  # same init and data in every variant: a cross-check
         if first:  # memory steps, tensor breakdown and profile: round 1 only
@@ -416,8 +480,12 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not is_oom(err):
             raise
-        row.update(status="OOM", error=str(err).splitlines()[0][:200])
+        message = str(err).splitlines()[0][:200]
+        row.update(status="OOM", error=f"{stage}: {message}" if stage else message)
     finally:
+        if partner is not None:
+            partner[0].close()
+        partner = partner_step = None
         if model is not None:
             residue.track(variant, [*model.parameters(), *(_optimizer_state_tensors(opt) if opt is not None else [])])
         if wrapped is not None:
@@ -468,6 +536,10 @@ def shard_bench_worker(info: DistInfo, cfg: ShardBenchConfig) -> list[dict]:
                 continue
             prev["step_s"] = prev["step_s"] + run["step_s"]
             prev["round_step_s"].append(run["step_s"])
+            if "pair_partner_step_s" in run:  # pairs pooled over rounds, in the order of step_s
+                prev["pair_partner_step_s"] = prev["pair_partner_step_s"] + run["pair_partner_step_s"]
+                prev["pair_partner_retained_gib"] = max(prev["pair_partner_retained_gib"],
+                                                        run["pair_partner_retained_gib"])
     bar.close()
     return merged
 
@@ -501,6 +573,12 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
                     for k in range(len(per_round[0]))]
         row.update(step_ms=statistics.median(step) * 1e3, step_std_ms=statistics.stdev(step) * 1e3,
                    step_min_ms=min(step) * 1e3, round_step_ms=round_ms, losses_rank0=r0["losses"])
+        if "pair_partner_step_s" in r0:  # pair i: slowest rank's step i of the variant / of the plain partner
+            partner = [max(ts) for ts in zip(*(r["pair_partner_step_s"] for r in results))]
+            ratios = [v / p for v, p in zip(step, partner, strict=True)]
+            row.update(pair_ratios=ratios, pair_ratio=statistics.median(ratios),
+                       pair_ratio_ci95=list(median_ci95(ratios)), partner_step_ms=statistics.median(partner) * 1e3,
+                       pair_partner_losses_rank0=r0["pair_partner_losses"])
         for key in r0:
             if (key.endswith("_gib") or key in ("local_param_numel",)) and key not in row:
                 row[key] = max(r[key] for r in results)

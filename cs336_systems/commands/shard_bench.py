@@ -4,6 +4,7 @@ ZeroRedundancyOptimizer and FSDP2 (optimizer_state_sharding_accounting, fsdp_acc
 
     torchrun --nproc-per-node 2 -m cs336_systems shard-bench --preset xl --precision bf16 --trace-dir out/
     torchrun --nproc-per-node 2 -m cs336_systems shard-bench --variants none fsdp --rounds 3   # drift-robust ratio
+    torchrun --nproc-per-node 2 -m cs336_systems shard-bench --variants none fsdp --pair-with-none  # paired ratio
     cs336-systems shard-bench --preset tiny --device cpu        # spawns 2 gloo processes itself
 """
 
@@ -21,7 +22,8 @@ from cs336_systems.bench.shard import PRECISIONS, PROBLEM, VARIANTS, ShardBenchC
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
 
-TABLE_COLUMNS = ["variant", "status", "step_ms", "ratio_to_none", "ratio_to_none_round_median", "init_peak_gib",
+TABLE_COLUMNS = ["variant", "status", "step_ms", "ratio_to_none", "ratio_to_none_round_median", "pair_ratio",
+                 "init_peak_gib",
                  "pre_step_peak_gib", "post_step_peak_gib", "post_step_alloc_gib", "params_gib", "grads_gib",
                  "optimizer_state_gib", "forward_saved_gib", "comm_kernel_ms", "comm_hidden_ms", "compute_idle_ms"]
 
@@ -44,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the whole variant list this many times in turn, each variant built afresh; step "
                         "times are pooled, per-round medians and per-round ratios to 'none' recorded (host-speed "
                         "drift cancels within a round); memory steps and the profile in round 1 only")
+    p.add_argument("--pair-with-none", action="store_true",
+                   help="time every variant but 'none' in pairs with a plain single-GPU model built as 'none' is "
+                        "(a step of the variant, then one of the plain model, in the same process): pair_ratio is "
+                        "the median of the per-pair ratios, with a bootstrap 95%% interval. Needs room for a second "
+                        "model with AdamW state during the timed steps; dropped before the memory steps")
     p.add_argument("--trace-dir", default=None,
                    help="write Chrome traces (rank 0; every rank with --profile-cpu) and the timeline PNG here")
     p.add_argument("--profile-cpu", action="store_true",
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ShardBenchConfig(preset=args.preset, context_length=args.context_length, batch_size=args.batch_size,
                            precision=args.precision, variants=tuple(args.variants), world_size=world,
                            warmup=args.warmup, steps=args.steps, memory_steps=args.memory_steps,
-                           rounds=args.rounds,
+                           rounds=args.rounds, pair_with_none=args.pair_with_none,
                            profile=tuple(args.profile or ()), profile_cpu=args.profile_cpu, trace_dir=args.trace_dir,
                            attention=args.attention, device=args.device, timeout_s=args.timeout_s)
     rows = run_shard_bench(cfg)
@@ -75,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
              **{f"round {k + 1} / none": q for k, q in enumerate(r.get("round_ratio_to_none", []))}}
             for r in rows if r["status"] == "ok"])
         print(per_round.to_markdown(index=False, floatfmt=".4g"))
+    paired = [r for r in rows if r["status"] == "ok" and "pair_ratio" in r]
+    if paired:  # per variant: its steps against the plain partner's, pair by pair
+        print(pd.DataFrame([{"variant": r["variant"], "pairs": len(r["pair_ratios"]), "step_ms": r["step_ms"],
+                             "partner_step_ms": r["partner_step_ms"], "pair_ratio": r["pair_ratio"],
+                             "ci95_lo": r["pair_ratio_ci95"][0], "ci95_hi": r["pair_ratio_ci95"][1]}
+                            for r in paired]).to_markdown(index=False, floatfmt=".4g"))
     if not args.no_save:
         print(f"records: {write_records(PROBLEM, rows, args.results_dir, device=torch.device(cfg.device_type))}")
     if args.trace_dir:

@@ -186,8 +186,20 @@ def _accounting(rows: list[dict], raw: list[dict] | None, precision: str, note: 
 
 
 def _ratio(a: dict, b: dict) -> tuple[float, str]:
-    """a's step time over b's, and a note on how it was taken: with several rounds (every variant measured in
-    turn, ``--rounds``), the median of the per-round ratios, where drifting host speed cancels."""
+    """a's step time over b's, and a note on how it was taken. Paired (``--pair-with-none``): against ``none``
+    a's median pair ratio; between two paired variants the ratio of their pair ratios. Else, with several
+    rounds (every variant measured in turn, ``--rounds``), the median of the per-round ratios, where drifting
+    host speed cancels."""
+    if "pair_ratio" in a and b["variant"] == "none":
+        lo, hi = a["pair_ratio_ci95"]
+        return a["pair_ratio"], (f"median over {len(a['pair_ratios'])} pairs of a step of this variant and a step "
+                                 "of a plain single-GPU model alternating in the same process, 95% interval "
+                                 f"[{lo:.3f}, {hi:.3f}]")
+    if "pair_ratio" in a and "pair_ratio" in b:
+        return a["pair_ratio"] / b["pair_ratio"], (
+            f"ratio of the two paired ratios {a['pair_ratio']:.3f} / {b['pair_ratio']:.3f}, each the median over "
+            f"{len(a['pair_ratios'])} / {len(b['pair_ratios'])} pairs of a step of the variant and a step of a "
+            "plain single-GPU model alternating in the same process")
     ra, rb = a.get("round_step_ms"), b.get("round_step_ms")
     if ra and rb and len(ra) == len(rb) > 1:
         per = [x / y for x, y in zip(ra, rb, strict=True)]
