@@ -11,12 +11,13 @@
 # b: bf16 again with the drift-robust methods: ddp-bench with paired steps (eager and compiled blocks),
 #    shard-bench with 3 rounds of every variant.
 # c: fp32 with the same methods.
+# d: bf16 final: DDP with bf16 gradient all-reduce (paired), shard-bench with steps paired with a plain model.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -51,6 +52,18 @@ b)  # bf16 with the drift-robust methods: paired DDP steps, shard-bench rounds
     --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --timeline-variants --results-dir "$R"
   step 280 shard-bench-bf16 $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 8 --memory-steps 2 \
     --rounds 3 --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  ;;
+d)  # bf16 final: shard-bench with every variant's steps paired with a plain single-GPU model's in the same
+    # process; DDP with bf16 gradient all-reduce (paired; eager and compiled blocks)
+  step 45 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -p no:cacheprovider
+  step 270 shard-bench-bf16-paired $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 12 \
+    --memory-steps 1 --pair-with-none --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  step 110 ddp-bench-bf16-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 120 ddp-bench-bf16-compile-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
