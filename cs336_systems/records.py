@@ -94,7 +94,8 @@ def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": shlex.join(argv),
         # NCCL tuning variables change communication timings: a run records the ones it ran under.
-        **({"nccl_env": env} if (env := {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")})
+        **({"nccl_env": env} if (env := {k: v for k, v in sorted(os.environ.items())
+                                         if k.startswith(("NCCL_", "CS336_NCCL_", "CS336_BIND_"))})
            else {}),
     }
 

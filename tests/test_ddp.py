@@ -612,3 +612,29 @@ def test_ddp_bench_grad_comm_dtype_labels_and_checks():
     with pytest.raises(ValueError, match="naive"):
         DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="bf16")  # default variants include naive
     DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="bf16", variants=("none", "bucketed", "torch-ddp"))
+
+
+def test_bind_cpus_splits_physical_cores(monkeypatch):
+    """Each local rank gets whole physical cores (hyperthread siblings together), disjoint from the others'."""
+    from cs336_systems.parallel import process_group as pg
+
+    cores = [[0, 16], [1, 17], [2, 18], [3, 19], [4, 20]]  # siblings numbered i, i+16 as on many hosts
+    monkeypatch.setattr(pg, "physical_cores", lambda: cores)
+    bound = {}
+    monkeypatch.setattr(pg.os, "sched_setaffinity", lambda pid, cpus: bound.setdefault(pid, sorted(cpus)))
+    assert pg.bind_cpus(0, 2) == [0, 1, 16, 17] and bound[0] == [0, 1, 16, 17]
+    assert pg.bind_cpus(1, 2) == [2, 3, 18, 19]  # the fifth core stays unused: equal shares
+    with pytest.raises(ValueError, match="physical core"):
+        pg.bind_cpus(0, 6)
+    monkeypatch.setenv(pg.BIND_CPUS_ENV, "yes")
+    with pytest.raises(ValueError, match=pg.BIND_CPUS_ENV):
+        pg.bind_cpus_requested()
+
+
+def test_physical_cores_cover_the_allowed_cpus():
+    import os
+
+    from cs336_systems.parallel.process_group import physical_cores
+
+    cores = physical_cores()
+    assert sorted(c for core in cores for c in core) == sorted(os.sched_getaffinity(0))

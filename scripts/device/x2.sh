@@ -12,12 +12,13 @@
 #    shard-bench with 3 rounds of every variant.
 # c: fp32 with the same methods.
 # d: bf16 final: DDP with bf16 gradient all-reduce (paired), shard-bench with steps paired with a plain model.
+# e: the paired FSDP and DDP measurements with each rank bound to its own physical cores (CS336_BIND_CPUS=1).
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -64,6 +65,14 @@ d)  # bf16 final: shard-bench with every variant's steps paired with a plain sin
   step 120 ddp-bench-bf16-compile-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
     --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
     --timeline-variants --no-profile --results-dir "$R"
+  ;;
+e)  # each rank bound to its own physical cores (CS336_BIND_CPUS=1): the paired FSDP and DDP measurements again
+  lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|Model name|NUMA)" | tee -a "$OUT/summary.txt"
+  export CS336_BIND_CPUS=1
+  step 150 shard-bench-bf16-paired-bound $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 12 \
+    --memory-steps 1 --variants none fsdp torch-fsdp2 --pair-with-none --profile --results-dir "$R"
+  step 110 ddp-bench-bf16-bound $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
