@@ -48,7 +48,7 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel import wrap_model
-from cs336_systems.parallel.process_group import DistInfo, run_distributed
+from cs336_systems.parallel.process_group import DistInfo, bind_cpus_requested, run_distributed
 
 PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one problem id
 VARIANTS = ("none", "naive", "flat", "overlap", "bucketed", "torch-ddp")
@@ -250,13 +250,16 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
 
 
 def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
-                  compiled: bool = False, high_priority: bool = False, grad_comm_dtype: str | None = None) -> str:
+                  compiled: bool = False, high_priority: bool = False, grad_comm_dtype: str | None = None,
+                  bound: bool = False) -> str:
     """'bucketed-100MB', plus '+compile' for compiled blocks, '@ctasN' for an NCCL CTA cap and '@hiprio' for
-    NCCL on high-priority streams."""
+    NCCL on high-priority streams, '@bf16-grads' for gradients all-reduced in bf16, '@bound' for ranks bound to their
+    own CPU cores (CS336_BIND_CPUS=1)."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
     return (label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
             + ("@hiprio" if high_priority else "")
-            + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else ""))
+            + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else "")
+            + ("@bound" if bound else ""))
 
 
 def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
@@ -279,7 +282,7 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
                 torch.cuda.synchronize(info.device)
                 torch.cuda.reset_peak_memory_stats(info.device)
             label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority,
-                                  cfg.grad_comm_dtype)
+                                  cfg.grad_comm_dtype, bind_cpus_requested())
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb, label=label,
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30

@@ -69,8 +69,8 @@ d)  # bf16 final: shard-bench with every variant's steps paired with a plain sin
 e)  # each rank bound to its own physical cores (CS336_BIND_CPUS=1): the paired FSDP and DDP measurements again
   lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|Model name|NUMA)" | tee -a "$OUT/summary.txt"
   export CS336_BIND_CPUS=1
-  step 150 shard-bench-bf16-paired-bound $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 12 \
-    --memory-steps 1 --variants none fsdp torch-fsdp2 --pair-with-none --profile --results-dir "$R"
+  step 230 shard-bench-bf16-paired-bound $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 10 \
+    --memory-steps 1 --pair-with-none --profile --results-dir "$R"
   step 110 ddp-bench-bf16-bound $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --timeline-variants --no-profile --results-dir "$R"
   ;;

@@ -143,7 +143,8 @@ def _ddp_rows(ctx) -> list[dict]:
 def _setting(r: dict) -> tuple[str, bool, str]:
     """(precision, compiled, gradient all-reduce dtype): rows are compared with the single-GPU step and the
     peer of the same setting."""
-    return r["precision"], bool(r.get("compile")), r.get("grad_comm_dtype") or "fp32"
+    return (r["precision"], bool(r.get("compile")), r.get("grad_comm_dtype") or "fp32",
+            r["label"].endswith("@bound"))
 
 
 def _run(r: dict) -> str:
@@ -283,7 +284,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
         "run during backward." + (f"\n\n![timeline]({ctx.link(png)})" if png else "") + "\n")
     perf = []
     for setting in sorted({_setting(r) for r in rows}):
-        precision, compiled, comm = setting
+        precision, compiled, comm, bound = setting
         buckets = [r for r in rows if _setting(r) == setting and r["variant"] == "bucketed"]
         if not buckets:
             continue
@@ -295,7 +296,8 @@ def _ddp_sections(ctx) -> dict[str, str]:
             continue
         vs1 = best["step_ms"] / none["step_ms"] - 1
         line = (f"- {precision}{', compiled blocks' if compiled else ', eager'}"
-                f"{f', gradients all-reduced in {comm}' if comm != 'fp32' else ''}: best bucketed ({best['label']}) "
+                f"{f', gradients all-reduced in {comm}' if comm != 'fp32' else ''}"
+                f"{', each rank bound to its own CPU cores' if bound else ''}: best bucketed ({best['label']}) "
                 f"{best['step_ms']:.1f} ± {best['step_std_ms']:.1f} ms vs single-GPU ({none['label']}) "
                 f"{none['step_ms']:.1f} ± {none['step_std_ms']:.1f} ms ({100 * vs1:+.1f}%: "
                 f"{'within' if vs1 <= 0.05 else 'NOT within'} 5%)")
