@@ -137,7 +137,9 @@ def _ddp_rows(ctx) -> list[dict]:
     # data_parallel_scaling section.
     smallest = min(r.get("world_size", 2) for r in gpu)
     gpu = [r for r in gpu if r.get("world_size", 2) == smallest]
-    return _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length"))
+    # grad_comm_dtype: a run with bf16 gradients has its own `none` row (same label) that must not replace the
+    # fp32 run's.
+    return _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype"))
 
 
 def _setting(r: dict) -> tuple[str, bool, str]:

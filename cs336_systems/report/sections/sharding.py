@@ -37,6 +37,21 @@ def _latest_run(rows: list[dict], precision: str, world_size: int) -> list[dict]
     return [r for r in rows if r["provenance"]["date"] == last]
 
 
+def _bound(r: dict) -> bool:
+    """A run with each rank bound to its own CPU cores (CS336_BIND_CPUS=1): a diagnostic, reported apart."""
+    return r["provenance"].get("nccl_env", {}).get("CS336_BIND_CPUS") == "1"
+
+
+def _bound_note(records: list[dict], precision: str, world_size: int) -> str:
+    rows = _latest_run([r for r in records if _bound(r)], precision, world_size)
+    fsdp, none = _ok(rows, "fsdp"), _ok(rows, "none")
+    if not (fsdp and none):
+        return ""
+    ratio, how = _ratio(fsdp, none)
+    return (f" With each rank bound to its own CPU cores (`CS336_BIND_CPUS=1`, run of {rows[0]['provenance']['date']}) "
+            f"FSDP costs {ratio:.2f}x ({how}): binding does not change it.")
+
+
 def _ok(rows, variant):
     return next((r for r in rows if r["variant"] == variant and r.get("status") == "ok"), None)
 
@@ -277,7 +292,7 @@ def build(ctx) -> str | None:
     acct, fsdp_impl, fsdp_acct = [], [], []
     # The issue's targets are stated for 2 ranks; runs on more ranks follow as their own tables.
     for precision, world_size in itertools.product(("bf16", "fp32"), sorted({r["world_size"] for r in records})):
-        raw = _latest_run(records, precision, world_size)
+        raw = _latest_run([r for r in records if not _bound(r)], precision, world_size)
         if not raw:
             continue
         rows, corrected, note = clean_memory(raw)
@@ -286,7 +301,7 @@ def build(ctx) -> str | None:
         acct.append(heading + _accounting(rows, raw, precision, note))
         impl, a = _fsdp(ctx, rows, raw, precision)
         if impl:
-            fsdp_impl.append(f"{precision}, {world_size} ranks. {impl}")
+            fsdp_impl.append(f"{precision}, {world_size} ranks. {impl}{_bound_note(records, precision, world_size)}")
         if a:
             fsdp_acct.append(heading + a)
     out += ["\n## optimizer_state_sharding_accounting\n", *acct]
