@@ -71,10 +71,8 @@ def _leaky_activation_bytes(wrapped, x, autocast):
     return 1
 
 
-def _worker(info, cfg, leaky):
-    if leaky:
-        sh._saved_activation_bytes = _leaky_activation_bytes
-    calls = {"timed": 0, "measured": 0}
+def _counter(calls: dict):
+    """``counted(name)``: ``sh._Step.<name>`` wrapped to count its calls in ``calls[name]``."""
 
     def counted(name):
         method = getattr(sh._Step, name)
@@ -83,6 +81,15 @@ def _worker(info, cfg, leaky):
             calls[name] += 1
             return method(self, *a, **k)
         return wrapper
+    return counted
+
+
+def _worker(info, cfg, leaky):
+    if leaky:
+        sh._saved_activation_bytes = _leaky_activation_bytes
+    calls = {"timed": 0, "measured": 0}
+
+    counted = _counter(calls)
 
     sh._Step.timed, sh._Step.measured = counted("timed"), counted("measured")  # this spawned process only
     return sh.shard_bench_worker(info, cfg), calls
@@ -333,13 +340,7 @@ def _rounds_worker(info, cfg, oom_at):
     (variant, round) for each entry of ``oom_at`` (on every rank, as a real OOM is agreed on)."""
     calls = {"timed": 0, "measured": 0, "build": {}}
 
-    def counted(name):
-        method = getattr(sh._Step, name)
-
-        def wrapper(self, *a, **k):
-            calls[name] += 1
-            return method(self, *a, **k)
-        return wrapper
+    counted = _counter(calls)
 
     build = sh._build
 
