@@ -268,15 +268,15 @@ def views_worker(info):
 def comm_dtype_worker(info, strategy: str, bucket_size_mb):
     """One synchronised backward with gradients all-reduced in bf16; also this rank's local gradients."""
     torch.manual_seed(3 + info.rank)
-    ddp = wrap_model(tiny_lm(), strategy, bucket_size_mb, grad_comm_dtype=torch.bfloat16)
+    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, grad_comm_dtype=torch.bfloat16)
     local = copy.deepcopy(ddp.module)  # rank 0's weights (broadcast at construction)
     lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
-    x, y = make_batch("lm", 0)
+    x, y = (t.to(info.device) for t in make_batch("lm", 0))
     loss_fn("lm", local(x[lo:hi]), y[lo:hi]).backward()
     loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
     ddp.finish_gradient_synchronization()
-    return {"local": {n: p.grad.clone() for n, p in local.named_parameters()},
-            "synced": {n: p.grad.clone() for n, p in ddp.module.named_parameters()},
+    return {"local": {n: p.grad.cpu() for n, p in local.named_parameters()},
+            "synced": {n: p.grad.cpu() for n, p in ddp.module.named_parameters()},
             "dtypes": {p.grad.dtype for p in ddp.module.parameters()}}
 
 
@@ -529,6 +529,23 @@ def test_nccl_parity_two_gpus(strategy, bucket_size_mb):
                    timeout_s=150)
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("bucketed", 0.004), ("torch-ddp", None)])
+def test_nccl_bf16_gradient_communication(strategy, bucket_size_mb):
+    """On NCCL (our cast-and-pack path, and PyTorch DDP's bf16 compression hook): ranks agree exactly, the
+    result is the average to bf16 accuracy, and differs from the fp32 average (bf16 was on the wire)."""
+    r0, r1 = spawn(comm_dtype_worker, WORLD, (strategy, bucket_size_mb), backend="nccl", device_type="cuda",
+                   timeout_s=150)
+    differs = False
+    for n, g in r0["synced"].items():
+        exact = (r0["local"][n] + r1["local"][n]) / 2
+        assert torch.equal(g, r1["synced"][n]), n
+        assert torch.allclose(g, exact, rtol=2 ** -6, atol=2 ** -7 * exact.abs().max().item()), n
+        differs |= not torch.equal(g, exact)
+    assert r0["dtypes"] == {torch.float32} and differs
 
 
 def nccl_no_host_sync_worker(info, bucket_size_mb):

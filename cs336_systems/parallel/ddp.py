@@ -230,7 +230,8 @@ class _Bucket:
     ready: set[int] = field(default_factory=set)  # id() of params whose gradient has arrived this step
     work: object | None = None  # the async all-reduce in flight
     reduced: torch.Tensor | None = None  # the tensor it reduces (the flat buffer, or a one-parameter bucket's grad)
-    wire: torch.Tensor | None = None  # with comm_dtype: ``reduced`` cast to it, the tensor actually all-reduced
+    wire: torch.Tensor | None = None  # with comm_dtype: the bucket's gradients packed and cast, all-reduced
+    grads: list[torch.Tensor] | None = None  # with comm_dtype: the gradients ``wire`` is copied back into
     divide: bool = False  # whether ``reduced`` still has to be divided by the world size (no AVG)
 
     def __post_init__(self):
@@ -267,10 +268,12 @@ class BucketedDDP(_DataParallel):
     bucket of several parameters are views of one flat buffer (module docstring).
 
     ``comm_dtype``: all-reduce the gradients in this dtype (e.g. ``torch.bfloat16``: half the bytes of
-    fp32, as PyTorch DDP's ``bf16_compress_hook`` and FSDP's ``reduce_dtype``): each bucket is cast to
-    it, averaged, and copied back into the fp32 gradients. Every gradient is then rounded to bf16 (8
-    significant bits) before it is averaged and the average is rounded again, so the result differs
-    from the fp32 average by up to ~2^-8 relative; ``None`` (default) reduces in the gradients' dtype.
+    fp32, as PyTorch DDP's ``bf16_compress_hook`` and FSDP's ``reduce_dtype``): each bucket's gradients
+    are packed into one buffer of that dtype in a single pass (cast while copying; no flat fp32 copy, so
+    the gradients stay autograd's own tensors rather than bucket views), averaged, and copied back.
+    Every gradient is then rounded to bf16 (8 significant bits) before it is averaged and the average is
+    rounded again, so the result differs from the fp32 average by up to ~2^-8 relative; ``None``
+    (default) reduces in the gradients' dtype.
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
@@ -321,11 +324,16 @@ class BucketedDDP(_DataParallel):
 
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
+        if self.comm_dtype is not None and bucket.params[0].dtype != self.comm_dtype:
+            # Pack and cast in one pass (no flat fp32 copy): the gradients stay autograd's own tensors and
+            # receive the average back in finish_gradient_synchronization().
+            bucket.grads = [p.grad for p in bucket.params]
+            bucket.wire = torch.empty(bucket.numel, dtype=self.comm_dtype, device=bucket.grads[0].device)
+            torch.cat([g.reshape(-1) for g in bucket.grads], out=bucket.wire)
+            bucket.work, bucket.divide = self._all_reduce_mean(bucket.wire, async_op=True)
+            return
         bucket.reduced = bucket.params[0].grad if len(bucket.params) == 1 else bucket.flat_gradient()
-        if self.comm_dtype is not None and bucket.reduced.dtype != self.comm_dtype:
-            bucket.wire = bucket.reduced.to(self.comm_dtype)
-        bucket.work, bucket.divide = self._all_reduce_mean(
-            bucket.reduced if bucket.wire is None else bucket.wire, async_op=True)
+        bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
 
     # -- API --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -348,9 +356,12 @@ class BucketedDDP(_DataParallel):
                         "parameters with requires_grad_(False))")
             for bucket in self.buckets:
                 self._wait(bucket.work)
-                if bucket.wire is not None:
-                    bucket.reduced.copy_(bucket.wire)  # back into the fp32 gradients
-                if bucket.divide:  # no AVG on this backend: one divide of the whole reduced buffer
+                if bucket.wire is not None:  # back into the (fp32) gradients, then the divide in their dtype
+                    torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
+                                                        for g, o in zip(bucket.grads, bucket.offsets)])
+                    if bucket.divide:
+                        torch._foreach_div_(bucket.grads, self.world_size)
+                elif bucket.divide:  # no AVG on this backend: one divide of the whole reduced buffer
                     bucket.reduced.div_(self.world_size)
         finally:
             self._reset_step()
@@ -358,7 +369,7 @@ class BucketedDDP(_DataParallel):
     def _reset_step(self) -> None:
         for bucket in self.buckets:
             bucket.ready.clear()
-            bucket.work = bucket.reduced = bucket.wire = None
+            bucket.work = bucket.reduced = bucket.wire = bucket.grads = None
             bucket.divide = False
         self._next_to_launch = 0
 

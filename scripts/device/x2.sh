@@ -13,12 +13,13 @@
 # c: fp32 with the same methods.
 # d: bf16 final: DDP with bf16 gradient all-reduce (paired), shard-bench with steps paired with a plain model.
 # e: the paired FSDP and DDP measurements with each rank bound to its own physical cores (CS336_BIND_CPUS=1).
+# f: plan d's DDP runs after the one-pass bf16 packing change.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -73,6 +74,15 @@ e)  # each rank bound to its own physical cores (CS336_BIND_CPUS=1): the paired 
     --memory-steps 1 --pair-with-none --profile --results-dir "$R"
   step 110 ddp-bench-bf16-bound $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --timeline-variants --no-profile --results-dir "$R"
+  ;;
+f)  # DDP with bf16 gradients packed and cast in one pass (no flat fp32 copy): plan d's DDP runs again
+  step 45 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -p no:cacheprovider
+  step 100 ddp-bench-bf16-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 100 ddp-bench-bf16-compile-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
