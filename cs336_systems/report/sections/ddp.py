@@ -302,7 +302,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
                 f"{', each rank bound to its own CPU cores' if bound else ''}: best bucketed ({best['label']}) "
                 f"{best['step_ms']:.1f} ± {best['step_std_ms']:.1f} ms vs single-GPU ({none['label']}) "
                 f"{none['step_ms']:.1f} ± {none['step_std_ms']:.1f} ms ({100 * vs1:+.1f}%"
-                + (", measured apart: the paired figure below is the one the target is judged on)" if paired else
+                + (", measured apart: the paired figure that follows is the one the target is judged on)" if paired else
                    f": {'within' if vs1 <= 0.05 else 'NOT within'} 5%)"))
         if peer:
             vsp = best["step_ms"] / peer["step_ms"] - 1
