@@ -443,10 +443,11 @@ class TorchDDP(NothingToFinish, nn.parallel.DistributedDataParallel):
 
 
 def _check_comm_dtype(who: str, comm_dtype: torch.dtype | None, hooks: bool = False) -> None:
-    allowed = (torch.bfloat16, torch.float16) if hooks else None
-    if comm_dtype is None:
-        return
-    if not (isinstance(comm_dtype, torch.dtype) and comm_dtype.is_floating_point) or (
-            allowed is not None and comm_dtype not in allowed):
-        choices = "torch.bfloat16 or torch.float16" if hooks else "a floating torch.dtype"
+    """``hooks``: PyTorch DDP, whose compression hooks exist for bf16 and fp16 only."""
+    if hooks:
+        ok, choices = comm_dtype in (None, torch.bfloat16, torch.float16), "torch.bfloat16 or torch.float16"
+    else:
+        ok, choices = comm_dtype is None or (isinstance(comm_dtype, torch.dtype) and comm_dtype.is_floating_point), \
+            "a floating torch.dtype"
+    if not ok:
         raise ValueError(f"{who}: comm_dtype must be {choices} or None, got {comm_dtype!r}")

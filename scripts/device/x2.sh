@@ -34,6 +34,7 @@ $PY -m pip install --no-deps --no-build-isolation -e . -q >"$OUT/log-pip.txt" 2>
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/summary.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())" | tee -a "$OUT/summary.txt"
 
+[ "$PLAN" = f ] && SKIP="shard-bench-bf16-paired ${SKIP:-}"
 case "$PLAN" in
 a)
   step 120 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py tests/test_fsdp.py tests/test_shard_bench.py \
@@ -55,7 +56,7 @@ b)  # bf16 with the drift-robust methods: paired DDP steps, shard-bench rounds
   step 280 shard-bench-bf16 $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 8 --memory-steps 2 \
     --rounds 3 --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
   ;;
-d)  # bf16 final: shard-bench with every variant's steps paired with a plain single-GPU model's in the same
+d|f)  # bf16 final: shard-bench with every variant's steps paired with a plain single-GPU model's in the same
     # process; DDP with bf16 gradient all-reduce (paired; eager and compiled blocks)
   step 45 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -p no:cacheprovider
   step 270 shard-bench-bf16-paired $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 12 \
@@ -74,15 +75,6 @@ e)  # each rank bound to its own physical cores (CS336_BIND_CPUS=1): the paired 
     --memory-steps 1 --pair-with-none --profile --results-dir "$R"
   step 110 ddp-bench-bf16-bound $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --timeline-variants --no-profile --results-dir "$R"
-  ;;
-f)  # DDP with bf16 gradients packed and cast in one pass (no flat fp32 copy): plan d's DDP runs again
-  step 45 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -p no:cacheprovider
-  step 100 ddp-bench-bf16-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
-    --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --grad-comm-dtype bf16 \
-    --timeline-variants --no-profile --results-dir "$R"
-  step 100 ddp-bench-bf16-compile-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
-    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
-    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py

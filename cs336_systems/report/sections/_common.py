@@ -26,6 +26,12 @@ def load(ctx, problem: str, keys: Iterable[str] | None = None, where: dict | Non
     return rows
 
 
+def cpus_bound(r: dict) -> bool:
+    """Whether a distributed record ran with each rank bound to its own CPU cores (``CS336_BIND_CPUS=1``,
+    kept in the provenance's ``nccl_env``): a diagnostic setting, reported apart from the plain runs."""
+    return r.get("provenance", {}).get("nccl_env", {}).get("CS336_BIND_CPUS") == "1"
+
+
 def provenance(rows: list[dict]) -> str:
     """One italic line per distinct (device, versions, date, command) of ``rows``."""
     seen, lines = set(), []

@@ -9,6 +9,7 @@ import pandas as pd
 
 from cs336_systems.parallel import accounting as acc
 from cs336_systems.records import read_records
+from cs336_systems.report.sections._common import cpus_bound
 
 PROBLEM_IDS = (
     "distributed_communication_single_node", "naive_ddp", "naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
@@ -146,7 +147,7 @@ def _setting(r: dict) -> tuple[str, bool, str]:
     """(precision, compiled, gradient all-reduce dtype): rows are compared with the single-GPU step and the
     peer of the same setting."""
     return (r["precision"], bool(r.get("compile")), r.get("grad_comm_dtype") or "fp32",
-            r["label"].endswith("@bound"))
+            cpus_bound(r))
 
 
 def _run(r: dict) -> str:

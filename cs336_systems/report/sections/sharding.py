@@ -18,6 +18,7 @@ import torch
 from cs336_systems.bench.ddp import render_timeline
 from cs336_systems.bench.shard import ABS_MEMORY_KEYS, PROBLEM, net_key
 from cs336_systems.records import read_records
+from cs336_systems.report.sections._common import cpus_bound
 
 PROBLEM_IDS = ("optimizer_state_sharding", "optimizer_state_sharding_accounting", "fsdp", "fsdp_accounting")
 
@@ -38,13 +39,8 @@ def _latest_run(rows: list[dict], precision: str, world_size: int) -> list[dict]
     return [r for r in rows if r["provenance"]["date"] == last]
 
 
-def _bound(r: dict) -> bool:
-    """A run with each rank bound to its own CPU cores (CS336_BIND_CPUS=1): a diagnostic, reported apart."""
-    return r["provenance"].get("nccl_env", {}).get("CS336_BIND_CPUS") == "1"
-
-
 def _bound_note(records: list[dict], precision: str, world_size: int) -> str:
-    rows = _latest_run([r for r in records if _bound(r)], precision, world_size)
+    rows = _latest_run([r for r in records if cpus_bound(r)], precision, world_size)
     fsdp, none = _ok(rows, "fsdp"), _ok(rows, "none")
     if not (fsdp and none):
         return ""
@@ -308,7 +304,7 @@ def build(ctx) -> str | None:
     acct, fsdp_impl, fsdp_acct = [], [], []
     # The issue's targets are stated for 2 ranks; runs on more ranks follow as their own tables.
     for precision, world_size in itertools.product(("bf16", "fp32"), sorted({r["world_size"] for r in records})):
-        raw = _latest_run([r for r in records if not _bound(r)], precision, world_size)
+        raw = _latest_run([r for r in records if not cpus_bound(r)], precision, world_size)
         if not raw:
             continue
         rows, corrected, note = clean_memory(raw)
