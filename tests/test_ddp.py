@@ -655,3 +655,107 @@ def test_physical_cores_cover_the_allowed_cpus():
 
     cores = physical_cores()
     assert sorted(c for core in cores for c in core) == sorted(os.sched_getaffinity(0))
+
+
+# --- copy-engine transport (symmetric memory; GPUs only) ---------------------------------------
+def copy_engine_cpu_worker(info):
+    from cs336_systems.parallel.ddp import BucketedDDP
+
+    try:
+        BucketedDDP(nn.Linear(3, 2), 1.0, transport="copy-engine")
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+def test_copy_engine_transport_checks():
+    from cs336_systems.bench.ddp import DDPBenchConfig, variant_label
+    from cs336_systems.parallel.ddp import BucketedDDP
+
+    with pytest.raises(ValueError, match="transport must be one of"):
+        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), transport="nvlink")
+    with pytest.raises(ValueError, match="comm_dtype is not supported"):
+        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), comm_dtype=torch.bfloat16,
+                             transport="copy-engine")
+    errors = spawn(copy_engine_cpu_worker, WORLD, timeout_s=TIMEOUT_S)
+    assert all(e is not None and "copy-engine" in e and "CUDA" in e for e in errors), errors
+    with pytest.raises(ValueError, match="needs GPUs"):
+        DDPBenchConfig(preset="tiny", device="cpu", transports=("collective", "copy-engine"))
+    with pytest.raises(ValueError, match="transports"):
+        DDPBenchConfig(preset="tiny", device="cpu", transports=("nvlink",))
+    cfg = DDPBenchConfig(preset="tiny", device="cpu", variants=("none", "overlap", "bucketed", "torch-ddp"),
+                         bucket_sizes_mb=(1.0, 10.0))
+    assert cfg.runs() == [("none", None, "collective"), ("overlap", None, "collective"),
+                          ("bucketed", 1.0, "collective"), ("bucketed", 10.0, "collective"),
+                          ("torch-ddp", None, "collective")]
+    assert variant_label("bucketed", 100.0, compiled=True, transport="copy-engine") == "bucketed-100MB+compile@ce"
+
+
+def copy_engine_average_worker(info, numels):
+    from cs336_systems.parallel.copy_engine import CopyEngineAllReduce
+
+    ce = CopyEngineAllReduce(numels, torch.float32, info.device)
+    g = torch.Generator(device="cpu").manual_seed(7 + info.rank)
+    mine = [torch.randn(n, generator=g) * 10.0 ** info.rank for n in numels]
+    out = []
+    for step in range(2):  # twice: the buffers and barriers are reused
+        for i, t in enumerate(mine):
+            ce.view(i).copy_(t * (step + 1))
+        works = [ce.start(i) for i in range(len(numels))]
+        for w in works:
+            w.wait()
+        out.append([ce.view(i).cpu() for i in range(len(numels))])
+    torch.cuda.synchronize()
+    return {"mine": mine, "out": out, "nbytes": ce.nbytes}
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+def test_copy_engine_average_is_exact_two_gpus():
+    """Odd bucket sizes (padding), several buckets in flight at once, reused buffers: every rank ends with
+    exactly (a + b) / 2 rounded once, the value a CPU computes."""
+    numels = [1, 7, 1001, 3 * 4096 + 5]
+    r0, r1 = spawn(copy_engine_average_worker, WORLD, (numels,), backend="nccl", device_type="cuda", timeout_s=150)
+    for step in range(2):
+        for i in range(len(numels)):
+            exact = (r0["mine"][i] * (step + 1) + r1["mine"][i] * (step + 1)) * 0.5
+            assert torch.equal(r0["out"][step][i], exact), (step, i)
+            assert torch.equal(r1["out"][step][i], exact), (step, i)
+    padded = sum(-(-n // WORLD) * WORLD for n in numels)
+    assert r0["nbytes"] == 4 * (padded + padded // WORLD)
+
+
+def copy_engine_parity_worker(info, strategy: str, bucket_size_mb, zero_mode: str):
+    torch.manual_seed(100 + info.rank)
+    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport="copy-engine")
+    ref = copy.deepcopy(ddp.module)
+    opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
+    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
+    for step in range(4):
+        x, y = (t.to(info.device) for t in make_batch("lm", step))
+        ref_opt.zero_grad()
+        loss_fn("lm", ref(x), y).backward()
+        ref_opt.step()
+        zero_grads(opt, ddp.module, zero_mode, step)
+        loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
+        ddp.finish_gradient_synchronization()
+        opt.step()
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):  # the bound of test_nccl_parity_two_gpus
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    views = all(p.grad is not None and p.grad._base is not None for p in ddp.module.parameters() if p.requires_grad)
+    return {"state": {k: v.cpu() for k, v in ddp.module.state_dict().items()}, "views": views,
+            "extra": ddp.extra_device_bytes}
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb", "zero_mode"), [
+    ("overlap", None, "alternate"), ("bucketed", 0.004, "none"), ("bucketed", 0.004, "partial"),
+    ("bucketed", 100.0, "zero")])
+def test_copy_engine_parity_two_gpus(strategy, bucket_size_mb, zero_mode):
+    r0, r1 = spawn(copy_engine_parity_worker, WORLD, (strategy, bucket_size_mb, zero_mode), backend="nccl",
+                   device_type="cuda", timeout_s=200)
+    for k in r0["state"]:
+        assert torch.equal(r0["state"][k], r1["state"][k]), k
+    assert r0["views"] and r1["views"] and r0["extra"] > 0

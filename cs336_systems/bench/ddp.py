@@ -48,6 +48,7 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel import wrap_model
+from cs336_systems.parallel.ddp import TRANSPORTS
 from cs336_systems.parallel.process_group import DistInfo, bind_cpus_requested, run_distributed
 
 PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one problem id
@@ -76,6 +77,8 @@ class DDPBenchConfig:
     compile: bool = False  # torch.compile each Transformer block in place (regional compilation; fewer launches)
     nccl_high_priority: bool = False  # NCCL on high-priority streams (process_group.HIGH_PRIORITY_ENV)
     grad_comm_dtype: str | None = None  # "bf16" / "fp16": overlap, bucketed and torch-ddp all-reduce in it
+    # overlap / bucketed run once per transport ("collective": NCCL/gloo all-reduce; "copy-engine": BucketedDDP)
+    transports: tuple[str, ...] = ("collective",)
 
     def __post_init__(self):
         get_preset(self.preset)
@@ -98,6 +101,14 @@ class DDPBenchConfig:
             bad = [v for v in self.variants if v in ("naive", "flat")]
             if bad:
                 raise ValueError(f"ddp-bench: grad_comm_dtype applies to overlap, bucketed and torch-ddp; drop {bad}")
+        bad = [t for t in self.transports if t not in TRANSPORTS]
+        if bad or not self.transports:
+            raise ValueError(f"ddp-bench: transports must be some of {', '.join(TRANSPORTS)}, got {self.transports}")
+        if "copy-engine" in self.transports:
+            if self.device_type != "cuda":
+                raise ValueError("ddp-bench: the copy-engine transport needs GPUs (symmetric memory over NVLink)")
+            if self.grad_comm_dtype is not None:
+                raise ValueError("ddp-bench: the copy-engine transport moves fp32 gradients; drop grad_comm_dtype")
         if any(b <= 0 for b in self.bucket_sizes_mb):
             raise ValueError(f"ddp-bench: bucket sizes must be > 0, got {self.bucket_sizes_mb}")
         if self.device == "cuda" or (self.device is None and torch.cuda.is_available()):
@@ -109,16 +120,18 @@ class DDPBenchConfig:
     def device_type(self) -> str:
         return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
-    def runs(self) -> list[tuple[str, float | None]]:
-        """(variant, bucket size) in benchmark order; torch DDP last (its reducer is not removable)."""
-        out: list[tuple[str, float | None]] = []
+    def runs(self) -> list[tuple[str, float | None, str]]:
+        """(variant, bucket size, transport) in benchmark order; torch DDP last (its reducer is not removable)."""
+        out: list[tuple[str, float | None, str]] = []
         for v in self.variants:
             if v == "bucketed":
-                out += [("bucketed", b) for b in self.bucket_sizes_mb]
+                out += [("bucketed", b, t) for t in self.transports for b in self.bucket_sizes_mb]
+            elif v == "overlap":
+                out += [("overlap", None, t) for t in self.transports]
             elif v != "torch-ddp":
-                out.append((v, None))
+                out.append((v, None, "collective"))
         if "torch-ddp" in self.variants:
-            out.append(("torch-ddp", None))  # its default 25 MB buckets
+            out.append(("torch-ddp", None, "collective"))  # its default 25 MB buckets
         return out
 
 
@@ -194,10 +207,10 @@ def _profile_step(step_fn, device: torch.device, keep_intervals: bool) -> dict:
 
 
 def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, precision: str, variant: str,
-                   bucket_mb: float | None, label: str) -> dict:
+                   bucket_mb: float | None, label: str, transport: str = "collective") -> dict:
     device = info.device
     comm = COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
-    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm)
+    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext
     clock_rows: list[list[float]] = []
@@ -244,19 +257,22 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
         prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
     wrapped.close()
     phases = [statistics.median(col) for col in zip(*clock_rows)]
-    return {"comm_step_s": comm_times, "nocomm_step_s": nocomm_times, "fwd_bwd_ms": phases[0],
-            "sync_ms": phases[1], "optimizer_ms": phases[2], "comm_calls_per_step": comm_calls / cfg.steps,
+    extra_gib = getattr(wrapped, "extra_device_bytes", 0) / 2**30  # symmetric memory: not in the allocator's peak
+    return {"extra_device_gib": extra_gib, "comm_step_s": comm_times, "nocomm_step_s": nocomm_times,
+            "fwd_bwd_ms": phases[0], "sync_ms": phases[1], "optimizer_ms": phases[2],
+            "comm_calls_per_step": comm_calls / cfg.steps,
             "comm_bytes_per_step": comm_bytes / cfg.steps, "comm_host_ms": comm_host_s / cfg.steps * 1e3, **prof}
 
 
 def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
                   compiled: bool = False, high_priority: bool = False, grad_comm_dtype: str | None = None,
-                  bound: bool = False) -> str:
-    """'bucketed-100MB', plus '+compile' for compiled blocks, '@ctasN' for an NCCL CTA cap and '@hiprio' for
-    NCCL on high-priority streams, '@bf16-grads' for gradients all-reduced in bf16, '@bound' for ranks bound to their
-    own CPU cores (CS336_BIND_CPUS=1)."""
+                  bound: bool = False, transport: str = "collective") -> str:
+    """'bucketed-100MB', plus '+compile' for compiled blocks, '@ce' for the copy-engine transport, '@ctasN' for an
+    NCCL CTA cap and '@hiprio' for NCCL on high-priority streams, '@bf16-grads' for gradients all-reduced in bf16,
+    '@bound' for ranks bound to their own CPU cores (CS336_BIND_CPUS=1)."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
-    return (label + ("+compile" if compiled else "") + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
+    return (label + ("+compile" if compiled else "") + ("@ce" if transport == "copy-engine" else "")
+            + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
             + ("@hiprio" if high_priority else "")
             + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else "")
             + ("@bound" if bound else ""))
@@ -277,16 +293,19 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
         g = torch.Generator(device="cpu").manual_seed(1000 + info.rank)
         x, y = (torch.randint(0, model_cfg.vocab_size, (cfg.batch_size, cfg.context_length), generator=g)
                 .to(info.device) for _ in range(2))
-        for variant, bucket_mb in cfg.runs():
+        for variant, bucket_mb, transport in cfg.runs():
             if info.device.type == "cuda":  # each variant's own peak (the model and AdamW state are shared)
                 torch.cuda.synchronize(info.device)
                 torch.cuda.reset_peak_memory_stats(info.device)
             label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority,
-                                  cfg.grad_comm_dtype, bind_cpus_requested())
-            result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label)
+                                  cfg.grad_comm_dtype, bind_cpus_requested(), transport)
+            result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label,
+                                    transport)
+            # the allocator's peak plus memory it does not see (the copy-engine transport's symmetric buffers)
             result.update(precision=precision, variant=variant, bucket_size_mb=bucket_mb, label=label,
+                          transport=transport,
                           peak_memory_gib=(torch.cuda.max_memory_allocated(info.device) / 2**30
-                                           if info.device.type == "cuda" else None),
+                                           + result["extra_device_gib"] if info.device.type == "cuda" else None),
                           peak_memory_scope="variant")
             out.append(result)
         del model, optimizer
@@ -309,10 +328,11 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
         step_ms, nocomm_ms = statistics.median(step) * 1e3, statistics.median(nocomm) * 1e3
         ratios = [s / n for s, n in zip(step, nocomm, strict=True)]
         row = {k: v for k, v in asdict(cfg).items() if k not in ("variants", "precisions", "bucket_sizes_mb",
-                                                                "timeline_variants")}
+                                                                "timeline_variants", "transports")}
         row.update(
             status="ok", backend=backend, precision=r0["precision"], variant=r0["variant"], label=r0["label"],
-            bucket_size_mb=r0["bucket_size_mb"], n_params=n_params, grad_bytes=4 * n_params,
+            bucket_size_mb=r0["bucket_size_mb"], transport=r0["transport"],
+            extra_device_gib=r0["extra_device_gib"], n_params=n_params, grad_bytes=4 * n_params,
             step_ms=step_ms, step_std_ms=statistics.stdev(step) * 1e3, step_min_ms=min(step) * 1e3,
             nocomm_step_ms=nocomm_ms, timing="paired",
             step_times_ms=[t * 1e3 for t in step], nocomm_times_ms=[t * 1e3 for t in nocomm],

@@ -26,10 +26,11 @@ from cs336_systems.parallel.strategies import (
 
 def wrap_model(module: nn.Module, strategy: str, bucket_size_mb: float | None = None, *,
                compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-               grad_comm_dtype: torch.dtype | None = None) -> nn.Module:
+               grad_comm_dtype: torch.dtype | None = None, transport: str = "collective") -> nn.Module:
     """Wrap ``module`` with ``strategy`` (see ``STRATEGIES``)."""
-    return get_strategy(strategy).wrap(module, WrapOptions(bucket_size_mb=bucket_size_mb, compute_dtype=compute_dtype,
-                                                           reduce_dtype=reduce_dtype, grad_comm_dtype=grad_comm_dtype))
+    options = WrapOptions(bucket_size_mb=bucket_size_mb, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype,
+                          grad_comm_dtype=grad_comm_dtype, transport=transport)
+    return get_strategy(strategy).wrap(module, options)
 
 
 def needs_process_group(strategy: str) -> bool:

@@ -61,6 +61,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 MB = 1024 * 1024  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
+TRANSPORTS = ("collective", "copy-engine")  # how BucketedDDP moves a bucket (class docstring)
 
 
 @dataclass
@@ -274,18 +275,48 @@ class BucketedDDP(_DataParallel):
     Every gradient is then rounded to bf16 (8 significant bits) before it is averaged and the average is
     rounded again, so the result differs from the fp32 average by up to ~2^-8 relative; ``None``
     (default) reduces in the gradients' dtype.
+
+    ``transport``: ``"collective"`` (default) all-reduces each bucket with the process group (NCCL
+    kernels on GPUs); ``"copy-engine"`` averages it with :class:`~cs336_systems.parallel.copy_engine.
+    CopyEngineAllReduce` (GPUs of one node: bytes moved by the copy engines over NVLink, no SMs taken
+    from backward). The buckets then live in symmetric memory for the whole run (``extra_device_bytes``;
+    PyTorch's allocator does not count it) and the gradients are always views of them.
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
-                 process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None):
+                 process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None,
+                 transport: str = "collective"):
         if bucket_size_mb is not None and not bucket_size_mb > 0:
             raise ValueError(f"{type(self).__name__}: bucket_size_mb must be > 0, got {bucket_size_mb!r}")
         _check_comm_dtype(type(self).__name__, comm_dtype)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"{type(self).__name__}: transport must be one of {', '.join(TRANSPORTS)}, "
+                             f"got {transport!r}")
+        if transport == "copy-engine" and comm_dtype is not None:
+            raise ValueError(f"{type(self).__name__}: comm_dtype is not supported with transport='copy-engine' "
+                             "(it moves the gradients' own dtype)")
         super().__init__(module, process_group)
         self.comm_dtype = comm_dtype
         self.bucket_size_mb = bucket_size_mb
+        self.transport = transport
         self.buckets = self._assign_buckets()
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._copy_engine = None
+        self.extra_device_bytes = 0
+        if transport == "copy-engine":
+            from cs336_systems.parallel.copy_engine import CopyEngineAllReduce, copy_engine_unavailable
+
+            devices = {p.device for p in self.trainable}
+            dtypes = {p.dtype for p in self.trainable}
+            why = (copy_engine_unavailable(next(iter(devices)), process_group) if len(devices) == 1
+                   else f"the parameters are on several devices ({sorted(map(str, devices))})")
+            if why is None and len(dtypes) != 1:
+                why = f"the parameters have several dtypes ({sorted(map(str, dtypes))})"
+            if why:
+                raise ValueError(f"{type(self).__name__}: transport='copy-engine' is not possible: {why}")
+            self._copy_engine = CopyEngineAllReduce([b.numel for b in self.buckets], dtypes.pop(), devices.pop(),
+                                                    process_group)
+            self.extra_device_bytes = self._copy_engine.nbytes
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
 
@@ -324,6 +355,21 @@ class BucketedDDP(_DataParallel):
 
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
+        if self._copy_engine is not None:
+            flat = self._copy_engine.view(bucket.index)
+            grads = [p.grad for p in bucket.params]
+            base, size = flat.data_ptr(), flat.element_size()
+            if any(g.data_ptr() != base + off * size for g, off in zip(grads, bucket.offsets)):
+                # Fresh gradients (after zero_grad(set_to_none=True)): one copy into the bucket, then views of it.
+                torch.cat([g.reshape(-1) for g in grads], out=flat)
+                for p, off in zip(bucket.params, bucket.offsets):
+                    p.grad = flat[off:off + p.numel()].view(p.shape)
+            t0 = time.perf_counter()
+            bucket.work = self._copy_engine.start(bucket.index)
+            self.stats.calls += 1
+            self.stats.bytes += bucket.numel * flat.element_size()
+            self.stats.seconds += time.perf_counter() - t0
+            return
         if self.comm_dtype is not None and bucket.params[0].dtype != self.comm_dtype:
             # Pack and cast in one pass (no flat fp32 copy): the gradients stay autograd's own tensors and
             # receive the average back in finish_gradient_synchronization().
@@ -388,8 +434,9 @@ class OverlapDDP(BucketedDDP):
     """One async all-reduce per parameter, issued from its post-accumulate-grad hook during backward."""
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                 comm_dtype: torch.dtype | None = None):
-        super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype)
+                 comm_dtype: torch.dtype | None = None, transport: str = "collective"):
+        super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype,
+                         transport=transport)
 
 
 class NothingToFinish:

@@ -40,6 +40,7 @@ from torch import nn
 from cs336_basics.nn_utils import clip_gradient
 from cs336_systems.parallel.clip import clip_grad_norm_global
 from cs336_systems.parallel.ddp import (
+    TRANSPORTS,
     BucketedDDP,
     FlatDDP,
     LocalModule,
@@ -61,10 +62,14 @@ class WrapOptions:
     reduce_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of the gradient reduction (None: compute)
     # overlap / bucketed / zero1 / torch-ddp / torch-zero: dtype of the gradient all-reduce (None: the gradients')
     grad_comm_dtype: torch.dtype | None = None
+    # overlap / bucketed / zero1: how a bucket is averaged ("collective" or "copy-engine"; BucketedDDP)
+    transport: str = "collective"
 
     def __post_init__(self):
         if self.bucket_size_mb is not None and not self.bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb must be > 0 or None, got {self.bucket_size_mb!r}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
 
 
 class TorchFSDP2(NothingToFinish, nn.Module):
@@ -119,7 +124,7 @@ def _fsdp(module: nn.Module, o: WrapOptions) -> nn.Module:
 
 def _bucketed(module: nn.Module, o: WrapOptions) -> nn.Module:
     return BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB if o.bucket_size_mb is None else o.bucket_size_mb,
-                       comm_dtype=o.grad_comm_dtype)
+                       comm_dtype=o.grad_comm_dtype, transport=o.transport)
 
 
 def _local_optimizer(params, optimizer_cls, **kwargs) -> torch.optim.Optimizer:
@@ -180,7 +185,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy(name="naive", help="all-reduce each gradient after backward", wrap_fn=lambda m, o: NaiveDDP(m)),
     Strategy(name="flat", help="one all-reduce of all gradients flattened", wrap_fn=lambda m, o: FlatDDP(m)),
     Strategy(name="overlap", help="async all-reduce per gradient during backward",
-             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype)),
+             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport)),
     Strategy(name="bucketed", help="async all-reduce per bucket during backward", wrap_fn=_bucketed,
              uses_buckets=True),
     Strategy(name="torch-ddp", help="PyTorch DistributedDataParallel",

@@ -14,12 +14,13 @@
 # d: bf16 final: DDP with bf16 gradient all-reduce (paired), shard-bench with steps paired with a plain model.
 # e: the paired FSDP and DDP measurements with each rank bound to its own physical cores (CS336_BIND_CPUS=1).
 # f: plan d's DDP runs after the one-pass bf16 packing change.
+# g: the copy-engine transport for BucketedDDP (GPU tests, scripts/device/ce_probe.py, paired ddp-bench bf16).
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -75,6 +76,17 @@ e)  # each rank bound to its own physical cores (CS336_BIND_CPUS=1): the paired 
     --memory-steps 1 --pair-with-none --profile --results-dir "$R"
   step 110 ddp-bench-bf16-bound $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --timeline-variants --no-profile --results-dir "$R"
+  ;;
+g)  # the copy-engine transport (symmetric memory): GPU tests, the GEMM-contention probe, paired ddp-bench bf16
+    # (compiled blocks, then eager) with both transports side by side
+  step 110 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -k copy_engine -p no:cacheprovider
+  step 60 ce-probe $TR2 scripts/device/ce_probe.py
+  step 220 ddp-bench-bf16-compile-ce $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 --compile \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --transports collective copy-engine \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 160 ddp-bench-bf16-ce $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
+    --variants none bucketed --bucket-sizes-mb 100 1000 --transports collective copy-engine \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
