@@ -77,7 +77,7 @@ def test_ddp_bench_tiny_end_to_end(tmp_path):
     for r in rows:
         assert r["step_ms"] > 0 and r["nocomm_step_ms"] > 0 and r["status"] == "ok"
         # paired timing: one no-communication step per step, overhead from the pairs with its interval
-        assert r["timing"] == "paired" and len(r["step_times_ms"]) == len(r["nocomm_times_ms"]) == 2
+        assert r["timing"] == "paired-aligned" and len(r["step_times_ms"]) == len(r["nocomm_times_ms"]) == 2
         pairs = sorted(s / n - 1 for s, n in zip(r["step_times_ms"], r["nocomm_times_ms"]))
         assert r["overhead"] == pytest.approx(sum(pairs) / 2)
         lo, hi = r["overhead_ci95"]

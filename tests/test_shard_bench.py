@@ -106,7 +106,7 @@ def test_no_variant_outlives_itself(leaky):
     for _, calls in out:  # per variant: warmup + steps timed steps, then memory_steps memory steps
         assert calls == {"timed": 3 * (cfg.warmup + cfg.steps), "measured": 3 * cfg.memory_steps}, calls
     for r in rows:
-        assert r["timing"] == "ends-synced" and r["memory_steps"] == 3 and len(r["losses_rank0"]) == cfg.steps
+        assert r["timing"] == "ends-synced-aligned" and r["memory_steps"] == 3 and len(r["losses_rank0"]) == cfg.steps
         assert r["rounds"] == 1 and len(r["round_step_ms"]) == 1
     for r in rows[1:]:  # one round: the pooled ratio is the round's ratio
         assert r["ratio_to_none"] == pytest.approx(r["step_ms"] / rows[0]["step_ms"])
@@ -278,7 +278,7 @@ def test_cli_profile_cpu_writes_a_trace_per_rank(tmp_path, monkeypatch):
     assert shard_bench.run(args) == 0
     ((fsdp,),) = rows_seen
     assert fsdp["status"] == "ok" and fsdp["variant"] == "fsdp"
-    assert fsdp["timing"] == "ends-synced" and fsdp["memory_steps"] == 1 and fsdp["profile_cpu"] is True
+    assert fsdp["timing"] == "ends-synced-aligned" and fsdp["memory_steps"] == 1 and fsdp["profile_cpu"] is True
     assert fsdp["step_ms"] > 0 and fsdp["step_min_ms"] <= fsdp["step_ms"] and len(fsdp["losses_rank0"]) == 2
     assert fsdp["losses_rank0"][0] == pytest.approx(math.log(512), rel=0.1)  # fresh init, tiny's vocab of 512
     # CPU: no allocator, so the counters are zeros, but every key and its net twin stays in the record.
@@ -379,7 +379,7 @@ def test_rounds_pool_steps_measure_memory_once_and_skip_oom():
     assert [r["status"] for r in rows] == ["ok", "OOM", "OOM", "ok"]
     assert ddp["error"].startswith("round 2: injected") and zero1["error"].startswith("injected")
     for r in rows:
-        assert r["rounds"] == 2 and r["timing"] == "ends-synced"
+        assert r["rounds"] == 2 and r["timing"] == "ends-synced-aligned"
     for r in (ddp, zero1, none):
         assert not any(k in r for k in ("ratio_to_none", "round_ratio_to_none", "ratio_to_none_round_median"))
     for r in (none, fsdp):
@@ -484,7 +484,7 @@ def test_pair_with_none_pairs_steps_and_keeps_the_partner_out_of_memory_counters
     for r in (ddp, fsdp):
         i = rows.index(r)
         variant = [max(ts) for ts in zip(*(rank[i]["step_s"] for rank in per_rank))]
-        partner = [max(ts) for ts in zip(*(rank[i]["pair_partner_step_s"] for rank in per_rank))]
+        partner = [statistics.fmean(ts) for ts in zip(*(rank[i]["pair_partner_step_s"] for rank in per_rank))]
         assert len(r["pair_ratios"]) == len(partner) == cfg.rounds * cfg.steps
         assert r["pair_ratios"] == pytest.approx([v / p for v, p in zip(variant, partner)])
         assert r["pair_ratio"] == statistics.median(r["pair_ratios"])
@@ -504,7 +504,7 @@ def test_pair_with_none_pairs_steps_and_keeps_the_partner_out_of_memory_counters
 
 
 def test_summarize_pairs_slowest_rank_per_step_pooled_over_rounds():
-    """Pair i = slowest rank's variant step i / slowest rank's partner step i, rounds pooled in order."""
+    """Pair i = slowest rank's variant step i / the ranks' mean partner step i, rounds pooled in order."""
     def result(variant, rounds, partner=None):
         r = _rank_result(variant, rounds)
         if partner is not None:
@@ -515,14 +515,15 @@ def test_summarize_pairs_slowest_rank_per_step_pooled_over_rounds():
     none = [result("none", [[1.0, 1.0], [1.0, 1.0]])] * 2
     fsdp = [result("fsdp", [[1.5, 1.5], [2.2, 2.2]], [1.0, 1.5, 2.0, 2.0]),
             result("fsdp", [[1.2, 1.8], [2.2, 2.0]], [1.25, 1.0, 1.0, 2.2])]
-    # slowest: variant [1.5, 1.8, 2.2, 2.2], partner [1.25, 1.5, 2.0, 2.2] -> ratios [1.2, 1.2, 1.1, 1.0]
+    # variant, slowest rank: [1.5, 1.8, 2.2, 2.2]; partner, mean of the ranks: [1.125, 1.25, 1.5, 2.1]
     cfg = sh.ShardBenchConfig(**CFG, variants=("none", "fsdp"), rounds=2, pair_with_none=True)
     n, f = sh.summarize(cfg, [[none[0], fsdp[0]], [none[1], fsdp[1]]], "gloo")
-    assert f["pair_ratios"] == pytest.approx([1.2, 1.2, 1.1, 1.0])
-    assert f["pair_ratio"] == pytest.approx(1.15)
-    assert f["partner_step_ms"] == pytest.approx(1750.0)
+    ratios = [1.5 / 1.125, 1.8 / 1.25, 2.2 / 1.5, 2.2 / 2.1]
+    assert f["pair_ratios"] == pytest.approx(ratios)
+    assert f["pair_ratio"] == pytest.approx((ratios[0] + ratios[1]) / 2)
+    assert f["partner_step_ms"] == pytest.approx(1375.0)
     lo, hi = f["pair_ratio_ci95"]
-    assert 1.0 <= lo <= 1.15 <= hi <= 1.2
+    assert min(ratios) <= lo <= f["pair_ratio"] <= hi <= max(ratios)
     assert "pair_ratio" not in n and f["pair_with_none"] is True
 
 

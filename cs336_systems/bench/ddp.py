@@ -12,10 +12,16 @@ removed between variants; PyTorch DDP goes last). Per variant:
   and the optimizer. A step's time is the slowest rank's.
 * after each timed step, the same step inside ``no_sync()`` (no collective is issued): the steps come in
   pairs, so that drifting host speed (a shared machine; the eager bf16 step is host-bound) hits both
-  halves of a pair alike. ``exposed`` communication = median over pairs of (step - no-communication
-  step); ``overhead`` = median over pairs of step / no-communication step - 1, with a bootstrap 95%
-  interval (``overhead_ci95``). Records with ``timing="paired"``; older records ran all steps first,
-  then all no-communication steps, and took the difference of the two medians.
+  halves of a pair alike. Every timed step starts with the ranks aligned by a barrier
+  (:func:`align_ranks`): nothing else synchronises the ranks after a ``no_sync()`` step, and without it
+  the next step's first all-reduce waits for the rank that finished late, charging the gap to
+  communication. A synchronised step's time is its slowest rank's; the no-communication step, a
+  single-GPU step, is the mean over ranks of each rank's own. ``exposed`` communication = median over
+  pairs of (step - no-communication step); ``overhead`` = median over pairs of step /
+  no-communication step - 1, with a bootstrap 95% interval (``overhead_ci95``). Records with
+  ``timing="paired-aligned"``. ``timing="paired"`` records (earlier) had no barrier and took the slowest
+  rank for both halves, which over-charged communication by up to the ranks' step-time spread; older
+  records still ran all steps first, then all no-communication steps.
 * on GPUs, one step under ``torch.profiler`` (CUDA activity only): the summed duration of NCCL
   kernels (``comm_kernel_ms``, the time spent inside collectives on the device) and how much of it
   ran concurrently with compute kernels (``comm_hidden_ms``). On CPU (gloo) the same numbers come
@@ -42,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
@@ -55,6 +62,9 @@ PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one
 VARIANTS = ("none", "naive", "flat", "overlap", "bucketed", "torch-ddp")
 COMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16")
+# Records' ``timing``: "paired-aligned" (module docstring); "paired" records (before 2026-11-22 08:40) did not
+# align the ranks before each step and took the slowest rank of the no_sync() half too.
+TIMING = "paired-aligned"
 
 
 @dataclass(kw_only=True)
@@ -161,6 +171,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def align_ranks(device: torch.device) -> None:
+    """Start a timed step on every rank at the same moment: a barrier that returns once every rank reached
+    it. Without it a step is charged for the time the other rank still spent on the previous one (a step
+    inside ``no_sync()`` or of another model, which nothing synchronised): the first collective waits for
+    the late rank."""
+    if not dist.is_initialized():
+        return
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+    _sync(device)
+
+
 def _is_comm(name: str) -> bool:
     n = name.lower()
     return "nccl" in n or "allreduce" in n or "all_reduce" in n or "gloo" in n
@@ -233,6 +257,7 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     def timed(communicate: bool) -> float:
         clock = _StepClock(device)
         _sync(device)
+        align_ranks(device)
         t0 = timeit.default_timer()
         step(communicate, clock)
         _sync(device)
@@ -323,8 +348,11 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
     rows = []
     for results in zip(*per_rank):
         r0 = results[0]
-        step = [max(ts) for ts in zip(*(r["comm_step_s"] for r in results))]
-        nocomm = [max(ts) for ts in zip(*(r["nocomm_step_s"] for r in results))]
+        # A synchronised step ends when its slowest rank does; the single-GPU step (no_sync, ranks not coupled)
+        # is each rank's own, averaged over ranks ("none" has no coupling in either half: averaged too).
+        slowest = statistics.fmean if r0["variant"] == "none" else max
+        step = [slowest(ts) for ts in zip(*(r["comm_step_s"] for r in results))]
+        nocomm = [statistics.fmean(ts) for ts in zip(*(r["nocomm_step_s"] for r in results))]
         step_ms, nocomm_ms = statistics.median(step) * 1e3, statistics.median(nocomm) * 1e3
         ratios = [s / n for s, n in zip(step, nocomm, strict=True)]
         row = {k: v for k, v in asdict(cfg).items() if k not in ("variants", "precisions", "bucket_sizes_mb",
@@ -334,7 +362,7 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
             bucket_size_mb=r0["bucket_size_mb"], transport=r0["transport"],
             extra_device_gib=r0["extra_device_gib"], n_params=n_params, grad_bytes=4 * n_params,
             step_ms=step_ms, step_std_ms=statistics.stdev(step) * 1e3, step_min_ms=min(step) * 1e3,
-            nocomm_step_ms=nocomm_ms, timing="paired",
+            nocomm_step_ms=nocomm_ms, timing=TIMING,
             step_times_ms=[t * 1e3 for t in step], nocomm_times_ms=[t * 1e3 for t in nocomm],
             # paired: step i with communication against step i + 1/2 without (same host conditions)
             exposed_comm_ms=statistics.median((s - n) * 1e3 for s, n in zip(step, nocomm, strict=True)),

@@ -15,12 +15,14 @@ Variants (each builds a fresh model on every rank, so memory after construction 
 
 The optimizer is ``torch.optim.AdamW(foreach=True)`` everywhere (it also steps FSDP2's DTensors).
 
-Method, per variant and rank (``TIMING`` = ``"ends-synced"`` in every record):
+Method, per variant and rank (``TIMING`` = ``"ends-synced-aligned"`` in every record):
 
 1. ``warmup`` untimed steps.
 2. ``steps`` timed steps: a device synchronize right before and right after each step and none
    inside it (no memory counters, no peak resets), so the host launches of one phase overlap the
-   device work of the previous one as in real training; ``step_s`` per step, and in the record the
+   device work of the previous one as in real training, and a barrier before each, so that every rank
+   starts it at once (``ddp.align_ranks``; otherwise a step after one of the unsynchronised plain
+   partner would be charged for the other rank's lateness); ``step_s`` per step, and in the record the
    median / std / min over steps of the slowest rank's time. Records without a ``timing`` key were
    taken with a synchronize after every phase (forward, backward + finish, optimizer step, zero_grad),
    which also charged the host launch latency of each phase to the step (host-bound steps, such as
@@ -57,8 +59,9 @@ of a pair see the same host conditions. The partner and its optimizer are then d
 sees it; weak references check that none of its tensors outlived it (``pair_partner_retained_gib``,
 a warning above ``LEFTOVER_WARN_GIB``). Per rank ``pair_partner_step_s`` (and
 ``pair_partner_losses``, round 1) sit next to ``step_s``; the record has ``pair_ratios`` (per pair:
-the variant's slowest-rank step / the partner's slowest-rank step of the same index, pooled over
-rounds), ``pair_ratio`` (their median), ``pair_ratio_ci95`` (bootstrap 95% interval of that median)
+the variant's slowest-rank step / the partner's step of the same index averaged over ranks: a
+single-GPU step is each rank's own, with no other rank to wait for; pooled over rounds),
+``pair_ratio`` (their median), ``pair_ratio_ci95`` (bootstrap 95% interval of that median)
 and ``partner_step_ms``. The partner is a second full model with AdamW state resident during the
 timed phase: while one of the two steps, the other holds its state between steps, so the device needs
 about the peak of the one plus the resident state of the other (xl, bf16, batch 4, context 512: a
@@ -120,7 +123,7 @@ from tqdm import tqdm
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
-from cs336_systems.bench.ddp import _is_comm, _union_ms, median_ci95
+from cs336_systems.bench.ddp import _is_comm, _union_ms, align_ranks, median_ci95
 from cs336_systems.bench.e2e import is_oom
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
@@ -132,7 +135,9 @@ VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
 PRECISIONS = ("fp32", "bf16")
 GIB = 2**30
 LEFTOVER_WARN_GIB = 0.25  # more than this allocated (or retained) between variants is reported
-TIMING = "ends-synced"  # how ``step_s`` was taken; older records (no ``timing`` key) synchronised every phase
+# How ``step_s`` was taken. "ends-synced" records (before 2026-11-22 08:40) had no barrier before a step and
+# took the partner's slowest rank; older records (no ``timing`` key) synchronised every phase.
+TIMING = "ends-synced-aligned"
 ABS_MEMORY_KEYS = ("init_alloc_gib", "init_peak_gib", "pre_step_alloc_gib", "pre_step_peak_gib",
                    "post_step_alloc_gib", "post_step_peak_gib")
 
@@ -303,8 +308,10 @@ class _Step:
             wrapped, opt, finish, x, y, autocast, mem)
 
     def timed(self) -> tuple[float, float]:
-        """(seconds, loss) of one step with a device synchronize at both ends and none inside."""
+        """(seconds, loss) of one step with a device synchronize at both ends and none inside, started on
+        every rank at once (``align_ranks``)."""
         self.mem.sync()
+        align_ranks(self.mem.device)
         t0 = timeit.default_timer()
         self.wrapped.on_train_batch_start()
         with self.autocast():
@@ -573,8 +580,8 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
                     for k in range(len(per_round[0]))]
         row.update(step_ms=statistics.median(step) * 1e3, step_std_ms=statistics.stdev(step) * 1e3,
                    step_min_ms=min(step) * 1e3, round_step_ms=round_ms, losses_rank0=r0["losses"])
-        if "pair_partner_step_s" in r0:  # pair i: slowest rank's step i of the variant / of the plain partner
-            partner = [max(ts) for ts in zip(*(r["pair_partner_step_s"] for r in results))]
+        if "pair_partner_step_s" in r0:  # pair i: slowest rank's step i of the variant / partner's mean over ranks
+            partner = [statistics.fmean(ts) for ts in zip(*(r["pair_partner_step_s"] for r in results))]
             ratios = [v / p for v, p in zip(step, partner, strict=True)]
             row.update(pair_ratios=ratios, pair_ratio=statistics.median(ratios),
                        pair_ratio_ci95=list(median_ci95(ratios)), partner_step_ms=statistics.median(partner) * 1e3,

@@ -359,11 +359,15 @@ class BucketedDDP(_DataParallel):
             flat = self._copy_engine.view(bucket.index)
             grads = [p.grad for p in bucket.params]
             base, size = flat.data_ptr(), flat.element_size()
-            if any(g.data_ptr() != base + off * size for g, off in zip(grads, bucket.offsets)):
-                # Fresh gradients (after zero_grad(set_to_none=True)): one copy into the bucket, then views of it.
-                torch.cat([g.reshape(-1) for g in grads], out=flat)
-                for p, off in zip(bucket.params, bucket.offsets):
-                    p.grad = flat[off:off + p.numel()].view(p.shape)
+            fresh = [i for i, (g, off) in enumerate(zip(grads, bucket.offsets)) if g.data_ptr() != base + off * size]
+            if fresh:  # gradients autograd handed over as new tensors (zero_grad(set_to_none=True)): into the bucket
+                views = [flat[off:off + p.numel()].view(p.shape) for p, off in zip(bucket.params, bucket.offsets)]
+                if len(fresh) == len(grads):
+                    torch.cat([g.reshape(-1) for g in grads], out=flat)  # one kernel
+                else:  # some are views already (set_to_none=False, then one gradient set to None)
+                    torch._foreach_copy_([views[i] for i in fresh], [grads[i] for i in fresh])
+                for i in fresh:
+                    bucket.params[i].grad = views[i]
             t0 = time.perf_counter()
             bucket.work = self._copy_engine.start(bucket.index)
             self.stats.calls += 1

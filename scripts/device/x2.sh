@@ -15,12 +15,14 @@
 # e: the paired FSDP and DDP measurements with each rank bound to its own physical cores (CS336_BIND_CPUS=1).
 # f: plan d's DDP runs after the one-pass bf16 packing change.
 # g: the copy-engine transport for BucketedDDP (GPU tests, scripts/device/ce_probe.py, paired ddp-bench bf16).
+# h: #5 again with the ranks aligned before every timed step (ddp-bench timing "paired-aligned"), both transports.
+# i: #8 again with the ranks aligned before every timed step (shard-bench timing "ends-synced-aligned").
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -87,6 +89,19 @@ g)  # the copy-engine transport (symmetric memory): GPU tests, the GEMM-contenti
   step 160 ddp-bench-bf16-ce $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 15 \
     --variants none bucketed --bucket-sizes-mb 100 1000 --transports collective copy-engine \
     --timeline-variants --no-profile --results-dir "$R"
+  ;;
+h)  # #5 with ranks aligned before every timed step (timing "paired-aligned"), both transports, bf16
+  step 60 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -k copy_engine -p no:cacheprovider
+  step 200 ddp-bench-bf16-aligned $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --transports collective copy-engine \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 200 ddp-bench-bf16-compile-aligned $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 --compile \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --transports collective copy-engine \
+    --timeline-variants --no-profile --results-dir "$R"
+  ;;
+i)  # #8 with ranks aligned before every timed step (timing "ends-synced-aligned"): paired shard-bench bf16
+  step 400 shard-bench-bf16-paired-aligned $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 12 \
+    --memory-steps 1 --pair-with-none --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
