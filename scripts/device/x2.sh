@@ -99,9 +99,13 @@ h)  # #5 with ranks aligned before every timed step (timing "paired-aligned"), b
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --transports collective copy-engine \
     --timeline-variants --no-profile --results-dir "$R"
   ;;
-i)  # #8 with ranks aligned before every timed step (timing "ends-synced-aligned"): paired shard-bench bf16
-  step 400 shard-bench-bf16-paired-aligned $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 12 \
+i)  # #8 with ranks aligned before every timed step (timing "ends-synced-aligned"): paired shard-bench bf16;
+    # then a diagnostic: one profiled compiled DDP step (kernel time with and without communication; not saved)
+  step 380 shard-bench-bf16-paired-aligned $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 10 \
     --memory-steps 1 --pair-with-none --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  step 100 ddp-diag-compile $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 4 --compile \
+    --variants none bucketed --bucket-sizes-mb 1000 --timeline-variants bucketed-1000MB+compile --trace-dir "$D" \
+    --no-save
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
