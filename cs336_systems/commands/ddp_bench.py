@@ -27,7 +27,8 @@ from cs336_systems.parallel.process_group import configure_nccl, under_torchrun
 from cs336_systems.records import write_records
 
 TABLE_COLUMNS = ["precision", "label", "step_ms", "step_std_ms", "nocomm_step_ms", "exposed_comm_ms", "fwd_bwd_ms",
-                 "sync_ms", "comm_kernel_ms", "comm_hidden_ms", "comm_calls_per_step", "peak_memory_gib"]
+                 "sync_ms", "comm_kernel_ms", "comm_hidden_ms", "compute_kernel_ms", "comm_calls_per_step",
+                 "peak_memory_gib"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
