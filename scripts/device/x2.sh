@@ -17,12 +17,13 @@
 # g: the copy-engine transport for BucketedDDP (GPU tests, scripts/device/ce_probe.py, paired ddp-bench bf16).
 # h: #5 again with the ranks aligned before every timed step (ddp-bench timing "paired-aligned"), both transports.
 # i: #8 again with the ranks aligned before every timed step (shard-bench timing "ends-synced-aligned").
+# j: fp32 DDP with the aligned timing, both transports; the GPU tests of tests/test_ddp.py and tests/test_fsdp.py.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -106,6 +107,12 @@ i)  # #8 with ranks aligned before every timed step (timing "ends-synced-aligned
   step 100 ddp-diag-compile $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 4 --compile \
     --variants none bucketed --bucket-sizes-mb 1000 --timeline-variants bucketed-1000MB+compile --trace-dir "$D" \
     --no-save
+  ;;
+j)  # fp32 with the aligned timing (both transports); every GPU test of the parallel code
+  step 150 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py tests/test_fsdp.py -p no:cacheprovider
+  step 240 ddp-bench-fp32-aligned $TR2 $CLI ddp-bench $XL --precision fp32 --warmup 2 --steps 10 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --transports collective copy-engine \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
