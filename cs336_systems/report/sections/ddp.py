@@ -18,6 +18,9 @@ PROBLEM_IDS = (
 )
 COMM = "distributed_communication_single_node"
 DDP = "ddp_bucketed_benchmarking"
+# ddp-bench timings with no_sync() pairs, best first: "paired-aligned" starts every step with the ranks aligned;
+# "paired" (earlier) did not, which charged the comm step for the other rank's lateness after a no_sync() step.
+PAIRED = ("paired-aligned", "paired")
 
 
 def _latest(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
@@ -179,7 +182,7 @@ def _ddp_table(rows: list[dict]) -> pd.DataFrame:
 
 def _paired(r: dict) -> str:
     """Median over pairs of step / (same step inside no_sync()) - 1, with its bootstrap interval (paired runs)."""
-    if r.get("timing") != "paired":
+    if r.get("timing") not in PAIRED:
         return ""
     lo, hi = r["overhead_ci95"]
     return f"{100 * r['overhead']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
@@ -202,7 +205,11 @@ def _setup(rows: list[dict]) -> str:
             "part of it that ran concurrently with compute kernels; *sync wait*: CUDA-event time the compute stream "
             "spent in `finish_gradient_synchronization()`. `none` = the plain model, no wrapper (single-GPU step). "
             "*paired overhead*: in runs with paired timing every timed step is followed by the same step inside "
-            "`no_sync()`; the median over pairs of their ratio, minus 1, with a bootstrap 95% interval. The eager "
+            "`no_sync()`; the median over pairs of their ratio, minus 1, with a bootstrap 95% interval; with "
+            "`paired-aligned` timing (the latest runs) the ranks pass a barrier before every step and the "
+            "no-communication half is the mean of the ranks' own steps (earlier paired runs charged a step for "
+            "the other rank's lateness after a `no_sync()` step). `@ce`: buckets averaged by the copy engines "
+            "over NVLink (symmetric memory) instead of NCCL kernels. The eager "
             "bf16 step is host-bound and the lent machines' host speed drifts, so steps measured a minute apart "
             "(the `vs 1 GPU` column compares separately measured variants) can differ by more than the effect; "
             "pairs cancel the drift.")
@@ -292,7 +299,8 @@ def _ddp_sections(ctx) -> dict[str, str]:
         if not buckets:
             continue
         # Paired rows (the latest method) when there are any: their overhead is the drift-free figure.
-        paired = [r for r in buckets if r.get("timing") == "paired"]
+        paired = next(([r for r in buckets if r.get("timing") == t] for t in PAIRED
+                       if any(r.get("timing") == t for r in buckets)), [])
         best = min(paired, key=lambda r: r["overhead"]) if paired else min(buckets, key=lambda r: r["step_ms"])
         none, peer = _reference(rows, best, "none"), _reference(rows, best, "torch-ddp")
         if none is None:
@@ -315,15 +323,22 @@ def _ddp_sections(ctx) -> dict[str, str]:
                      f"`no_sync()`, so both see the same host conditions): {100 * best['overhead']:+.1f}% (95% "
                      f"interval {100 * lo:+.1f}% to {100 * hi:+.1f}%: "
                      f"{'within' if best['overhead'] <= 0.05 else 'NOT within'} 5%)")
-            if peer and peer.get("timing") == "paired":
+            if peer and peer.get("timing") in PAIRED:
                 line += f"; PyTorch DDP paired the same way: {_paired(peer)}"
+            by_transport = {r.get("transport", "collective"): r for r in paired if _run(r) == _run(best)
+                            and r["bucket_size_mb"] == best["bucket_size_mb"]}
+            if len(by_transport) > 1:
+                line += (f". The same buckets moved by NCCL kernels: {_paired(by_transport['collective'])}; by the "
+                         f"copy engines (`@ce`, no SMs taken from backward): {_paired(by_transport['copy-engine'])}: "
+                         "whatever slows the step is not the SMs NCCL holds (docs/parallelism.md)")
         if compiled and best.get("comm_kernel_ms") is not None:
             line += (f". Compiled, the backward no longer hides the all-reduce: forward+backward grows from "
                      f"{none['fwd_bwd_ms']:.0f} ms to {best['fwd_bwd_ms']:.0f} ms while the collectives run "
                      f"{best['comm_kernel_ms']:.0f} ms, {best['comm_hidden_ms']:.0f} ms of it beside compute "
-                     "kernels: NCCL's kernels get SMs only as backward's kernels release them (timeline above), "
-                     "and neither a CTA cap (`@ctas8`) nor high-priority NCCL streams (`@hiprio`) made the step "
-                     "faster by more than the run-to-run spread (± std)")
+                     "kernels (timeline above). Neither a CTA cap (`@ctas8`) nor high-priority NCCL streams "
+                     "(`@hiprio`) made the step faster by more than the run-to-run spread (± std), and moving the "
+                     "bytes with the copy engines instead of SM kernels (`@ce` rows) costs backward as much: what "
+                     "slows it is not the SMs NCCL holds (docs/parallelism.md)")
         host = none.get("compute_kernel_ms")
         if host:
             line += (f". The single-GPU step's kernels add up to {host:.0f} ms of its {none['step_ms']:.0f} ms "

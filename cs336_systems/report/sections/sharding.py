@@ -204,9 +204,11 @@ def _ratio(a: dict, b: dict) -> tuple[float, str]:
     host speed cancels."""
     if "pair_ratio" in a and b["variant"] == "none":
         lo, hi = a["pair_ratio_ci95"]
+        aligned = (", ranks aligned before every step, the plain model's step averaged over ranks"
+                   if a.get("timing") == "ends-synced-aligned" else "")
         return a["pair_ratio"], (f"median over {len(a['pair_ratios'])} pairs of a step of this variant and a step "
-                                 "of a plain single-GPU model alternating in the same process, 95% interval "
-                                 f"[{lo:.3f}, {hi:.3f}]")
+                                 f"of a plain single-GPU model alternating in the same process{aligned}, 95% "
+                                 f"interval [{lo:.3f}, {hi:.3f}]")
     if "pair_ratio" in a and "pair_ratio" in b:
         return a["pair_ratio"] / b["pair_ratio"], (
             f"ratio of the two paired ratios {a['pair_ratio']:.3f} / {b['pair_ratio']:.3f}, each the median over "
