@@ -498,9 +498,10 @@ def test_wrapper_needs_process_group():
 
 
 # --- NCCL on two GPUs (device machine only) --------------------------------------------------
-def nccl_parity_worker(info, strategy: str, bucket_size_mb):
+def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "collective", zero_mode: str = "none"):
+    """4 steps on GPUs against single-process training on the global batch; returns the final state."""
     torch.manual_seed(100 + info.rank)
-    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb)
+    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport=transport)
     ref = copy.deepcopy(ddp.module)
     opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
     lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
@@ -509,7 +510,7 @@ def nccl_parity_worker(info, strategy: str, bucket_size_mb):
         ref_opt.zero_grad()
         loss_fn("lm", ref(x), y).backward()
         ref_opt.step()
-        opt.zero_grad()
+        zero_grads(opt, ddp.module, zero_mode, step)
         loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
         ddp.finish_gradient_synchronization()
         opt.step()
@@ -517,7 +518,11 @@ def nccl_parity_worker(info, strategy: str, bucket_size_mb):
     # plus a margin for cuBLAS split-K reductions.
     for p, q in zip(ddp.module.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    return {k: v.cpu() for k, v in ddp.module.state_dict().items()}
+    state = {k: v.cpu() for k, v in ddp.module.state_dict().items()}
+    if transport == "collective":
+        return state
+    views = all(p.grad is not None and p.grad._base is not None for p in ddp.module.parameters() if p.requires_grad)
+    return {"state": state, "views": views, "extra": ddp.extra_device_bytes}
 
 
 @pytest.mark.multigpu
@@ -726,35 +731,13 @@ def test_copy_engine_average_is_exact_two_gpus():
     assert r0["nbytes"] == 4 * (padded + padded // WORLD)
 
 
-def copy_engine_parity_worker(info, strategy: str, bucket_size_mb, zero_mode: str):
-    torch.manual_seed(100 + info.rank)
-    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport="copy-engine")
-    ref = copy.deepcopy(ddp.module)
-    opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
-    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
-    for step in range(4):
-        x, y = (t.to(info.device) for t in make_batch("lm", step))
-        ref_opt.zero_grad()
-        loss_fn("lm", ref(x), y).backward()
-        ref_opt.step()
-        zero_grads(opt, ddp.module, zero_mode, step)
-        loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
-        ddp.finish_gradient_synchronization()
-        opt.step()
-    for p, q in zip(ddp.module.parameters(), ref.parameters()):  # the bound of test_nccl_parity_two_gpus
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    views = all(p.grad is not None and p.grad._base is not None for p in ddp.module.parameters() if p.requires_grad)
-    return {"state": {k: v.cpu() for k, v in ddp.module.state_dict().items()}, "views": views,
-            "extra": ddp.extra_device_bytes}
-
-
 @pytest.mark.multigpu
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("strategy", "bucket_size_mb", "zero_mode"), [
     ("overlap", None, "alternate"), ("bucketed", 0.004, "none"), ("bucketed", 0.004, "partial"),
     ("bucketed", 100.0, "zero")])
 def test_copy_engine_parity_two_gpus(strategy, bucket_size_mb, zero_mode):
-    r0, r1 = spawn(copy_engine_parity_worker, WORLD, (strategy, bucket_size_mb, zero_mode), backend="nccl",
+    r0, r1 = spawn(nccl_parity_worker, WORLD, (strategy, bucket_size_mb, "copy-engine", zero_mode), backend="nccl",
                    device_type="cuda", timeout_s=200)
     for k in r0["state"]:
         assert torch.equal(r0["state"][k], r1["state"][k]), k
