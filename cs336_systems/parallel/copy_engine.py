@@ -29,6 +29,7 @@ Idea: copy-engine collectives for overlapped communication (PyTorch's symmetric-
 
 from __future__ import annotations
 
+import socket
 import warnings
 from dataclasses import dataclass
 
@@ -113,6 +114,11 @@ class CopyEngineAllReduce:
 
         group = process_group or dist.group.WORLD
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        hosts: list = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname(), group=group)
+        if len(set(hosts)) > 1:  # symmetric memory maps peers' memory over NVLink: one node only
+            raise ValueError(f"CopyEngineAllReduce: the ranks span several hosts ({sorted(set(hosts))}); the "
+                             "copy-engine transport works within one node (use transport='collective')")
         self.timeout_ms = int(timeout_ms)
         n, r = self.world_size, self.rank
         chunks = [-(-k // n) for k in numels]  # ceil: padded buckets split evenly

@@ -280,8 +280,8 @@ class BucketedDDP(_DataParallel):
     kernels on GPUs); ``"copy-engine"`` averages it with :class:`~cs336_systems.parallel.copy_engine.
     CopyEngineAllReduce` (GPUs of one node: bytes moved by the copy engines over NVLink, no SMs taken
     from backward). The buckets then live in symmetric memory for the whole run (``extra_device_bytes``;
-    PyTorch's allocator does not count it) and the gradients are always views of them.
-    """
+    PyTorch's allocator does not count it), and after every synchronised backward the gradients are views
+    of them (fresh gradients are copied in at launch, one kernel per bucket)."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
                  process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None,
