@@ -1,11 +1,12 @@
 """Gradient averaging over the GPUs of one node with copy engines instead of SM kernels.
 
-An NCCL all-reduce runs as kernels: its thread blocks hold SMs for the whole transfer, so while it
-overlaps backward it takes SMs from backward's GEMMs (on an H200 the compiled xl backward grew by about
-the all-reduce's own duration, whatever the bytes; see docs/parallelism.md). The GPUs of one node can
-instead map each other's memory (CUDA virtual memory, PyTorch's symmetric memory) and move bytes with
+An NCCL all-reduce runs as kernels: its thread blocks hold SMs for the whole transfer (and while they
+wait for a late peer), SMs that backward's kernels then lack. The GPUs of one node can instead map each
+other's memory (CUDA virtual memory, PyTorch's symmetric memory) and move bytes with
 ``cudaMemcpyAsync``, which the copy engines (DMA units) carry out over NVLink without any SM. Only the
-arithmetic needs SMs: one short memory-bound kernel per bucket.
+arithmetic needs SMs: one short memory-bound kernel per bucket. Measured on 2 x H200
+(docs/parallelism.md): as fast as NCCL for the same bytes, but the xl training step costs the same with
+either transport, so there the SMs were not what communication took from backward.
 
 :class:`CopyEngineAllReduce` averages flat buckets that live in symmetric memory, in two shots (the
 reduce-scatter + all-gather decomposition of a ring all-reduce, so each rank sends ``2 (N-1)/N`` of a
@@ -17,11 +18,12 @@ bucket, the minimum), all on a side stream:
 4. rank ``r`` pushes its averaged chunk into chunk ``r`` of every peer's bucket (copy engine);
 5. barrier (every chunk is in place on every rank).
 
-Reuse is safe without more barriers: a rank writes a peer's scratch again only after the next step's
-first barrier, which the peer reaches after it has read its scratch (3 precedes 5 on its stream), and
-writes into a peer's bucket only after that bucket's first barrier, i.e. after the peer's backward is
-done with it. A barrier waits at most ``timeout_ms`` for a lost peer and then aborts the process with a
-device-side error instead of hanging.
+Reuse is safe without more barriers: a rank pushes into a peer's scratch for a bucket again only after
+its own barrier 5 of that bucket's previous average, which the peer passes after it has read that
+scratch (3 precedes 5 on its stream); it pushes into a peer's bucket only after barrier 2, which the
+peer passes after its backward has finished that bucket (its side stream waited for it), and the peer
+touches the bucket again only after waiting for 5. A barrier waits at most ``timeout_ms`` for a lost
+peer and then aborts the process with a device-side error instead of hanging.
 
 Idea: copy-engine collectives for overlapped communication (PyTorch's symmetric-memory
 "low-contention" collectives, NCCL 2.28's CE collectives); the implementation here is our own.
