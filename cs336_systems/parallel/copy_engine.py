@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 
-def copy_engine_unavailable(device: torch.device, process_group: dist.ProcessGroup | None = None) -> str | None:
+def _unavailable(device: torch.device) -> str | None:
     """Why this process cannot use :class:`CopyEngineAllReduce` (``None``: it can)."""
     if device.type != "cuda":
         return f"its buffers must be on a CUDA device (got {device})"
@@ -107,7 +107,7 @@ class CopyEngineAllReduce:
 
     def __init__(self, numels: list[int], dtype: torch.dtype, device: torch.device,
                  process_group: dist.ProcessGroup | None = None, timeout_ms: int = 300_000):
-        why = copy_engine_unavailable(device, process_group)
+        why = _unavailable(device)
         if why:
             raise ValueError(f"CopyEngineAllReduce: {why}")
         if not numels or any(n <= 0 for n in numels):
@@ -157,9 +157,6 @@ class CopyEngineAllReduce:
                 sends=tuple((chunk(peer_scratch[p], soff, slot(r, p)), chunk(self.buffer, off, p)) for p in peers),
                 gathers=tuple(chunk(peer_buffer[p], off, r) for p in peers)))
             off, soff = off + c * n, soff + c * (n - 1)
-
-    def __len__(self) -> int:
-        return len(self._plans)
 
     def view(self, i: int) -> torch.Tensor:
         return self._plans[i].flat

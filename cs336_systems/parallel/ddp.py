@@ -304,18 +304,18 @@ class BucketedDDP(_DataParallel):
         self._copy_engine = None
         self.extra_device_bytes = 0
         if transport == "copy-engine":
-            from cs336_systems.parallel.copy_engine import CopyEngineAllReduce, copy_engine_unavailable
+            from cs336_systems.parallel.copy_engine import CopyEngineAllReduce
 
             devices = {p.device for p in self.trainable}
             dtypes = {p.dtype for p in self.trainable}
-            why = (copy_engine_unavailable(next(iter(devices)), process_group) if len(devices) == 1
-                   else f"the parameters are on several devices ({sorted(map(str, devices))})")
-            if why is None and len(dtypes) != 1:
-                why = f"the parameters have several dtypes ({sorted(map(str, dtypes))})"
-            if why:
-                raise ValueError(f"{type(self).__name__}: transport='copy-engine' is not possible: {why}")
-            self._copy_engine = CopyEngineAllReduce([b.numel for b in self.buckets], dtypes.pop(), devices.pop(),
-                                                    process_group)
+            try:
+                if len(devices) != 1 or len(dtypes) != 1:
+                    raise ValueError(f"the parameters must share one device and dtype, got {sorted(map(str, devices))}"
+                                     f" and {sorted(map(str, dtypes))}")
+                self._copy_engine = CopyEngineAllReduce([b.numel for b in self.buckets], dtypes.pop(), devices.pop(),
+                                                        process_group)
+            except ValueError as e:
+                raise ValueError(f"{type(self).__name__}: transport='copy-engine' is not possible: {e}") from None
             self.extra_device_bytes = self._copy_engine.nbytes
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
