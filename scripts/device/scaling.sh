@@ -19,12 +19,8 @@
 set -u
 OUT=${OUT:-/tmp/scaling-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# NVLink multicast stays off (shared machine; KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PY:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
 R="$OUT/results"; mkdir -p "$R"
-CLI="-m cs336_systems"
 BUDGET=${SCALING_BUDGET_S:-530}
 T_START=$SECONDS
 

@@ -15,13 +15,9 @@ set -u
 set -x
 OUT=${OUT:-/tmp/shard-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# NVLink multicast stays off (shared machine; KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PY:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
 R="$OUT/results"; T="$OUT/traces"; mkdir -p "$R" "$T"
 TORCHRUN="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
-CLI="-m cs336_systems"
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 
 if [ "${SHARD_DRY_RUN:-0}" = 1 ]; then

@@ -26,11 +26,8 @@ set -u
 PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md
-PY=${PY:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
 R="$OUT/results"; T="$OUT/traces"; D="$OUT/diag"; mkdir -p "$R" "$T" "$D"
-CLI="-m cs336_systems"
 TR2="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
 XL="--preset xl --context-length 512 --batch-size 4"
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"

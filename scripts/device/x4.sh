@@ -14,12 +14,8 @@ set -u
 PLAN=${1:?usage: x4.sh a|b}
 OUT=${OUT:-/tmp/x4-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# NVLink multicast stays off (shared machine; KINDS.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PY=${PY:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
 R="$OUT/results"; T="$OUT/traces"; mkdir -p "$R" "$T"
-CLI="-m cs336_systems"
 source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 $PY -m pip install --no-deps --no-build-isolation -e . -q >"$OUT/log-pip.txt" 2>&1 || echo "pip install failed (PYTHONPATH used)"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee -a "$OUT/summary.txt"
