@@ -17,6 +17,7 @@ Ranks must end *bitwise* identical: they apply the same all-reduced gradients.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -265,10 +266,27 @@ def views_worker(info):
     return out
 
 
-def comm_dtype_worker(info, strategy: str, bucket_size_mb):
+def lag_side_stream(ddp, cycles: int = 20_000_000) -> None:
+    """Make every side-stream block of a BucketedDDP start with a GPU busy-wait (~10 ms), so the copies on it
+    run well after backward has moved on: a missing wait or ``record_stream`` then shows up as wrong values."""
+    inner = ddp._packing_stream
+
+    @contextlib.contextmanager
+    def lagging(device):
+        with inner(device) as side:
+            if side is not None:
+                torch.cuda._sleep(cycles)
+            yield side
+
+    ddp._packing_stream = lagging
+
+
+def comm_dtype_worker(info, strategy: str, bucket_size_mb, lag: bool = False):
     """One synchronised backward with gradients all-reduced in bf16; also this rank's local gradients."""
     torch.manual_seed(3 + info.rank)
     ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, grad_comm_dtype=torch.bfloat16)
+    if lag:
+        lag_side_stream(ddp)
     local = copy.deepcopy(ddp.module)  # rank 0's weights (broadcast at construction)
     lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
     x, y = (t.to(info.device) for t in make_batch("lm", 0))
@@ -498,10 +516,14 @@ def test_wrapper_needs_process_group():
 
 
 # --- NCCL on two GPUs (device machine only) --------------------------------------------------
-def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "collective", zero_mode: str = "none"):
-    """4 steps on GPUs against single-process training on the global batch; returns the final state."""
+def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "collective", zero_mode: str = "none",
+                       lag: bool = False):
+    """4 steps on GPUs against single-process training on the global batch; returns the final state.
+    ``lag``: the wrapper's side stream lags backward (:func:`lag_side_stream`)."""
     torch.manual_seed(100 + info.rank)
     ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport=transport)
+    if lag:
+        lag_side_stream(ddp)
     ref = copy.deepcopy(ddp.module)
     opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
     lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
@@ -537,12 +559,27 @@ def test_nccl_parity_two_gpus(strategy, bucket_size_mb):
 
 
 @pytest.mark.multigpu
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("bucket_size_mb", "zero_mode"), [(0.004, "none"), (0.004, "partial"), (0.004, "alternate"),
+                                                           (100.0, "zero")])
+def test_nccl_bucketed_side_stream_lagging(bucket_size_mb, zero_mode):
+    """The bucket copies run on a side stream: with it lagging far behind backward, and gradients handed over
+    fresh, as views, or mixed, training still matches one process (nothing read too early or reused too soon)."""
+    r0, r1 = spawn(nccl_parity_worker, WORLD, ("bucketed", bucket_size_mb, "collective", zero_mode, True),
+                   backend="nccl", device_type="cuda", timeout_s=200)
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), k
+
+
+@pytest.mark.multigpu
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("strategy", "bucket_size_mb"), [("bucketed", 0.004), ("torch-ddp", None)])
-def test_nccl_bf16_gradient_communication(strategy, bucket_size_mb):
+@pytest.mark.parametrize(("strategy", "bucket_size_mb", "lag"), [("bucketed", 0.004, False), ("bucketed", 0.004, True),
+                                                                 ("overlap", None, True), ("torch-ddp", None, False)])
+def test_nccl_bf16_gradient_communication(strategy, bucket_size_mb, lag):
     """On NCCL (our cast-and-pack path, and PyTorch DDP's bf16 compression hook): ranks agree exactly, the
-    result is the average to bf16 accuracy, and differs from the fp32 average (bf16 was on the wire)."""
-    r0, r1 = spawn(comm_dtype_worker, WORLD, (strategy, bucket_size_mb), backend="nccl", device_type="cuda",
+    result is the average to bf16 accuracy, and differs from the fp32 average (bf16 was on the wire). ``lag``:
+    our side stream (pack, collective, copy back) lags backward, so finish must really wait for it."""
+    r0, r1 = spawn(comm_dtype_worker, WORLD, (strategy, bucket_size_mb, lag), backend="nccl", device_type="cuda",
                    timeout_s=150)
     differs = False
     for n, g in r0["synced"].items():
@@ -737,8 +774,8 @@ def test_copy_engine_average_is_exact_two_gpus():
     ("overlap", None, "alternate"), ("bucketed", 0.004, "none"), ("bucketed", 0.004, "partial"),
     ("bucketed", 100.0, "zero")])
 def test_copy_engine_parity_two_gpus(strategy, bucket_size_mb, zero_mode):
-    r0, r1 = spawn(nccl_parity_worker, WORLD, (strategy, bucket_size_mb, "copy-engine", zero_mode), backend="nccl",
-                   device_type="cuda", timeout_s=200)
+    r0, r1 = spawn(nccl_parity_worker, WORLD, (strategy, bucket_size_mb, "copy-engine", zero_mode, True),
+                   backend="nccl", device_type="cuda", timeout_s=200)
     for k in r0["state"]:
         assert torch.equal(r0["state"][k], r1["state"][k]), k
     assert r0["views"] and r1["views"] and r0["extra"] > 0

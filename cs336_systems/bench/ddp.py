@@ -55,12 +55,11 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel import wrap_model
-from cs336_systems.parallel.ddp import TRANSPORTS
+from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES, TRANSPORTS
 from cs336_systems.parallel.process_group import DistInfo, bind_cpus_requested, run_distributed
 
 PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one problem id
 VARIANTS = ("none", "naive", "flat", "overlap", "bucketed", "torch-ddp")
-COMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISIONS = ("fp32", "bf16")
 # Records' ``timing``: "paired-aligned" (module docstring); "paired" records (before 2026-11-22 08:40) did not
 # align the ranks before each step and took the slowest rank of the no_sync() half too.
@@ -105,8 +104,8 @@ class DDPBenchConfig:
         if self.warmup < 1 or self.steps < 2:
             raise ValueError(f"ddp-bench: need warmup >= 1 and steps >= 2, got {self.warmup}, {self.steps}")
         if self.grad_comm_dtype is not None:
-            if self.grad_comm_dtype not in COMM_DTYPES:
-                raise ValueError(f"ddp-bench: grad_comm_dtype must be one of {', '.join(COMM_DTYPES)} or None, "
+            if self.grad_comm_dtype not in GRAD_COMM_DTYPES:
+                raise ValueError(f"ddp-bench: grad_comm_dtype must be one of {', '.join(GRAD_COMM_DTYPES)} or None, "
                                  f"got {self.grad_comm_dtype!r}")
             bad = [v for v in self.variants if v in ("naive", "flat")]
             if bad:
@@ -233,7 +232,7 @@ def _profile_step(step_fn, device: torch.device, keep_intervals: bool) -> dict:
 def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, precision: str, variant: str,
                    bucket_mb: float | None, label: str, transport: str = "collective") -> dict:
     device = info.device
-    comm = COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
+    comm = GRAD_COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
     wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext

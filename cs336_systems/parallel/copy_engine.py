@@ -40,6 +40,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from cs336_systems.parallel.ddp import StreamWork
+
 
 def _unavailable(device: torch.device) -> str | None:
     """Why this process cannot use :class:`CopyEngineAllReduce` (``None``: it can)."""
@@ -52,18 +54,6 @@ def _unavailable(device: torch.device) -> str | None:
     except ImportError as e:  # a torch build without symmetric memory
         return f"this torch build has no symmetric memory ({e})"
     return None
-
-
-class _Work:
-    """What :meth:`CopyEngineAllReduce.start` returns: ``wait()`` makes the current stream wait for it."""
-
-    __slots__ = ("device", "event")
-
-    def __init__(self, event: torch.cuda.Event, device: torch.device):
-        self.event, self.device = event, device
-
-    def wait(self) -> None:
-        torch.cuda.current_stream(self.device).wait_event(self.event)
 
 
 @triton.jit
@@ -161,7 +151,7 @@ class CopyEngineAllReduce:
     def view(self, i: int) -> torch.Tensor:
         return self._plans[i].flat
 
-    def start(self, i: int) -> _Work:
+    def start(self, i: int) -> StreamWork:
         plan = self._plans[i]
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
@@ -177,6 +167,4 @@ class CopyEngineAllReduce:
             for dst in plan.gathers:  # 4: copy engine
                 dst.copy_(plan.own)
             self._buffer_handle.barrier(channel=0, timeout_ms=self.timeout_ms)  # 5
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return _Work(event, self.device)
+        return StreamWork(self.stream)

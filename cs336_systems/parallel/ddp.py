@@ -39,8 +39,9 @@ to copy back. When a bucket is launched:
   buffer is reduced as it is: no copy;
 * otherwise (the first backward, or after ``zero_grad(set_to_none=True)``, torch's default, which
   makes autograd hand over fresh tensors) the gradients are concatenated into a new buffer (one
-  ``torch.cat``, as flattening always costs) and ``.grad`` is pointed at its views, freeing the
-  fresh tensors.
+  ``torch.cat``, as flattening always costs; on GPUs on a side stream, overlapping the rest of
+  backward: ``BucketedDDP``'s "Streams") and ``.grad`` is pointed at its views, freeing the fresh
+  tensors.
 
 The wrapper holds a bucket's buffer only from launch to ``finish_gradient_synchronization()``; after
 that the gradients own it, so ``zero_grad(set_to_none=True)`` frees it and nothing stays allocated
@@ -62,6 +63,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 MB = 1024 * 1024  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
 TRANSPORTS = ("collective", "copy-engine")  # how BucketedDDP moves a bucket (class docstring)
+GRAD_COMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # command-line names of comm_dtype choices
 
 
 @dataclass
@@ -244,20 +246,43 @@ class _Bucket:
     def complete(self) -> bool:
         return len(self.ready) == len(self.params)
 
-    def flat_gradient(self) -> torch.Tensor:
-        """The bucket's gradients as one flat tensor whose views they are: the buffer they already
-        lie in back to back, or a new one they are copied into (``.grad`` then points at its views)."""
+    def lying_flat(self) -> torch.Tensor | None:
+        """The flat buffer the bucket's gradients already lie in back to back, in bucket order (the previous
+        step's views, kept by ``zero_grad(set_to_none=False)``), or ``None``. Host-side checks only (pointers
+        and layout): nothing waits for the device."""
         grads = [p.grad for p in self.params]
         base = grads[0]._base
         if (base is not None and base.dim() == 1 and base.numel() == self.numel and base.is_contiguous()
                 and all(g._base is not None and g._base.data_ptr() == base.data_ptr() and g.is_contiguous()
                         and g.data_ptr() == base.data_ptr() + off * base.element_size()
                         for g, off in zip(grads, self.offsets))):
-            return base  # host-side checks only (pointers and layout): nothing waits for the device
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        for p, off in zip(self.params, self.offsets):
+            return base
+        return None
+
+    def point_grads_at(self, flat: torch.Tensor, indices: list[int], stream) -> None:
+        """Make ``.grad`` of the parameters at ``indices`` views of ``flat`` (their values were copied there
+        on ``stream``). The tensors they replace are freed, so the caching allocator is told that ``stream``
+        still reads them (it reuses their memory only once the copy is done)."""
+        for i in indices:
+            p, off = self.params[i], self.offsets[i]
+            if stream is not None:
+                p.grad.record_stream(stream)
             p.grad = flat[off:off + p.numel()].view(p.shape)
-        return flat
+
+
+class StreamWork:
+    """A finished-on-the-device marker: ``wait()`` makes the current stream wait for everything ``stream``
+    had queued when this was made (one CUDA event; the host never blocks)."""
+
+    __slots__ = ("device", "event")
+
+    def __init__(self, stream: torch.cuda.Stream):
+        self.device = stream.device
+        self.event = torch.cuda.Event()
+        self.event.record(stream)
+
+    def wait(self) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.event)
 
 
 class BucketedDDP(_DataParallel):
@@ -281,7 +306,15 @@ class BucketedDDP(_DataParallel):
     CopyEngineAllReduce` (GPUs of one node: bytes moved by the copy engines over NVLink, no SMs taken
     from backward). The buckets then live in symmetric memory for the whole run (``extra_device_bytes``;
     PyTorch's allocator does not count it), and after every synchronised backward the gradients are views
-    of them (fresh gradients are copied in at launch, one kernel per bucket)."""
+    of them (fresh gradients are copied in at launch, one kernel per bucket).
+
+    Streams (CUDA). Whatever a launch copies (gradients into the flat buffer, the cast into ``comm_dtype``,
+    and the average back out of it) runs on a side stream that first waits for backward's stream, and the
+    collective is issued behind it; with ``comm_dtype`` the side stream also waits for the collective and
+    copies the average back at once. So none of these memory passes sits on backward's stream (torch DDP
+    copies gradients into its buckets on it): they overlap the rest of backward like the transfer does, and
+    ``finish_gradient_synchronization()`` only makes the compute stream wait. Gradients a copy replaces are
+    released with ``record_stream``, so their memory is reused only after the copy has read them."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
                  process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None,
@@ -317,6 +350,7 @@ class BucketedDDP(_DataParallel):
             except ValueError as e:
                 raise ValueError(f"{type(self).__name__}: transport='copy-engine' is not possible: {e}") from None
             self.extra_device_bytes = self._copy_engine.nbytes
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # where buckets are packed (CUDA)
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
 
@@ -353,37 +387,81 @@ class BucketedDDP(_DataParallel):
             self._launch(self.buckets[self._next_to_launch])
             self._next_to_launch += 1
 
+    @contextlib.contextmanager
+    def _packing_stream(self, device: torch.device) -> Iterator[torch.cuda.Stream | None]:
+        """Run the block on this device's side stream, behind everything the current (backward) stream has
+        queued so far (class docstring, "Streams"); on a CPU, in place (yields ``None``)."""
+        if device.type != "cuda":
+            yield None
+            return
+        side = self._side_streams.get(device)
+        if side is None:
+            side = self._side_streams[device] = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            yield side
+
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
+        # Buffers are allocated here, on the backward stream, before switching streams: they come from its
+        # pool (a side-stream pool would keep a second set of gradient-sized blocks cached) and are only
+        # written after the side stream has waited for backward.
+        grads = [p.grad for p in bucket.params]
+        device = grads[0].device
         if self._copy_engine is not None:
             flat = self._copy_engine.view(bucket.index)
-            grads = [p.grad for p in bucket.params]
             base, size = flat.data_ptr(), flat.element_size()
             fresh = [i for i, (g, off) in enumerate(zip(grads, bucket.offsets)) if g.data_ptr() != base + off * size]
-            if fresh:  # gradients autograd handed over as new tensors (zero_grad(set_to_none=True)): into the bucket
-                views = [flat[off:off + p.numel()].view(p.shape) for p, off in zip(bucket.params, bucket.offsets)]
-                if len(fresh) == len(grads):
-                    torch.cat([g.reshape(-1) for g in grads], out=flat)  # one kernel
-                else:  # some are views already (set_to_none=False, then one gradient set to None)
-                    torch._foreach_copy_([views[i] for i in fresh], [grads[i] for i in fresh])
-                for i in fresh:
-                    bucket.params[i].grad = views[i]
-            t0 = time.perf_counter()
-            bucket.work = self._copy_engine.start(bucket.index)
-            self.stats.calls += 1
-            self.stats.bytes += bucket.numel * flat.element_size()
-            self.stats.seconds += time.perf_counter() - t0
+            with self._packing_stream(device) as side:
+                if len(fresh) == len(grads):  # autograd's new tensors (zero_grad(set_to_none=True)): one kernel
+                    torch.cat([g.reshape(-1) for g in grads], out=flat)
+                elif fresh:  # some are views already (set_to_none=False, then one gradient set to None)
+                    torch._foreach_copy_([flat[bucket.offsets[i]:bucket.offsets[i] + grads[i].numel()]
+                                          for i in fresh], [grads[i].reshape(-1) for i in fresh])
+                t0 = time.perf_counter()
+                bucket.work = self._copy_engine.start(bucket.index)  # its stream waits for this one
+                self.stats.calls += 1
+                self.stats.bytes += bucket.numel * size
+                self.stats.seconds += time.perf_counter() - t0
+            bucket.point_grads_at(flat, fresh, side)
             return
-        if self.comm_dtype is not None and bucket.params[0].dtype != self.comm_dtype:
+        if self.comm_dtype is not None and grads[0].dtype != self.comm_dtype:
             # Pack and cast in one pass (no flat fp32 copy): the gradients stay autograd's own tensors and
-            # receive the average back in finish_gradient_synchronization().
-            bucket.grads = [p.grad for p in bucket.params]
-            bucket.wire = torch.empty(bucket.numel, dtype=self.comm_dtype, device=bucket.grads[0].device)
-            torch.cat([g.reshape(-1) for g in bucket.grads], out=bucket.wire)
-            bucket.work, bucket.divide = self._all_reduce_mean(bucket.wire, async_op=True)
+            # receive the average back, on the side stream as soon as it lands (on a CPU: in finish).
+            bucket.grads = grads
+            bucket.wire = torch.empty(bucket.numel, dtype=self.comm_dtype, device=device)
+            with self._packing_stream(device) as side:
+                torch.cat([g.reshape(-1) for g in grads], out=bucket.wire)
+                bucket.work, bucket.divide = self._all_reduce_mean(bucket.wire, async_op=True)
+                if side is not None:
+                    bucket.work.wait()  # the side stream waits for the collective, the host does not
+                    self._unpack(bucket)
+                    bucket.work = StreamWork(side)
             return
-        bucket.reduced = bucket.params[0].grad if len(bucket.params) == 1 else bucket.flat_gradient()
-        bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
+        if len(grads) == 1:  # reduced in place
+            bucket.reduced = grads[0]
+            bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
+            return
+        flat = bucket.lying_flat()
+        if flat is not None:  # reduced as it lies: no copy
+            bucket.reduced = flat
+            bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
+            return
+        flat = torch.empty(bucket.numel, dtype=grads[0].dtype, device=device)
+        with self._packing_stream(device) as side:  # the copy overlaps backward; the collective follows it
+            torch.cat([g.reshape(-1) for g in grads], out=flat)
+            bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
+        bucket.point_grads_at(flat, list(range(len(grads))), side)
+        bucket.reduced = flat
+
+    def _unpack(self, bucket: _Bucket) -> None:
+        """``comm_dtype``: the averaged wire back into the gradients (cast while copying), then the divide
+        in their dtype where the collective summed."""
+        torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
+                                            for g, o in zip(bucket.grads, bucket.offsets)])
+        if bucket.divide:
+            torch._foreach_div_(bucket.grads, self.world_size)
+        bucket.divide = False
 
     # -- API --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -406,11 +484,8 @@ class BucketedDDP(_DataParallel):
                         "parameters with requires_grad_(False))")
             for bucket in self.buckets:
                 self._wait(bucket.work)
-                if bucket.wire is not None:  # back into the (fp32) gradients, then the divide in their dtype
-                    torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
-                                                        for g, o in zip(bucket.grads, bucket.offsets)])
-                    if bucket.divide:
-                        torch._foreach_div_(bucket.grads, self.world_size)
+                if bucket.wire is not None and not isinstance(bucket.work, StreamWork):  # not unpacked yet
+                    self._unpack(bucket)
                 elif bucket.divide:  # no AVG on this backend: one divide of the whole reduced buffer
                     bucket.reduced.div_(self.world_size)
         finally:

@@ -152,6 +152,8 @@ class Strategy:
     distributed: bool = True  # needs a process group
     uses_buckets: bool = False  # takes bucket_size_mb
     uses_dtypes: bool = False  # takes compute_dtype / reduce_dtype
+    uses_grad_comm_dtype: bool = False  # takes grad_comm_dtype
+    uses_transport: bool = False  # takes transport
     shards_gradients: bool = False  # gradients are per-rank shards: clip by the global norm
 
     def wrap(self, module: nn.Module, options: WrapOptions | None = None) -> nn.Module:
@@ -185,18 +187,18 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy(name="naive", help="all-reduce each gradient after backward", wrap_fn=lambda m, o: NaiveDDP(m)),
     Strategy(name="flat", help="one all-reduce of all gradients flattened", wrap_fn=lambda m, o: FlatDDP(m)),
     Strategy(name="overlap", help="async all-reduce per gradient during backward",
-             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport)),
+             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport),
+             uses_grad_comm_dtype=True, uses_transport=True),
     Strategy(name="bucketed", help="async all-reduce per bucket during backward", wrap_fn=_bucketed,
-             uses_buckets=True),
+             uses_buckets=True, uses_grad_comm_dtype=True, uses_transport=True),
     Strategy(name="torch-ddp", help="PyTorch DistributedDataParallel",
              wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb, comm_dtype=o.grad_comm_dtype),
-             uses_buckets=True),
+             uses_buckets=True, uses_grad_comm_dtype=True),
     Strategy(name="zero1", help="bucketed DDP + optimizer state sharded (ShardedOptimizer)", wrap_fn=_bucketed,
-             optimizer_fn=_sharded_optimizer, uses_buckets=True),
+             optimizer_fn=_sharded_optimizer, uses_buckets=True, uses_grad_comm_dtype=True, uses_transport=True),
     Strategy(name="torch-zero", help="PyTorch DDP + ZeroRedundancyOptimizer",
              wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb, comm_dtype=o.grad_comm_dtype),
-             optimizer_fn=_torch_zero,
-             uses_buckets=True),
+             optimizer_fn=_torch_zero, uses_buckets=True, uses_grad_comm_dtype=True),
     Strategy(name="fsdp", help="our FSDP: weights, gradients and optimizer state sharded", wrap_fn=_fsdp,
              uses_dtypes=True, shards_gradients=True),
     Strategy(name="torch-fsdp2", help="PyTorch FSDP2 fully_shard per block and root",

@@ -18,12 +18,15 @@
 # h: #5 again with the ranks aligned before every timed step (ddp-bench timing "paired-aligned"), both transports.
 # i: #8 again with the ranks aligned before every timed step (shard-bench timing "ends-synced-aligned").
 # j: fp32 DDP with the aligned timing, both transports; the GPU tests of tests/test_ddp.py and tests/test_fsdp.py.
+# k: #5 after BucketedDDP moved its bucket copies to a side stream: the GPU tests of tests/test_ddp.py, paired
+#    ddp-bench bf16 (compiled blocks and eager; fp32 and bf16 gradient all-reduce), with nvidia-smi sampling the
+#    SM clock, power and throttle reasons every 200 ms (log-smi.txt).
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -110,6 +113,23 @@ j)  # fp32 with the aligned timing (both transports); every GPU test of the para
   step 240 ddp-bench-fp32-aligned $TR2 $CLI ddp-bench $XL --precision fp32 --warmup 2 --steps 10 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --transports collective copy-engine \
     --timeline-variants --no-profile --results-dir "$R"
+  ;;
+k)  # #5 after the side-stream change: GPU tests; paired bf16 ddp-bench, fp32 and bf16 gradient all-reduce
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 200 >"$OUT/log-smi.txt" 2>&1 & SMI=$!
+  step 120 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -p no:cacheprovider
+  step 150 ddp-bench-bf16-compile-side $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 --compile \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --transports collective copy-engine \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 110 ddp-bench-bf16-compile-bf16grads-side $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 110 ddp-bench-bf16-side $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --timeline-variants --no-profile --results-dir "$R"
+  step 100 ddp-bench-bf16-bf16grads-side $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
+  kill "$SMI" 2>/dev/null
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
