@@ -132,18 +132,22 @@ IMPLEMENTATION = {
 
 
 # --- DDP benchmarks ---------------------------------------------------------------------------------
-def _ddp_rows(ctx) -> list[dict]:
+def _ddp_rows(ctx) -> tuple[list[dict], list[dict]]:
+    """(the latest record of every variant and setting: the rows shown; every record of those runs' shape:
+    where a row finds the single-GPU step and the peer measured in its own run)."""
     rows = read_records(DDP, ctx.results_dir)
     gpu = [r for r in rows if r.get("backend") == "nccl"] or rows
     if not gpu:
-        return []
+        return [], []
     # The DDP problems are answered at the smallest world size measured (2 GPUs); larger ones belong to the
     # data_parallel_scaling section.
     smallest = min(r.get("world_size", 2) for r in gpu)
     gpu = [r for r in gpu if r.get("world_size", 2) == smallest]
     # grad_comm_dtype: a run with bf16 gradients has its own `none` row (same label) that must not replace the
     # fp32 run's.
-    return _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype"))
+    latest = _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype"))
+    shape = {(r["preset"], r["batch_size"], r["context_length"]) for r in latest}
+    return latest, [r for r in gpu if (r["preset"], r["batch_size"], r["context_length"]) in shape]
 
 
 def _setting(r: dict) -> tuple[str, bool, str]:
@@ -158,17 +162,18 @@ def _run(r: dict) -> str:
 
 
 def _reference(rows: list[dict], r: dict, variant: str) -> dict | None:
-    """The `variant` row to compare r with: from r's own run if it has one, else the latest of r's setting
-    (a run that only measured capped NCCL variants borrows the uncapped run's single-GPU step)."""
+    """The `variant` record to compare r with: from r's own run if it has one (``rows`` holds every record,
+    not only the latest of each label), else the latest of r's setting (a run that only measured capped NCCL
+    variants borrows the uncapped run's single-GPU step)."""
     same = [x for x in rows if x["variant"] == variant and _setting(x) == _setting(r)]
     own = [x for x in same if _run(x) == _run(r)]
     return max(own or same, key=_run) if (own or same) else None
 
 
-def _ddp_table(rows: list[dict]) -> pd.DataFrame:
+def _ddp_table(rows: list[dict], everything: list[dict]) -> pd.DataFrame:
     out = []
     for r in rows:
-        base, peer = _reference(rows, r, "none"), _reference(rows, r, "torch-ddp")
+        base, peer = _reference(everything, r, "none"), _reference(everything, r, "torch-ddp")
         out.append({
             "precision": r["precision"], "variant": r["label"], "step ms": r["step_ms"], "± std": r["step_std_ms"],
             "vs 1 GPU": r["step_ms"] / base["step_ms"] - 1 if base else math.nan,
@@ -211,7 +216,8 @@ def _setup(rows: list[dict]) -> str:
             "the other rank's lateness after a `no_sync()` step). `@ce`: buckets averaged by the copy engines "
             "over NVLink (symmetric memory) instead of NCCL kernels. The eager "
             "bf16 step is host-bound and the lent machines' host speed drifts, so steps measured a minute apart "
-            "(the `vs 1 GPU` column compares separately measured variants) can differ by more than the effect; "
+            "(the `vs 1 GPU` column compares separately measured variants, each with the single-GPU step of its own "
+            "run) can differ by more than the effect; "
             "pairs cancel the drift.")
 
 
@@ -259,13 +265,13 @@ def _overhead_model(ctx, rows: list[dict]) -> str:
 
 
 def _ddp_sections(ctx) -> dict[str, str]:
-    rows = _ddp_rows(ctx)
+    rows, everything = _ddp_rows(ctx)
     if not rows:
         return {}
     order = {lab: i for i, lab in enumerate(["none", "naive", "flat", "overlap"])}
     rows.sort(key=lambda r: (r["precision"], bool(r.get("compile")), order.get(r["variant"], 4),
                              r.get("bucket_size_mb") or 0, r["variant"] == "torch-ddp", r["label"]))
-    df = _ddp_table(rows)
+    df = _ddp_table(rows, everything)
     prov = _provenance(rows)
     cpu_note = ("\n\n*These records come from a CPU (gloo) run: they check the pipeline, not the hardware; the GPU "
                 "numbers come from `scripts/device/ddp.sh`.*" if rows[0]["backend"] != "nccl" else "")
@@ -302,7 +308,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
         paired = next(([r for r in buckets if r.get("timing") == t] for t in PAIRED
                        if any(r.get("timing") == t for r in buckets)), [])
         best = min(paired, key=lambda r: r["overhead"]) if paired else min(buckets, key=lambda r: r["step_ms"])
-        none, peer = _reference(rows, best, "none"), _reference(rows, best, "torch-ddp")
+        none, peer = _reference(everything, best, "none"), _reference(everything, best, "torch-ddp")
         if none is None:
             continue
         vs1 = best["step_ms"] / none["step_ms"] - 1
