@@ -127,13 +127,19 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None, 
         with region():
             logits = model(x)
         cast_hooks.add(len(model._cast_hooks))
-        live_after_forward = len(model._live)
+        # Gathered weights after forward: no unit in forward use; of the uses autograd saved, only the one kept
+        # for backward still holds its storage (the others were resized to 0 bytes), besides at most one
+        # backward gather already in flight.
+        in_use_after_forward = [u.index for u in model.units if u.use is not None or u.views is not None]
+        held_after_forward = [use.unit.index for use in model._saved if use.allocated and use.pending is None]
+        in_flight_after_forward = [use.unit.index for use in model._saved if use.pending is not None]
+        saved = [use.unit.index for use in model._saved]
         _loss(logits, y).backward()
         model.finish_gradient_synchronization()
         grads_ok = all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.shape == p.shape
                        for p in model.parameters())
         replicated_grads = [p.grad.clone() for p in model.replicated]
-        alive_after_backward = [u.index for u in model.units if u.bwd_full is not None or u.bwd_pending is not None]
+        alive_after_backward = [use.unit.index for use in model._saved if use.allocated or use.pending is not None]
         collectives = dict(model.collectives)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -144,9 +150,10 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None, 
         diff = max((full[n] - p).abs().max().item() for n, p in ref_params.items())
         exact = all(torch.equal(full[n], p) for n, p in ref_params.items())
         worst = max(worst, diff)
-        checks.append(dict(step=step, diff=diff, exact=exact, grads_ok=grads_ok, live=live_after_forward,
-                           alive_after_backward=alive_after_backward, trace=list(model.trace),
-                           n_packed=len(model._packed), replicated=replicated_grads, collectives=collectives))
+        checks.append(dict(step=step, diff=diff, exact=exact, grads_ok=grads_ok, in_use=in_use_after_forward,
+                           held=held_after_forward, in_flight=in_flight_after_forward, saved=saved,
+                           alive_after_backward=alive_after_backward,
+                           trace=list(model.trace), replicated=replicated_grads, collectives=collectives))
     units = [dict(name=u.name, weights=[n[0] for n in u.weight_names], numels=u.numels, shard_sizes=u.shard_sizes,
                   params=[(p.shape, p.dtype) for p in u.params]) for u in model.units]
     return dict(worst=worst, checks=checks, units=units, seen_dtypes=seen_dtypes, cast_hooks=cast_hooks)
@@ -157,7 +164,10 @@ def _check_common(results, world_size, kind="toy"):
     for r in results:
         for c in r["checks"]:
             assert c["grads_ok"], "a gradient is missing, not fp32, or not shaped like its parameter"
-            assert c["live"] == 0, "gathered weights still referenced after forward"
+            assert c["in_use"] == [], "a unit still in forward use after forward"
+            assert c["held"] == [j for what, j in c["trace"] if what == "bwd_keep"], \
+                "gathered weights still allocated after forward (other than the use kept for backward)"
+            assert len(c["in_flight"]) <= 1 and len(c["held"]) + len(c["in_flight"]) <= 2
             assert c["alive_after_backward"] == [], "gathered weights still alive after backward"
         for c, c0 in zip(r["checks"], r0["checks"], strict=True):
             assert all(torch.equal(a, b) for a, b in zip(c["replicated"], c0["replicated"], strict=True)), \
@@ -179,7 +189,11 @@ def _check_common(results, world_size, kind="toy"):
             [] if kind == "tied" else ["lm_head"])
         assert names[0] == ["token_embeddings.weight"] and names[3:] == head
         assert all(len(n) == 7 and all(w.startswith(f"layers.{i}.") for w in n) for i, n in enumerate(names[1:3]))
+    # Uses whose weights autograd saved (and that are gathered again for backward): every Linear unit, in forward
+    # order; not the embeddings (a lookup's backward needs only the indices).
+    saved = {"toy": [2, 3, 4], "lm": [1, 2, 3], "tied": [1, 2, 0]}[kind]
     for c in r0["checks"]:
+        assert c["saved"] == saved, c["saved"]
         trace = c["trace"]
         fwd = [e for e in trace if e[0] != "bwd_gather"]
         for i, (what, j) in enumerate(fwd):
@@ -187,11 +201,12 @@ def _check_common(results, world_size, kind="toy"):
                 assert ("start", j) not in fwd[:i], f"module {j} gathered after it started"
                 if j >= 2:
                     assert ("end", j - 2) in fwd[:i], f"module {j} gathered before module {j - 2} finished"
-        # Every unit saved for backward is gathered again in backward exactly once, or kept from forward
+        # Every use saved for backward is gathered again in backward exactly once, or kept from forward
         # (the last one); per step one gather per unit use in forward, one reduce-scatter per unit use.
         n_bwd = sum(1 for e in trace if e[0] == "bwd_gather")
         n_keep = sum(1 for e in trace if e[0] == "bwd_keep")
-        assert n_bwd + n_keep == c["n_packed"] > 0 and n_keep <= 1
+        assert n_bwd + n_keep == len(c["saved"]) > 0 and n_keep <= 1
+        assert sorted(j for what, j in trace if what in ("bwd_gather", "bwd_keep")) == sorted(saved)
         uses = sum(1 for e in fwd if e[0] == "start")
         assert c["collectives"] == {"all_gather": uses + n_bwd, "reduce_scatter": uses, "all_reduce": 1}
     # From the second step on, the next module's gather is issued before the current module starts.
@@ -316,8 +331,11 @@ def _accumulate_worker(info, seed):
     gen = torch.Generator().manual_seed(seed + info.rank)
     xs = [torch.randint(0, VOCAB, (BATCH, T), generator=gen) for _ in range(2)]
 
+    def loss(x):
+        return model(x).float().logsumexp(-1).mean()
+
     def backward(x):
-        model(x).float().logsumexp(-1).mean().backward()
+        loss(x).backward()
         model.finish_gradient_synchronization()
 
     singles = []
@@ -332,13 +350,37 @@ def _accumulate_worker(info, seed):
     model.zero_grad(set_to_none=False)  # zeroed in place: the views stay
     backward(xs[0])
     after_zero = [p.grad.clone() for p in model.sharded_parameters()]
+    # Two forwards, then one backward of both: the second forward's start frees what the first kept, so the first
+    # forward's uses are gathered again by their own hooks (each use has its own storage).
+    model.zero_grad(set_to_none=True)
+    (loss(xs[0]) + loss(xs[1])).backward()
+    model.finish_gradient_synchronization()
+    two_forwards = [p.grad.clone() for p in model.sharded_parameters()]
+    # A second backward through a retained graph: every use was freed by the first, and is gathered again.
+    model.zero_grad(set_to_none=True)
+    retained = loss(xs[0])
+    retained.backward(retain_graph=True)
+    model.finish_gradient_synchronization()
+    retained.backward()
+    model.finish_gradient_synchronization()
+    twice = [p.grad.clone() for p in model.sharded_parameters()]
+    bwd_gathers = sum(1 for what, _ in model.trace if what == "bwd_gather")
     return dict(exact=all(torch.equal(a, s0 + s1) for a, s0, s1 in zip(accumulated, *singles, strict=True)),
-                views=views, zero_exact=all(torch.equal(a, s) for a, s in zip(after_zero, singles[0], strict=True)))
+                views=views, zero_exact=all(torch.equal(a, s) for a, s in zip(after_zero, singles[0], strict=True)),
+                two_forwards=all(torch.equal(a, s0 + s1) for a, s0, s1 in zip(two_forwards, *singles, strict=True)),
+                retained=all(torch.equal(a, s + s) for a, s in zip(twice, singles[0], strict=True)),
+                retained_gathers=bwd_gathers, n_units=len(model.units))
 
 
 def test_fsdp_gradients_accumulate_over_backwards(seed):
     """Two backwards without zeroing: each unit's reduce-scatter adds into the same flat fp32 gradient,
     exactly the sum of the two single-backward gradients (one fp32 add either way). (Replicated
-    gradients are summed locally before their all-reduce, in another order: not compared here.)"""
+    gradients are summed locally before their all-reduce, in another order: not compared here.)
+    The same sum from two forwards and one backward of the summed losses, and twice one gradient from two
+    backwards through a retained graph: gathered weights freed after forward (and after each backward) are
+    gathered again by whichever backward needs them."""
     for r in spawn(_accumulate_worker, 2, (seed,), timeout_s=60):
-        assert r == dict(exact=True, views=True, zero_exact=True)
+        # retained: the first backward gathers every saved use but the kept last one (lm: 2 blocks), the second
+        # gathers all 3 saved uses again (the head, the blocks; never the embedding)
+        assert r == dict(exact=True, views=True, zero_exact=True, two_forwards=True, retained=True,
+                         retained_gathers=2 + 3, n_units=4)

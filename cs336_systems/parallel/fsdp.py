@@ -23,21 +23,31 @@ gradient buffer per unit.
 
 Forward. Entering a unit (a forward pre-hook on its block, or on the module itself) waits for its
 all-gather (the whole flat shard, cast to ``compute_dtype`` first, gathered into one buffer laid out
-rank by rank), copies it out once into a weight-by-weight buffer of which every full weight is a view,
-and starts the all-gather of the *next* unit in forward order. The gather of unit ``j`` thus starts
-when unit ``j-1`` starts, i.e. after unit ``j-2`` has finished its forward, never earlier (the
-handout's limit on prefetching), and runs while unit ``j-1`` computes: at most two units are gathered
-at a time. Entering also shadows the ``weight`` parameter of every module of the unit with its full
-view (an instance attribute; the module code is not changed) and leaving removes them, so a block
+rank by rank), copies it out once into a new weight-by-weight buffer of which every full weight is a
+view (``as_strided`` with precomputed geometry), and starts the all-gather of the *next* unit in
+forward order. The gather of unit ``j`` thus starts when unit ``j-1`` starts, i.e. after unit ``j-2``
+has finished its forward, never earlier (the handout's limit on prefetching), and runs while unit
+``j-1`` computes: at most two units are gathered at a time. Entering also shadows the ``weight``
+parameter of every module of the unit with its full view (an instance attribute; the module code is
+not changed) and leaving removes them, so a block
 costs two hook calls whatever the number of weights in it (the modules inside carry no hooks). Leaving
-the unit drops the gathered buffer, except for the last unit of the forward, which backward needs
+the unit frees the gathered buffer, except for the last unit of the forward, which backward needs
 first (as FSDP2 keeps its root unsharded).
 
-Backward. Autograd would keep every gathered weight alive until backward (a matmul saves its
-weight). A ``saved_tensors_hooks`` pair replaces a saved view of a gathered unit (recognised by its
-``_base``: one attribute read and one dict lookup per saved tensor) by a small reference and,
-in backward, gathers the unit again (waiting for a prefetch issued when the previous unit in reverse
-order started its backward); the gathered unit is kept until its backward is over. The gradients of
+Backward (FSDP2's scheme). Autograd keeps the views of a gathered buffer that it saves (a matmul saves
+its weight), so dropping our reference would not free it: leaving a unit frees the buffer's *storage*
+instead (``untyped_storage().resize_(0)``; the saved views keep their geometry), and a hook on the
+unit's outputs, which autograd runs when their gradient arrives, i.e. right before any node of the
+unit runs backward, allocates the same storage again and gathers the weights into it (waiting for a
+prefetch issued when the previous unit in reverse order started its backward). Whether autograd saved
+a view is read from the storage's reference count when the unit is left: a unit whose backward needs
+no weight (an embedding lookup) is freed for good, gathers nothing in backward and gets no hook.
+(A single-weight unit is copied out of the all-gather's buffer in forward too, so that the count
+never includes a reference the collective may still hold: every rank must decide alike; with
+``unit_classes=()`` that is one device copy per weight and forward.) Nothing
+runs per saved tensor (the previous design's saved-tensor hooks cost a Python call per saved
+activation, ~2,400 per xl step). The gathered storage is freed again when the unit's backward is over
+(a later backward through a retained graph, or of a second forward, gathers it again). The gradients of
 a unit's full weights arrive together in ``_UnshardUnit.backward``; they are packed rank by rank
 (``torch._chunk_cat``, which also pads) into one buffer and reduce-scattered asynchronously (summed,
 then divided by ``W``) into the unit's flat gradient; at most ``_RS_IN_FLIGHT`` reduce-scatters are
@@ -55,7 +65,9 @@ a gathered fp32 weight would be saved for backward in full.
 
 Not supported: ``no_sync`` gradient accumulation without communication (each backward reduces;
 gradients of several backwards do accumulate correctly in ``.grad``), data-dependent unit order
-across ranks, activation checkpointing that re-runs a unit's forward inside backward,
+across ranks, activation checkpointing that re-runs a unit's forward inside backward, a unit whose
+saved weights are read in backward by nodes that its outputs do not lead to (a side output of a
+block, or a use of ``weight.detach()``: such a node may find the storage freed, a ``RuntimeError``),
 ``torch.compile`` of the wrapped module (hooks and collectives break graphs), modules that read a
 sharded weight without calling the module (e.g. ``nn.MultiheadAttention.out_proj``), calling a module
 of a block unit outside its block's forward, moving the
@@ -69,10 +81,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.distributed_c10d import AllgatherOptions, ReduceScatterOptions
+from torch.utils._pytree import tree_leaves
 
 from cs336_basics.model import Embedding as BasicsEmbedding
 from cs336_basics.model import Linear as BasicsLinear
@@ -82,9 +97,33 @@ SHARDED_TYPES = (BasicsLinear, BasicsEmbedding, nn.Linear, nn.Embedding)
 LINEAR_TYPES = (BasicsLinear, nn.Linear)
 _RS_IN_FLIGHT = 2
 
-# torch >= 2.12 renamed the flat collectives; keep working on 2.11 (GPU machines) and 2.13.
+# torch >= 2.12 renamed the flat collectives; keep working on 2.11 (GPU machines) and 2.13. The training step
+# calls the ProcessGroup's own methods (``_pg_method``), which skip torch.distributed's Python wrapper
+# (argument checks, logging decorators, coalescing bookkeeping): ~2 us less per call, 149 calls per xl step.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _pg_method(pg: dist.ProcessGroup, new: str, old: str):
+    """``pg.<new>`` (torch >= 2.12) or ``pg.<old>`` (``_allgather_base`` / ``_reduce_scatter_base``)."""
+    return getattr(pg, new, None) or getattr(pg, old)
+
+
+# References to a storage held by one tensor (and the temporary storage object that reads the count): more
+# means another tensor (a view autograd saved for backward) shares it. Without the counter, assume shared.
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_users(t: torch.Tensor) -> int:
+    storage = t.untyped_storage()  # held while the count is read
+    return _use_count(storage._cdata)
+
+
+_ALONE = _storage_users(torch.empty(1)) if _use_count is not None else None
+
+
+def _shared(t: torch.Tensor) -> bool:
+    """Whether another tensor (e.g. a view saved for backward) still uses ``t``'s storage."""
+    return _ALONE is None or _storage_users(t) > _ALONE
 
 
 @dataclass(eq=False)
@@ -101,18 +140,57 @@ class _Unit:
     flat_shard: torch.Tensor  # (sum(shard_sizes),) fp32: this rank's shards, back to back
     params: list[nn.Parameter] = field(default_factory=list)  # views of flat_shard, one per weight
     members: list[tuple[nn.Module, int]] = field(default_factory=list)  # (sharded module, its weight slot)
+    # Geometry of the gathered weight-by-weight buffer (``W * shard_numel`` elements; weight i's W chunks at
+    # ``W * offsets[i]``), precomputed for ``as_strided`` (one call per view):
+    weight_geometry: list[tuple] = field(default_factory=list)  # (shape, stride, offset) of each full weight
+    copy_geometry: list[tuple] = field(default_factory=list)  # ((W, s), (s, 1), offset): weight i's W chunks
     active: int = 0  # forward calls of the unit's block / modules in progress
     pos: int = -1  # position in this forward's order (last acquisition)
     views: tuple | None = None  # the full weights while the unit is in use in forward
-    full: torch.Tensor | None = None  # the gathered weight-by-weight buffer behind ``views``
+    use: _Use | None = None  # the gathered buffer behind ``views``
     fwd_pending: tuple | None = None  # (work, rank-major buffer, source) of a forward gather in flight
-    bwd_pending: tuple | None = None  # the same, for backward
-    bwd_full: torch.Tensor | None = None  # gathered buffer for this unit's backward (held until it ends)
-    packed: bool = False  # a view of the gathered weights was saved for backward in this forward
 
     @property
     def shard_numel(self) -> int:
         return sum(self.shard_sizes)
+
+
+class _Use:
+    """One forward use of a unit: the gathered weight-by-weight buffer its full weights are views of. If
+    autograd saved such a view, the buffer's *storage* is freed after the forward (``resize_(0)``; the
+    saved views keep their geometry) and refilled, in place, before the use's backward."""
+
+    __slots__ = ("full", "index", "nbytes", "peers", "pending", "started", "unit")
+
+    def __init__(self, unit: _Unit, full: torch.Tensor):
+        self.unit, self.full = unit, full
+        self.nbytes = full.untyped_storage().nbytes()
+        self.index = -1  # position in ``peers``; -1: not saved
+        self.peers: list[_Use] = []  # the uses saved in the same forward (FSDP._saved of that forward), in order
+        self.pending: tuple | None = None  # a backward gather in flight for this use
+        self.started = False  # its backward has begun (its pre-backward hook ran) and not ended
+
+    @property
+    def allocated(self) -> bool:
+        return self.full.untyped_storage().nbytes() > 0
+
+    def free(self) -> None:
+        self.full.untyped_storage().resize_(0)
+
+    def refill_target(self) -> torch.Tensor:
+        """The storage, allocated again, as a new 1-D tensor with its *own* version counter: writing the
+        gathered weights through it does not count as an in-place change of the views autograd saved."""
+        storage = self.full.untyped_storage()
+        storage.resize_(self.nbytes)
+        return torch.empty(0, dtype=self.full.dtype, device=self.full.device).set_(storage)
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 class _UnshardUnit(torch.autograd.Function):
@@ -121,14 +199,14 @@ class _UnshardUnit(torch.autograd.Function):
     give the shards no autograd gradient (their ``.grad`` is written when the reduce-scatter lands)."""
 
     @staticmethod
-    def forward(ctx, fsdp: FSDP, unit: _Unit, full: torch.Tensor, *shards: torch.Tensor):
-        ctx.fsdp, ctx.unit = fsdp, unit
+    def forward(ctx, fsdp: FSDP, use: _Use, full: torch.Tensor, *shards: torch.Tensor):
+        ctx.fsdp, ctx.use = fsdp, use
         ctx.set_materialize_grads(False)  # a weight unused in this forward gets None, not a zero tensor
-        return fsdp._weight_views(unit, full)
+        return tuple([full.as_strided(*g) for g in use.unit.weight_geometry])
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.fsdp._reduce_scatter(ctx.unit, grads)
+        ctx.fsdp._backward_done(ctx.use, grads)
         return (None, None, None, *(None for _ in grads))
 
 
@@ -176,6 +254,12 @@ class FSDP(nn.Module):
         self.rank = dist.get_rank(process_group)
         self.compute_dtype = compute_dtype
         self.reduce_dtype = reduce_dtype
+        pg = process_group if process_group is not None else dist.group.WORLD
+        self._all_gather_op = _pg_method(pg, "all_gather_single", "_allgather_base")
+        self._reduce_scatter_op = _pg_method(pg, "reduce_scatter_single", "_reduce_scatter_base")
+        self._all_gather_opts = AllgatherOptions()  # asyncOp defaults to True: NCCL runs it on its own stream
+        self._reduce_scatter_opts = ReduceScatterOptions()
+        self._reduce_scatter_opts.reduceOp = dist.ReduceOp.SUM
         self._broadcast_from_rank0()
         self.units: list[_Unit] = []
         self._unit_of_module: dict[nn.Module, tuple[_Unit, int]] = {}  # sharded module -> (unit, weight slot)
@@ -188,9 +272,7 @@ class FSDP(nn.Module):
         # Per-step state.
         self._expected_order: list[_Unit] = list(self.units)
         self._order: list[_Unit] = []
-        self._live: dict[int, _Unit] = {}  # id() of the gathered buffer of a unit in forward use -> unit
-        self._packed: list[_Unit] = []  # units a view of which was saved for backward, forward order
-        self._bwd_started: set[int] = set()
+        self._saved: list[_Use] = []  # uses of units whose gathered weights autograd saved, forward order
         self._rs_pending: list[tuple] = []
         self.trace: list[tuple[str, int]] = []  # ("gather"|"start"|"end", forward position), ("bwd_*", unit)
         self.collectives: Counter = Counter()  # collectives issued since the last forward began, by kind
@@ -200,11 +282,11 @@ class FSDP(nn.Module):
         self._hooks = []
         for root, u in self._unit_of_root.items():
             self._hooks.append(root.register_forward_pre_hook(lambda m, a, u=u: self._enter(u)))
-            self._hooks.append(root.register_forward_hook(lambda m, a, o, u=u: self._exit(u)))
+            self._hooks.append(root.register_forward_hook(lambda m, a, o, u=u: self._exit(u, o)))
         for m in self._standalone:
             u = self._unit_of_module[m][0]
             self._hooks.append(m.register_forward_pre_hook(lambda mod, a, u=u: self._enter(u)))
-            self._hooks.append(m.register_forward_hook(lambda mod, a, o, u=u: self._exit(u)))
+            self._hooks.append(m.register_forward_hook(lambda mod, a, o, u=u: self._exit(u, o)))
         # Casting Linear inputs (and biases) to compute_dtype: only needed outside an autocast region of that
         # dtype (autocast casts matmul operands itself); registered while such forwards run (_set_casting).
         self._cast_hooks: list = []
@@ -287,7 +369,10 @@ class FSDP(nn.Module):
             flat_shard[o:o + hi - lo] = w.reshape(-1)[lo:hi]
         u = _Unit(index=len(self.units), name=root_name[group[0][1]], weight_names=[names[w] for w in weights],
                   shapes=[w.shape for w in weights], numels=numels, shard_sizes=shard_sizes, offsets=offsets,
-                  flat_shard=flat_shard)
+                  flat_shard=flat_shard,
+                  weight_geometry=[(w.shape, _contiguous_strides(w.shape), W * o) for w, o in zip(weights, offsets,
+                                                                                                   strict=True)],
+                  copy_geometry=[((W, s), (s, 1), W * o) for s, o in zip(shard_sizes, offsets, strict=True)])
         u.params = [nn.Parameter(flat_shard[o:o + s]) for o, s in zip(offsets, shard_sizes, strict=True)]
         slot = {w: i for i, w in enumerate(weights)}
         for m, root, w in group:
@@ -315,61 +400,63 @@ class FSDP(nn.Module):
                 p.data = u.flat_shard[o:o + s]
 
     # -- gathers ------------------------------------------------------------------------------------
-    def _issue_gather(self, u: _Unit) -> tuple:
-        self._check_storage(u)
+    def _issue_gather(self, u: _Unit, into: torch.Tensor | None = None) -> tuple:
+        """Start the all-gather of ``u``'s flat shard (rank-major: rank 0's shards, rank 1's, ...) into a new
+        buffer, or into ``into`` (a single-weight unit, whose rank-major layout is the weight's)."""
         shard = u.flat_shard
         if self.compute_dtype is not None and shard.dtype != self.compute_dtype:
             shard = shard.to(self.compute_dtype)  # cast before communicating: fewer bytes on the wire
-        out = torch.empty(u.shard_numel * self.world_size, dtype=shard.dtype, device=shard.device)
-        work = _all_gather_flat(out, shard, group=self.process_group, async_op=True)
+        out = into if into is not None else torch.empty(u.shard_numel * self.world_size, dtype=shard.dtype,
+                                                         device=shard.device)
+        work = self._all_gather_op(out, shard, self._all_gather_opts)
         self.collectives["all_gather"] += 1
         return work, out, shard
 
-    def _wait_gather(self, u: _Unit, pending: tuple) -> torch.Tensor:
-        """The rank-major gathered buffer (rank 0's shards, rank 1's, ...) rearranged weight by weight."""
+    def _wait_gather(self, u: _Unit, pending: tuple, use: _Use | None = None) -> torch.Tensor:
+        """The gathered buffer rearranged weight by weight: a new one, or ``use``'s storage refilled."""
         work, out, _ = pending
         work.wait()
-        if len(u.shard_sizes) == 1:
-            return out  # one weight: rank-major is weight-major
-        W = self.world_size
-        full = torch.empty_like(out)
-        torch.split_with_sizes_copy(out.view(W, u.shard_numel), u.shard_sizes, dim=1,
-                                    out=[full[W * o:W * (o + s)].view(W, s)
-                                         for o, s in zip(u.offsets, u.shard_sizes, strict=True)])
+        if len(u.shard_sizes) == 1:  # one weight: rank-major is weight-major
+            # In forward, a copy: the collective's own bookkeeping may still reference ``out`` for a while, which
+            # would make _shared() depend on timing (ranks must agree on which uses are gathered again). In
+            # backward the gather wrote into the use's storage (``out`` is an alias of it).
+            return out.clone() if use is None else out
+        full = torch.empty_like(out) if use is None else use.refill_target()
+        torch.split_with_sizes_copy(out.view(self.world_size, u.shard_numel), u.shard_sizes, dim=1,
+                                    out=[full.as_strided(*g) for g in u.copy_geometry])
         return full
 
-    def _weight_views(self, u: _Unit, full: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        W = self.world_size
-        return tuple(full[W * o:W * o + n].view(shape)
-                     for o, n, shape in zip(u.offsets, u.numels, u.shapes, strict=True))
+    @staticmethod
+    def _weight_views(u: _Unit, full: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple([full.as_strided(*g) for g in u.weight_geometry])
 
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         self._reset_step()
         self._set_casting(self._needs_casting())
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            out = self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
         for u in self.units:  # a prefetch that was not used (order changed): let it land and drop it
             if u.fwd_pending is not None:
                 u.fwd_pending[0].wait()
                 u.fwd_pending = None
         if self._order:
             self._expected_order = self._order
-        if self._packed:  # backward starts with the last unit saved: gather it while the loss is computed
-            self._prefetch_backward(None)
+        # Backward starts with the last use saved: gather it while the loss is computed (unless it was kept).
+        self._prefetch_backward(self._saved, len(self._saved))
         return out
 
     def _reset_step(self) -> None:
-        for u in self.units:  # whatever a forward without backward (or an exception) left behind
-            for pending in (u.fwd_pending, u.bwd_pending):
-                if pending is not None:
-                    pending[0].wait()
+        for use in self._saved:  # whatever a forward without backward (or an exception) left behind
+            self._release(use)
+        for u in self.units:
+            if u.fwd_pending is not None:
+                u.fwd_pending[0].wait()
             if u.views is not None:
                 self._uninstall(u)
-            u.fwd_pending = u.bwd_pending = u.bwd_full = u.views = u.full = None
+            u.fwd_pending = u.views = u.use = None
             u.active = 0
-            u.packed = False
-        self._order, self._packed, self._bwd_started, self._live = [], [], set(), {}
+            self._check_storage(u)
+        self._order, self._saved = [], []
         self.trace = []
         self.collectives = Counter()
 
@@ -392,23 +479,34 @@ class FSDP(nn.Module):
         self.trace.append(("start", pos))
         full = self._wait_gather(u, u.fwd_pending)
         u.fwd_pending = None
-        self._live[id(full)] = u
-        u.full, u.views = full, _UnshardUnit.apply(self, u, full, *u.params)
+        u.use = use = _Use(u, full)
+        u.views = views = _UnshardUnit.apply(self, use, full, *u.params)
         for m, slot in u.members:  # shadow each shard parameter by its full weight while the unit is in use
-            object.__setattr__(m, "weight", u.views[slot])
+            object.__setattr__(m, "weight", views[slot])
 
-    def _exit(self, u: _Unit) -> None:
+    def _exit(self, u: _Unit, output) -> None:
         u.active -= 1
         if u.active > 0:
             return
-        self._live.pop(id(u.full), None)
         self._uninstall(u)
+        use, u.use, u.views = u.use, None, None
         self.trace.append(("end", u.pos))
-        if (torch.is_grad_enabled() and u.packed and u is self._expected_order[-1]
-                and u.bwd_full is None):
-            u.bwd_full = u.full  # the last unit: backward needs it first, keep it instead of gathering again
-            self.trace.append(("bwd_keep", u.index))
-        u.full = u.views = None
+        if not (torch.is_grad_enabled() and _shared(use.full)):
+            use.free()  # no view of it saved for backward (no grad, or e.g. an embedding lookup): free it now
+            return
+        use.index, use.peers = len(self._saved), self._saved
+        self._saved.append(use)
+        hooked = False  # refill the storage right before the use's backward: when the grad of an output arrives
+        for t in (output,) if isinstance(output, torch.Tensor) else tree_leaves(output):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(partial(self._pre_backward, use))
+                hooked = True
+        if not hooked:
+            return  # no output to hook: keep the gathered weights until backward (or finish) is over
+        if u.pos == len(self._expected_order) - 1 and u is self._expected_order[-1]:
+            self.trace.append(("bwd_keep", u.index))  # the forward's last unit, which backward needs first
+            return
+        use.free()  # autograd keeps the views (their geometry), not the bytes
 
     @staticmethod
     def _uninstall(u: _Unit) -> None:
@@ -449,48 +547,50 @@ class FSDP(nn.Module):
         module.__dict__.pop("bias", None)
         return output
 
-    # -- saved tensors: gathered weights are not kept for backward ------------------------------------
-    def _pack(self, t: torch.Tensor):
-        # Called for every tensor autograd saves: kept cheap (one attribute, one dict lookup). A full weight
-        # is a view of its unit's gathered buffer, and views of views share the root's ``_base``.
-        base = t._base
-        if base is None:
-            return t
-        u = self._live.get(id(base))
-        if u is None:
-            return t
-        if not u.packed:
-            u.packed = True
-            self._packed.append(u)
-        return _WeightRef(u, t.size(), t.stride(), t.storage_offset())
-
-    def _unpack(self, packed):
-        if type(packed) is not _WeightRef:
-            return packed
-        u, size, stride, offset = packed.unit, packed.size, packed.stride, packed.offset
-        if u.bwd_full is None:
-            if u.bwd_pending is None:
-                u.bwd_pending = self._issue_gather(u)
-            u.bwd_full = self._wait_gather(u, u.bwd_pending)  # held until _UnshardUnit.backward of this unit
-            u.bwd_pending = None
+    # -- backward: refill the freed storage of a use right before its backward --------------------------
+    def _pre_backward(self, use: _Use, grad: torch.Tensor) -> None:
+        """Hook on the outputs of a use whose weights were saved: runs before any node of the unit."""
+        if use.pending is not None or not use.allocated:  # (a prefetch may be writing into the storage)
+            u = use.unit
+            pending, use.pending = use.pending, None
+            self._wait_gather(u, pending if pending is not None else self._issue_backward_gather(use), use)
             self.trace.append(("bwd_gather", u.index))
-        if u.index not in self._bwd_started:
-            self._bwd_started.add(u.index)
-            self._prefetch_backward(u)
-        return u.bwd_full.as_strided(size, stride, offset)
+        if not use.started:
+            use.started = True
+            self._prefetch_backward(use.peers, use.index)
 
-    def _prefetch_backward(self, current: _Unit | None) -> None:
-        """Gather the unit that reverse forward order needs next, while ``current``'s backward runs."""
-        for nxt in reversed(self._packed):
-            if nxt.index not in self._bwd_started and nxt is not current:
-                if nxt.bwd_pending is None and nxt.bwd_full is None:
-                    nxt.bwd_pending = self._issue_gather(nxt)
+    def _issue_backward_gather(self, use: _Use) -> tuple:
+        if len(use.unit.shard_sizes) == 1:  # gather straight into the use's storage
+            return self._issue_gather(use.unit, into=use.refill_target())
+        return self._issue_gather(use.unit)
+
+    def _prefetch_backward(self, saved: list[_Use], below: int) -> None:
+        """Start gathering the use that reverse forward order needs next (the last one before ``below`` whose
+        backward has not begun), while the current one's backward runs."""
+        for i in range(below - 1, -1, -1):
+            nxt = saved[i]
+            if not nxt.started:
+                if nxt.pending is None and not nxt.allocated:
+                    nxt.pending = self._issue_backward_gather(nxt)
                 return
+
+    def _release(self, use: _Use) -> None:
+        """Wait for a backward gather of ``use`` in flight and free its storage (a later backward refills it)."""
+        if use.pending is not None:
+            use.pending[0].wait()
+            use.pending = None
+        if use.allocated:
+            use.free()
+        use.started = False
+
+    def _backward_done(self, use: _Use, grads: tuple) -> None:
+        use.free()  # every node that read the use's weights has run
+        use.started = False
+        self._reduce_scatter(use.unit, grads)
 
     # -- gradients ----------------------------------------------------------------------------------
     @torch.no_grad()
     def _reduce_scatter(self, u: _Unit, grads: tuple) -> None:
-        u.bwd_full = None  # the unit's backward is over: its gathered weights can go
         dtype = self.reduce_dtype or u.flat_shard.dtype
         device = u.flat_shard.device
         flats = [g.reshape(-1) if g is not None else torch.zeros(n, dtype=dtype, device=device)
@@ -499,8 +599,7 @@ class FSDP(nn.Module):
         rs_in = torch.empty(self.world_size, u.shard_numel, dtype=dtype, device=device)
         torch._chunk_cat(flats, 0, self.world_size, out=rs_in)
         out = torch.empty(u.shard_numel, dtype=dtype, device=device)
-        work = _reduce_scatter_flat(out, rs_in.view(-1), op=dist.ReduceOp.SUM, group=self.process_group,
-                                    async_op=True)
+        work = self._reduce_scatter_op(out, rs_in.view(-1), self._reduce_scatter_opts)
         self.collectives["reduce_scatter"] += 1
         self._rs_pending.append((u, work, out, rs_in))
         while len(self._rs_pending) > _RS_IN_FLIGHT:
@@ -512,8 +611,8 @@ class FSDP(nn.Module):
         grad.div_(self.world_size)
         grads = [p.grad for p in u.params]
         if all(g is None for g in grads):  # the params' .grad are views of one flat fp32 gradient per unit
-            for p, o, s in zip(u.params, u.offsets, u.shard_sizes, strict=True):
-                p.grad = grad[o:o + s]
+            for p, g in zip(u.params, grad.split_with_sizes(u.shard_sizes), strict=True):
+                p.grad = g
             return
         base = grads[0]._base if grads[0] is not None else None
         if base is not None and base.numel() == u.shard_numel and all(
@@ -532,11 +631,8 @@ class FSDP(nn.Module):
         """Wait for the outstanding reduce-scatters, then average the replicated gradients."""
         while self._rs_pending:
             self._finish_reduce_scatter(*self._rs_pending.pop(0))
-        for u in self.units:  # backward prefetches that found no use, units whose backward never came
-            if u.bwd_pending is not None:
-                u.bwd_pending[0].wait()
-                u.bwd_pending = None
-            u.bwd_full = None
+        for use in self._saved:  # backward prefetches that found no use, uses whose backward never came
+            self._release(use)
         grads = [p.grad for p in self.replicated if p.grad is not None]
         if len(grads) != len(self.replicated):
             replicated = {id(p) for p in self.replicated}
@@ -595,11 +691,3 @@ class _Done:
     def wait() -> None:
         return None
 
-
-class _WeightRef:
-    """Stands for a saved tensor that is a view of a gathered unit (see ``FSDP._pack``): unit and geometry."""
-
-    __slots__ = ("offset", "size", "stride", "unit")
-
-    def __init__(self, unit: _Unit, size: torch.Size, stride: tuple[int, ...], offset: int):
-        self.unit, self.size, self.stride, self.offset = unit, size, stride, offset
