@@ -144,6 +144,7 @@ class _Unit:
     # ``W * offsets[i]``), precomputed for ``as_strided`` (one call per view):
     weight_geometry: list[tuple] = field(default_factory=list)  # (shape, stride, offset) of each full weight
     copy_geometry: list[tuple] = field(default_factory=list)  # ((W, s), (s, 1), offset): weight i's W chunks
+    rows_divisible: bool = False  # W divides the first dimension of every weight
     active: int = 0  # forward calls of the unit's block / modules in progress
     pos: int = -1  # position in this forward's order (last acquisition)
     views: tuple | None = None  # the full weights while the unit is in use in forward
@@ -194,12 +195,15 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
 
 
 class _UnshardUnit(torch.autograd.Function):
-    """shards -> the unit's full weights (views of one gathered buffer). Forward: hand out the views;
-    backward: receive all of the unit's full-weight gradients at once, start their reduce-scatter, and
-    give the shards no autograd gradient (their ``.grad`` is written when the reduce-scatter lands)."""
+    """The unit's full weights (views of one gathered buffer) as outputs of one autograd node. Forward:
+    hand out the views; backward: receive all of the unit's full-weight gradients at once, start their
+    reduce-scatter, and give the shards no autograd gradient (their ``.grad`` is written when the
+    reduce-scatter lands). The only input that requires grad is one shard parameter (``anchor``), which
+    puts the node into the graph: an edge per shard would cost one more (empty) ``AccumulateGrad``
+    evaluation per weight in every backward."""
 
     @staticmethod
-    def forward(ctx, fsdp: FSDP, use: _Use, full: torch.Tensor, *shards: torch.Tensor):
+    def forward(ctx, fsdp: FSDP, use: _Use, full: torch.Tensor, anchor: torch.Tensor):
         ctx.fsdp, ctx.use = fsdp, use
         ctx.set_materialize_grads(False)  # a weight unused in this forward gets None, not a zero tensor
         return tuple([full.as_strided(*g) for g in use.unit.weight_geometry])
@@ -207,7 +211,7 @@ class _UnshardUnit(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         ctx.fsdp._backward_done(ctx.use, grads)
-        return (None, None, None, *(None for _ in grads))
+        return None, None, None, None
 
 
 def _repeated_block_classes(module: nn.Module) -> tuple[type, ...]:
@@ -372,7 +376,8 @@ class FSDP(nn.Module):
                   flat_shard=flat_shard,
                   weight_geometry=[(w.shape, _contiguous_strides(w.shape), W * o) for w, o in zip(weights, offsets,
                                                                                                    strict=True)],
-                  copy_geometry=[((W, s), (s, 1), W * o) for s, o in zip(shard_sizes, offsets, strict=True)])
+                  copy_geometry=[((W, s), (s, 1), W * o) for s, o in zip(shard_sizes, offsets, strict=True)],
+                  rows_divisible=all(w.dim() >= 1 and w.shape[0] % W == 0 for w in weights))
         u.params = [nn.Parameter(flat_shard[o:o + s]) for o, s in zip(offsets, shard_sizes, strict=True)]
         slot = {w: i for i, w in enumerate(weights)}
         for m, root, w in group:
@@ -480,7 +485,7 @@ class FSDP(nn.Module):
         full = self._wait_gather(u, u.fwd_pending)
         u.fwd_pending = None
         u.use = use = _Use(u, full)
-        u.views = views = _UnshardUnit.apply(self, use, full, *u.params)
+        u.views = views = _UnshardUnit.apply(self, use, full, u.params[0])
         for m, slot in u.members:  # shadow each shard parameter by its full weight while the unit is in use
             object.__setattr__(m, "weight", views[slot])
 
@@ -593,8 +598,10 @@ class FSDP(nn.Module):
     def _reduce_scatter(self, u: _Unit, grads: tuple) -> None:
         dtype = self.reduce_dtype or u.flat_shard.dtype
         device = u.flat_shard.device
-        flats = [g.reshape(-1) if g is not None else torch.zeros(n, dtype=dtype, device=device)
-                 for g, n in zip(grads, u.numels, strict=True)]
+        # _chunk_cat chunks each tensor along dim 0: that is the flat chunking when W divides every weight's
+        # rows (gradients passed as they come); otherwise each is flattened first.
+        flats = [(g if u.rows_divisible else g.reshape(-1)) if g is not None
+                 else torch.zeros(n, dtype=dtype, device=device) for g, n in zip(grads, u.numels, strict=True)]
         # Rank-major: rank 0's chunk of every weight, then rank 1's, ...; each weight zero-padded to W chunks.
         rs_in = torch.empty(self.world_size, u.shard_numel, dtype=dtype, device=device)
         torch._chunk_cat(flats, 0, self.world_size, out=rs_in)
