@@ -14,7 +14,9 @@ bf16 for the bf16 variants) + cross-entropy, backward, ``finish_gradient_synchro
 * ``plain-fp32`` / ``plain-bf16``: the model alone (no wrapper, no communication);
 * ``fsdp-fp32`` / ``fsdp-bf16``: our FSDP as ``parallel.STRATEGIES["fsdp"]`` builds it for shard-bench
   (bf16: ``compute_dtype=reduce_dtype=torch.bfloat16``);
-* ``fsdp2-fp32`` / ``fsdp2-bf16``: torch's FSDP2 (``strategies.TorchFSDP2``), for reference.
+* ``fsdp2-fp32`` / ``fsdp2-bf16``: torch's FSDP2 (``strategies.TorchFSDP2``), for reference;
+* ``other-fp32`` / ``other-bf16`` (with ``--other-fsdp PATH``): the ``FSDP`` of another version of
+  ``fsdp.py``, built the same way, so that old and new code run in the same processes.
 
 Backends (``--backend``):
 
@@ -35,6 +37,8 @@ that variant on rank 0 and prints the functions with the largest own and cumulat
     .venv/bin/python scripts/fsdp_host_overhead.py --backend fake                    # the table
     .venv/bin/python scripts/fsdp_host_overhead.py --backend fake --profile fsdp-bf16  # + where it goes
     .venv/bin/python scripts/fsdp_host_overhead.py --rounds 30                        # 2 gloo ranks
+    git show REV:cs336_systems/parallel/fsdp.py > /tmp/fsdp_rev.py                   # before / after
+    .venv/bin/python scripts/fsdp_host_overhead.py --backend fake --other-fsdp /tmp/fsdp_rev.py
 
 Numbers depend on the machine (and on the other load on it): compare variants of one run, not runs.
 """
@@ -44,11 +48,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib.util
 import io
 import pstats
 import statistics
+import sys
 import time
 import timeit
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -59,20 +66,36 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_systems.parallel.process_group import run_distributed
 from cs336_systems.parallel.strategies import WrapOptions, get_strategy
 
-VARIANTS = ("plain-fp32", "plain-bf16", "fsdp-fp32", "fsdp-bf16", "fsdp2-fp32", "fsdp2-bf16")
+VARIANTS = ("plain-fp32", "plain-bf16", "fsdp-fp32", "fsdp-bf16", "fsdp2-fp32", "fsdp2-bf16", "other-fp32",
+            "other-bf16")
+DEFAULT_VARIANTS = VARIANTS[:6]
 STRATEGY = {"plain": "none", "fsdp": "fsdp", "fsdp2": "torch-fsdp2"}
 MODEL = dict(vocab_size=256, context_length=16, d_model=32, num_layers=48, num_heads=4, d_ff=64)
 BATCH = 1
 
 
-def _build(variant: str):
+def _load_other_fsdp(path: str):
+    """The module of another version of fsdp.py (e.g. ``git show REV:cs336_systems/parallel/fsdp.py``)."""
+    spec = importlib.util.spec_from_file_location("_other_fsdp", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build(variant: str, other_fsdp: str | None):
     kind, precision = variant.split("-")
     dtype = torch.bfloat16 if precision == "bf16" else None
     torch.manual_seed(0)
     model = BasicsTransformerLM(**MODEL, check_inputs=False)
-    strategy = get_strategy(STRATEGY[kind])
-    wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype, reduce_dtype=dtype))  # as shard-bench does
-    opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1, foreach=True)
+    if kind == "other":  # as strategies._fsdp builds ours
+        wrapped = _load_other_fsdp(other_fsdp).FSDP(model, compute_dtype=dtype, reduce_dtype=dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, foreach=True)
+    else:
+        strategy = get_strategy(STRATEGY[kind])
+        wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype, reduce_dtype=dtype))  # as shard-bench does
+        opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1,
+                                      foreach=True)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype else contextlib.nullcontext
     return wrapped, opt, autocast
 
@@ -88,11 +111,11 @@ def _step(wrapped, opt, autocast, x, y) -> None:
 
 
 def _worker(info, variants: list[str], rounds: int, warmup: int, profile: str | None, profile_steps: int,
-            profile_lines: int):
+            profile_lines: int, other_fsdp: str | None):
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only add scheduling; 2 ranks share the cores
     g = torch.Generator().manual_seed(1000 + info.rank)
     x, y = (torch.randint(0, MODEL["vocab_size"], (BATCH, MODEL["context_length"]), generator=g) for _ in range(2))
-    built = {v: _build(v) for v in variants}
+    built = {v: _build(v, other_fsdp) for v in variants}
     for v in variants:
         for _ in range(warmup):
             _step(*built[v], x, y)
@@ -129,7 +152,11 @@ def _worker(info, variants: list[str], rounds: int, warmup: int, profile: str | 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
+                   help=f"default: {' '.join(DEFAULT_VARIANTS)} (+ other-fp32 other-bf16 with --other-fsdp)")
+    p.add_argument("--other-fsdp", default=None, metavar="PATH",
+                   help="another version of fsdp.py, run as the variants other-fp32 / other-bf16 in the same "
+                        "processes (before/after comparisons without the drift between runs)")
     p.add_argument("--backend", choices=("gloo", "fake"), default="gloo",
                    help="gloo: 2 processes; fake: 1 process, torch's fake process group (collectives are no-ops)")
     p.add_argument("--rounds", type=int, default=30, help="timed steps per variant (one of each per round)")
@@ -140,8 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.warmup < 0 or args.profile_steps < 1:
         raise ValueError("fsdp_host_overhead: --rounds and --profile-steps must be >= 1, --warmup >= 0")
+    if args.variants is None:
+        args.variants = list(DEFAULT_VARIANTS) + (["other-fp32", "other-bf16"] if args.other_fsdp else [])
     variants = list(dict.fromkeys(args.variants + ([args.profile] if args.profile else [])))
-    worker_args = (variants, args.rounds, args.warmup, args.profile, args.profile_steps, args.profile_lines)
+    if any(v.startswith("other-") for v in variants) and not args.other_fsdp:
+        raise ValueError("fsdp_host_overhead: the other-* variants need --other-fsdp PATH")
+    other = str(Path(args.other_fsdp).resolve()) if args.other_fsdp else None
+    if other is not None and not Path(other).is_file():
+        raise ValueError(f"fsdp_host_overhead: --other-fsdp {args.other_fsdp!r} is not a file")
+    worker_args = (variants, args.rounds, args.warmup, args.profile, args.profile_steps, args.profile_lines, other)
     if args.backend == "gloo":
         results = run_distributed(_worker, 2, worker_args, backend="gloo", device_type="cpu")
         if results is None:  # a non-zero rank under torchrun
