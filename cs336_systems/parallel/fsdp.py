@@ -151,9 +151,8 @@ class _Unit:
     use: _Use | None = None  # the gathered buffer behind ``views``
     fwd_pending: tuple | None = None  # (work, rank-major buffer, source) of a forward gather in flight
 
-    @property
-    def shard_numel(self) -> int:
-        return sum(self.shard_sizes)
+    def __post_init__(self):
+        self.shard_numel = sum(self.shard_sizes)  # elements of flat_shard (read on every gather and reduction)
 
 
 class _Use:
