@@ -21,12 +21,15 @@
 # k: #5 after BucketedDDP moved its bucket copies to a side stream: the GPU tests of tests/test_ddp.py, paired
 #    ddp-bench bf16 (compiled blocks and eager; fp32 and bf16 gradient all-reduce), with nvidia-smi sampling the
 #    SM clock, power and throttle reasons every 200 ms (log-smi.txt).
+# l: #8 after FSDP's host-path rework (storage freed and refilled instead of saved-tensor hooks): the GPU tests of
+#    tests/test_fsdp.py and tests/test_shard_bench.py, paired shard-bench bf16, and a second sample of plan k's
+#    compiled bf16-gradient ddp-bench.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -130,6 +133,14 @@ k)  # #5 after the side-stream change: GPU tests; paired bf16 ddp-bench, fp32 an
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
     --timeline-variants --no-profile --results-dir "$R"
   kill "$SMI" 2>/dev/null
+  ;;
+l)  # #8 after the FSDP host-path rework: GPU tests, paired shard-bench bf16 (10 pairs), DDP second sample
+  step 150 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_fsdp.py tests/test_shard_bench.py -p no:cacheprovider
+  step 200 shard-bench-bf16-paired-aligned $TR2 $CLI shard-bench $XL --precision bf16 --warmup 2 --steps 10 \
+    --memory-steps 1 --pair-with-none --profile fsdp torch-fsdp2 --trace-dir "$T" --results-dir "$R"
+  step 110 ddp-bench-bf16-compile-bf16grads-side $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
