@@ -24,12 +24,14 @@
 # l: #8 after FSDP's host-path rework (storage freed and refilled instead of saved-tensor hooks): the GPU tests of
 #    tests/test_fsdp.py and tests/test_shard_bench.py, paired shard-bench bf16, and a second sample of plan k's
 #    compiled bf16-gradient ddp-bench.
+# m: closing check: every GPU test of the parallel code (ddp, fsdp, train, shard-bench, comm) and the paired fp32
+#    shard-bench with the reworked FSDP.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -141,6 +143,12 @@ l)  # #8 after the FSDP host-path rework: GPU tests, paired shard-bench bf16 (10
   step 110 ddp-bench-bf16-compile-bf16grads-side $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
     --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
     --timeline-variants --no-profile --results-dir "$R"
+  ;;
+m)  # closing check: the parallel code's GPU tests; paired fp32 shard-bench with the reworked FSDP
+  step 220 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py tests/test_fsdp.py tests/test_train.py \
+    tests/test_shard_bench.py tests/test_comm.py -p no:cacheprovider
+  step 300 shard-bench-fp32-paired-aligned $TR2 $CLI shard-bench $XL --precision fp32 --warmup 2 --steps 6 \
+    --memory-steps 1 --pair-with-none --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py
