@@ -75,3 +75,23 @@ def test_explicit_commit_overrides_git(monkeypatch):
     assert records._git_commit() == "abc123def456"
     monkeypatch.delenv("CS336_GIT_COMMIT")
     assert records._git_commit() != "abc123def456"
+
+
+def test_sharding_section_prefers_the_paired_run_over_a_later_scaling_run():
+    from cs336_systems.report.sections.sharding import _latest_run
+
+    def rec(date, variant, paired, world_size=2, precision="bf16"):
+        r = {"precision": precision, "world_size": world_size, "variant": variant,
+             "provenance": {"device": "NVIDIA H200", "date": date}}
+        if paired:
+            r["pair_ratio"] = 1.1
+        return r
+
+    paired = [rec("2026-11-22T09:41:11Z", v, v != "none") for v in ("none", "ddp", "fsdp")]
+    scaling = [rec("2026-11-22T09:56:52Z", v, False) for v in ("none", "fsdp")]
+    older_unpaired = [rec("2026-11-22T06:00:00Z", v, False, world_size=4) for v in ("none", "fsdp")]
+    newer_unpaired = [rec("2026-11-22T09:54:27Z", v, False, world_size=4) for v in ("none", "fsdp")]
+    rows = paired + scaling + older_unpaired + newer_unpaired
+    assert _latest_run(rows, "bf16", 2) == paired
+    assert _latest_run(rows, "bf16", 4) == newer_unpaired  # no paired run: the newest
+    assert _latest_run(rows, "fp32", 2) == []

@@ -29,14 +29,19 @@ COLUMNS = {"variant": "variant", "step_ms": "step (ms)", "init_peak_gib": "after
 
 
 def _latest_run(rows: list[dict], precision: str, world_size: int) -> list[dict]:
-    """Rows of the newest run (one command) in ``precision`` on ``world_size`` ranks, preferring GPU runs."""
+    """Rows of one run (one command) in ``precision`` on ``world_size`` ranks: preferring GPU runs, then runs
+    whose steps were paired with a plain model's (``--pair-with-none``: the drift-robust figures the targets
+    are judged on), then the newest. A later scaling run (scripts/device/scaling.sh: unpaired) thus never
+    hides the paired run that answers the issue."""
     rows = [r for r in rows if r.get("precision") == precision and r.get("world_size") == world_size]
     gpu = [r for r in rows if not r["provenance"]["device"].startswith("CPU")]
     rows = gpu or rows
     if not rows:
         return []
-    last = max(r["provenance"]["date"] for r in rows)
-    return [r for r in rows if r["provenance"]["date"] == last]
+    runs: dict[str, list[dict]] = {}
+    for r in rows:
+        runs.setdefault(r["provenance"]["date"], []).append(r)
+    return max(runs.values(), key=lambda run: (any("pair_ratio" in r for r in run), run[0]["provenance"]["date"]))
 
 
 def _bound_note(records: list[dict], precision: str, world_size: int) -> str:
