@@ -92,6 +92,19 @@ def _fp16_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: (p.half() if n in cast else p) for n, p in model.named_parameters()}
 
 
+def _reference_step(ref, ref_opt, micro_batches, W: int, forward) -> float:
+    """One single-process step on all ranks' micro-batches in rank order, gradients averaged over the W ranks
+    (what FSDP must reproduce); returns the largest |gradient|."""
+    for x, y in micro_batches:
+        _loss(forward(x), y).backward()
+    for p in ref.parameters():
+        p.grad.div_(W)
+    grad_max = max(p.grad.abs().max().item() for p in ref.parameters())
+    ref_opt.step()
+    ref_opt.zero_grad(set_to_none=True)
+    return grad_max
+
+
 def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None, autocast=False):
     torch.use_deterministic_algorithms(True)
     W, rank = info.world_size, info.rank
@@ -112,18 +125,14 @@ def _fsdp_worker(info, seed, kind, same_data, compute_dtype, reduce_dtype=None, 
     # autocast: both run under autocast to the compute dtype, which then casts the activations (FSDP's
     # own casting hooks stand down); the reference still sees the same fp16 weights.
     region = (lambda: torch.autocast("cpu", dtype=compute_dtype)) if autocast else contextlib.nullcontext
+
+    def ref_forward(x):
+        with region():
+            return functional_call(ref, _fp16_params(ref), (x,)) if fp16 else ref(x)
+
     worst, grad_max, checks, cast_hooks = 0.0, 0.0, [], set()
     for step in range(STEPS):
-        # Reference: the ranks' micro-batches in rank order, gradients averaged.
-        for x, y in batches[step]:
-            with region():
-                out = functional_call(ref, _fp16_params(ref), (x,)) if fp16 else ref(x)
-            _loss(out, y).backward()
-        for p in ref.parameters():
-            p.grad.div_(W)
-        grad_max = max(grad_max, max(p.grad.abs().max().item() for p in ref.parameters()))
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
+        grad_max = max(grad_max, _reference_step(ref, ref_opt, batches[step], W, ref_forward))
 
         x, y = batches[step][rank]
         model.on_train_batch_start()
@@ -416,12 +425,7 @@ def _nccl_worker(info, seed, compute_dtype):
               else contextlib.nullcontext)
     checks = []
     for step in range(STEPS):
-        for x, y in batches[step]:
-            _loss(ref(x), y).backward()
-        for p in ref.parameters():
-            p.grad.div_(W)
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
+        _reference_step(ref, ref_opt, batches[step], W, ref)
 
         x, y = batches[step][rank]
         model.on_train_batch_start()
