@@ -205,7 +205,7 @@ class _UnshardUnit(torch.autograd.Function):
     def forward(ctx, fsdp: FSDP, use: _Use, full: torch.Tensor, anchor: torch.Tensor):
         ctx.fsdp, ctx.use = fsdp, use
         ctx.set_materialize_grads(False)  # a weight unused in this forward gets None, not a zero tensor
-        return tuple([full.as_strided(*g) for g in use.unit.weight_geometry])
+        return fsdp._weight_views(use.unit, full)
 
     @staticmethod
     def backward(ctx, *grads):
