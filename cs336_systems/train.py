@@ -153,7 +153,9 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     strategy = get_strategy(cfg.parallel)
     bf16 = cfg.precision == "bf16"
     # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)
-    # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic.
+    # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic. Our bucketed
+    # wrappers compute with bf16 copies of the Linear weights (the same values autocast would use), so their
+    # gradients reach the buckets in bf16 without a pass through fp32 first.
     wrapped = strategy.wrap(model, WrapOptions(bucket_size_mb=cfg.bucket_size_mb,
                                                compute_dtype=torch.bfloat16 if bf16 else None,
                                                reduce_dtype=torch.float32 if bf16 else None,

@@ -298,6 +298,64 @@ def comm_dtype_worker(info, strategy: str, bucket_size_mb, lag: bool = False):
             "dtypes": {p.grad.dtype for p in ddp.module.parameters()}}
 
 
+def compute_dtype_worker(info, strategy: str, bucket_size_mb, comm_dtype, zero_mode: str, lag: bool = False):
+    """Two copies of one model under bf16 autocast: one wrapped plainly (autocast casts the Linear weights and
+    backward turns their gradients into fp32 before the wrapper sees them), one with ``compute_dtype=bf16``
+    (persistent bf16 weight copies; gradients reach the buckets in bf16). Both all-reduce in ``comm_dtype``.
+    Steps: plain ones, one accumulated over two micro-batches (the first inside no_sync()), and a last one
+    outside autocast (the copies stand aside). Returns, per step, whether gradients and weights were bitwise
+    equal, and how many gradients the copies received."""
+    torch.manual_seed(100 + info.rank)
+    model = tiny_lm().to(info.device)
+    plain = wrap_model(copy.deepcopy(model), strategy, bucket_size_mb, grad_comm_dtype=comm_dtype)
+    cast = wrap_model(model, strategy, bucket_size_mb, grad_comm_dtype=comm_dtype, compute_dtype=torch.bfloat16)
+    if lag:
+        lag_side_stream(cast)
+    hits = []
+    for c in cast._copies.values():
+        c.register_post_accumulate_grad_hook(lambda t: hits.append(t.dtype))
+    opts = [make_optimizer("lm", w.parameters()) for w in (plain, cast)]
+    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
+    region = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)
+    out = {"n_copies": len(cast._copies), "steps": []}
+    for step, kind in enumerate(["plain", "accumulate", "plain", "plain", "fp32"]):
+        x, y = (t.to(info.device) for t in make_batch("lm", step))
+        hits.clear()
+        for wrapped, opt in zip((plain, cast), opts):
+            zero_grads(opt, wrapped.module, zero_mode, step)
+            with region() if kind != "fp32" else contextlib.nullcontext():
+                if kind == "accumulate":
+                    with wrapped.no_sync():
+                        (loss_fn("lm", wrapped(x[lo:lo + 1]), y[lo:lo + 1]) / 3).backward()
+                    loss = loss_fn("lm", wrapped(x[lo + 1:hi]), y[lo + 1:hi]) * 2 / 3
+                else:
+                    loss = loss_fn("lm", wrapped(x[lo:hi]), y[lo:hi])
+            loss.backward()
+            wrapped.finish_gradient_synchronization()
+        pairs = list(zip(plain.module.named_parameters(), cast.module.parameters()))
+        grads_equal = all(torch.equal(p.grad, q.grad) for (_, p), q in pairs)
+        grad_dtypes = {q.grad.dtype for q in cast.module.parameters()}
+        for opt in opts:
+            opt.step()
+        out["steps"].append({"kind": kind, "grads_equal": grads_equal, "grad_dtypes": grad_dtypes,
+                             "copy_grads": len(hits), "copy_grad_dtypes": set(hits),
+                             "weights_equal": all(torch.equal(p, q) for (_, p), q in pairs),
+                             "differs_from_fp32_step": step == 0 and any(
+                                 not torch.equal(p.grad, g) for p, g in zip(plain.module.parameters(),
+                                                                            _fp32_grads(plain.module, x, y, lo, hi)))})
+    out["final"] = {k: v.cpu() for k, v in cast.module.state_dict().items()}
+    return out
+
+
+def _fp32_grads(module, x, y, lo, hi) -> list[torch.Tensor]:
+    """This rank's local fp32 gradients of a copy of ``module`` (no autocast, no communication)."""
+    local = copy.deepcopy(module)
+    for p in local.parameters():
+        p.grad = None
+    loss_fn("lm", local(x[lo:hi]), y[lo:hi]).backward()
+    return [p.grad for p in local.parameters()]
+
+
 def mismatch_worker(info, strategy: str):
     torch.manual_seed(info.rank)
     model = nn.Linear(4, 3 if info.rank == 0 else 5)
@@ -393,6 +451,90 @@ def test_bf16_gradient_communication(strategy, bucket_size_mb):
         assert torch.allclose(g, exact, rtol=2 ** -7, atol=2 ** -7 * exact.abs().max().item()), n
         differs |= not torch.equal(g, exact)
     assert differs
+
+
+COMPUTE_DTYPE_CASES = [("overlap", None, None, "none"), ("bucketed", 0.004, None, "alternate"),
+                       ("bucketed", 0.004, torch.bfloat16, "none"), ("bucketed", 1000.0, torch.bfloat16, "partial"),
+                       ("bucketed", 1e-6, torch.bfloat16, "zero")]
+
+
+def check_compute_dtype(r0: dict, r1: dict, n_linear: int) -> None:
+    assert r0["n_copies"] == n_linear
+    for s in r0["steps"]:
+        # Bit for bit what autocast gives: its weight casts are the copies' values, and its backward turns the
+        # bf16 gradient into fp32 exactly (bf16 -> fp32 is exact; the wire and the fp32 sums see the same numbers).
+        assert s["grads_equal"] and s["weights_equal"], s
+        assert s["grad_dtypes"] == {torch.float32}, s
+        if s["kind"] == "fp32":  # outside autocast the module runs on its own fp32 weights
+            assert s["copy_grads"] == 0, s
+        else:  # every Linear weight's gradient came through its bf16 copy (twice when accumulating)
+            assert s["copy_grads"] == n_linear * (2 if s["kind"] == "accumulate" else 1), s
+            assert s["copy_grad_dtypes"] == {torch.bfloat16}, s
+    assert r0["steps"][0]["differs_from_fp32_step"]  # autocast really computed in bf16
+    for k in r0["final"]:
+        assert torch.equal(r0["final"][k], r1["final"][k]), f"ranks diverged on {k}"
+
+
+TINY_LM_LINEARS = 2 * 7 + 1  # per block q, k, v, o, w1, w2, w3; and the LM head
+
+
+@pytest.mark.timeout(TIMEOUT_S * 2)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb", "comm_dtype", "zero_mode"), COMPUTE_DTYPE_CASES)
+def test_compute_dtype_copies_match_autocast(strategy, bucket_size_mb, comm_dtype, zero_mode):
+    """compute_dtype=bf16 (bf16 copies of the Linear weights; their gradients enter the buckets in bf16) trains
+    exactly as the same wrapper under autocast without it: one bucket per parameter, a few, one; fp32 and bf16
+    on the wire; fresh gradients, bucket views and mixes of both; no_sync() accumulation; a step outside
+    autocast."""
+    r0, r1 = spawn(compute_dtype_worker, WORLD, (strategy, bucket_size_mb, comm_dtype, zero_mode),
+                   timeout_s=TIMEOUT_S)
+    check_compute_dtype(r0, r1, TINY_LM_LINEARS)
+
+
+def test_compute_dtype_rejected_and_tied_weights_left_to_autocast():
+    from cs336_systems.parallel.ddp import BucketedDDP
+
+    with pytest.raises(ValueError, match="compute_dtype"):
+        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), compute_dtype=torch.int8)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), compute_dtype=torch.bfloat16,
+                             transport="copy-engine")
+    (names,) = spawn(copies_worker, 1, (), timeout_s=TIMEOUT_S)
+    assert names == ["fc1.weight", "fc2.weight"]  # not the embedding-tied head, not biases or norms
+
+
+def copies_worker(info):
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(5, 4)
+            self.fc1, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 4, bias=False)
+            self.norm = nn.LayerNorm(4)
+            self.head = nn.Linear(4, 5, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            return self.head(self.norm(self.fc2(self.fc1(self.emb(x)))))
+
+    ddp = wrap_model(Tied(), "bucketed", 1.0, compute_dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ddp(torch.tensor([[1, 2, 3]])).float().sum().backward()
+    ddp.finish_gradient_synchronization()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ddp.module.parameters())
+    x = torch.tensor([[4, 0, 1]])
+
+    def fresh() -> bool:  # the wrapper's forward (bf16 copies) equals autocast's casts of the live weights
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+            return torch.equal(ddp(x), ddp.module(x))
+
+    assert fresh()
+    with torch.no_grad():
+        ddp.module.fc1.weight.mul_(-3)  # in place: its version counter moves, the copies follow
+    assert fresh()
+    ddp.module.fc2.weight.data.mul_(-3)  # through .data no counter moves: stale until refresh_copies()
+    assert not fresh()
+    ddp.refresh_copies()
+    assert fresh()
+    return sorted(ddp._names[ddp._master_of[id(c)]] for c in ddp._copies.values())
 
 
 def test_comm_dtype_rejected():
@@ -590,6 +732,20 @@ def test_nccl_bf16_gradient_communication(strategy, bucket_size_mb, lag):
     assert r0["dtypes"] == {torch.float32} and differs
 
 
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("strategy", "bucket_size_mb", "comm_dtype", "zero_mode", "lag"),
+                         [("bucketed", 0.004, torch.bfloat16, "none", True),
+                          ("bucketed", 0.004, None, "alternate", True),
+                          ("overlap", None, torch.bfloat16, "partial", False)])
+def test_nccl_compute_dtype_copies_match_autocast(strategy, bucket_size_mb, comm_dtype, zero_mode, lag):
+    """As on CPU, on NCCL with CUDA autocast: the bf16 weight copies train bit for bit as autocast does, also
+    with the side stream (pack, all-reduce, fp32 copy out) lagging backward."""
+    r0, r1 = spawn(compute_dtype_worker, WORLD, (strategy, bucket_size_mb, comm_dtype, zero_mode, lag),
+                   backend="nccl", device_type="cuda", timeout_s=150)
+    check_compute_dtype(r0, r1, TINY_LM_LINEARS)
+
+
 def nccl_no_host_sync_worker(info, bucket_size_mb):
     """The backward hooks and finish_gradient_synchronization() never wait for the device: run them
     with CUDA sync debugging set to error (the rest of backward, e.g. embedding backward, may sync)."""
@@ -671,6 +827,17 @@ def test_ddp_bench_grad_comm_dtype_labels_and_checks():
     with pytest.raises(ValueError, match="naive"):
         DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="bf16")  # default variants include naive
     DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="bf16", variants=("none", "bucketed", "torch-ddp"))
+    # compute_dtype: the weight copies are for overlap / bucketed under bf16 autocast
+    assert variant_label("bucketed", 1000.0, compiled=True, grad_comm_dtype="bf16", compute_dtype="bf16") == \
+        "bucketed-1000MB+compile@bf16-grads@bf16-weights"
+    assert variant_label("torch-ddp", None, grad_comm_dtype="bf16", compute_dtype="bf16") == "torch-ddp@bf16-grads"
+    assert variant_label("none", None, compute_dtype="bf16") == "none"
+    ok = {"preset": "tiny", "device": "cpu", "variants": ("none", "bucketed", "torch-ddp"), "compute_dtype": "bf16"}
+    DDPBenchConfig(**ok, precisions=("bf16",))
+    with pytest.raises(ValueError, match="precision bf16 only"):
+        DDPBenchConfig(**ok)  # default precisions include fp32
+    with pytest.raises(ValueError, match="drop"):
+        DDPBenchConfig(**{**ok, "variants": ("none", "flat")}, precisions=("bf16",))
 
 
 def test_bind_cpus_splits_physical_cores(monkeypatch):
@@ -717,7 +884,7 @@ def test_copy_engine_transport_checks():
 
     with pytest.raises(ValueError, match="transport must be one of"):
         BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), transport="nvlink")
-    with pytest.raises(ValueError, match="comm_dtype is not supported"):
+    with pytest.raises(ValueError, match="comm_dtype and compute_dtype are not supported"):
         BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), comm_dtype=torch.bfloat16,
                              transport="copy-engine")
     errors = spawn(copy_engine_cpu_worker, WORLD, timeout_s=TIMEOUT_S)

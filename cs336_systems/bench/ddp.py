@@ -86,6 +86,9 @@ class DDPBenchConfig:
     compile: bool = False  # torch.compile each Transformer block in place (regional compilation; fewer launches)
     nccl_high_priority: bool = False  # NCCL on high-priority streams (process_group.HIGH_PRIORITY_ENV)
     grad_comm_dtype: str | None = None  # "bf16" / "fp16": overlap, bucketed and torch-ddp all-reduce in it
+    # "bf16": overlap and bucketed compute with bf16 copies of the Linear weights (BucketedDDP's compute_dtype;
+    # the same values autocast would use, gradients into the buckets without an fp32 pass); needs precision bf16
+    compute_dtype: str | None = None
     # overlap / bucketed run once per transport ("collective": NCCL/gloo all-reduce; "copy-engine": BucketedDDP)
     transports: tuple[str, ...] = ("collective",)
 
@@ -110,6 +113,15 @@ class DDPBenchConfig:
             bad = [v for v in self.variants if v in ("naive", "flat")]
             if bad:
                 raise ValueError(f"ddp-bench: grad_comm_dtype applies to overlap, bucketed and torch-ddp; drop {bad}")
+        if self.compute_dtype is not None:
+            if self.compute_dtype != "bf16" or self.precisions != ("bf16",):
+                raise ValueError(f"ddp-bench: compute_dtype must be 'bf16' (or None), with precision bf16 only (the "
+                                 f"copies stand in for autocast's casts); got {self.compute_dtype!r} with "
+                                 f"{self.precisions}")
+            bad = [v for v in self.variants if v in ("naive", "flat")]
+            if bad or "copy-engine" in self.transports:
+                raise ValueError("ddp-bench: compute_dtype applies to overlap and bucketed with the collective "
+                                 f"transport; drop {bad or 'copy-engine'}")
         bad = [t for t in self.transports if t not in TRANSPORTS]
         if bad or not self.transports:
             raise ValueError(f"ddp-bench: transports must be some of {', '.join(TRANSPORTS)}, got {self.transports}")
@@ -233,7 +245,9 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
                    bucket_mb: float | None, label: str, transport: str = "collective") -> dict:
     device = info.device
     comm = GRAD_COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
-    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport)
+    compute = GRAD_COMM_DTYPES[cfg.compute_dtype] if cfg.compute_dtype and variant in ("overlap", "bucketed") \
+        else None
+    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport, compute_dtype=compute)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext
     clock_rows: list[list[float]] = []
@@ -290,15 +304,17 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
 
 def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
                   compiled: bool = False, high_priority: bool = False, grad_comm_dtype: str | None = None,
-                  bound: bool = False, transport: str = "collective") -> str:
+                  bound: bool = False, transport: str = "collective", compute_dtype: str | None = None) -> str:
     """'bucketed-100MB', plus '+compile' for compiled blocks, '@ce' for the copy-engine transport, '@ctasN' for an
     NCCL CTA cap and '@hiprio' for NCCL on high-priority streams, '@bf16-grads' for gradients all-reduced in bf16,
-    '@bound' for ranks bound to their own CPU cores (CS336_BIND_CPUS=1)."""
+    '@bf16-weights' for bf16 Linear-weight copies (overlap, bucketed), '@bound' for ranks bound to their own CPU
+    cores (CS336_BIND_CPUS=1)."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
     return (label + ("+compile" if compiled else "") + ("@ce" if transport == "copy-engine" else "")
             + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
             + ("@hiprio" if high_priority else "")
             + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else "")
+            + (f"@{compute_dtype}-weights" if compute_dtype and variant in ("overlap", "bucketed") else "")
             + ("@bound" if bound else ""))
 
 
@@ -322,7 +338,7 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
                 torch.cuda.synchronize(info.device)
                 torch.cuda.reset_peak_memory_stats(info.device)
             label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority,
-                                  cfg.grad_comm_dtype, bind_cpus_requested(), transport)
+                                  cfg.grad_comm_dtype, bind_cpus_requested(), transport, cfg.compute_dtype)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label,
                                     transport)
             # the allocator's peak plus memory it does not see (the copy-engine transport's symmetric buffers)

@@ -247,9 +247,11 @@ def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
                                 device=device)
     strategy = get_strategy(VARIANT_STRATEGY[variant])
     # Under bf16 the FSDP variants gather weights *and* reduce gradients in bf16 (FSDP2's default when
-    # only param_dtype is set; half the traffic), as the recorded measurements were taken.
+    # only param_dtype is set; half the traffic), as the recorded measurements were taken; zero1's BucketedDDP
+    # leaves the casts to autocast, as its records were measured (no compute_dtype weight copies).
     dtype = torch.bfloat16 if cfg.precision == "bf16" else None
-    wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype, reduce_dtype=dtype))
+    wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype if strategy.shards_gradients else None,
+                                               reduce_dtype=dtype))
     opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1, foreach=True)
     return wrapped, opt, wrapped.finish_gradient_synchronization, model
 

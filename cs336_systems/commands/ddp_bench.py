@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-comm-dtype", choices=["bf16", "fp16"], default=None,
                    help="all-reduce gradients in this dtype (overlap, bucketed; torch-ddp through its compression "
                    "hook); default: fp32, the gradients' dtype")
+    p.add_argument("--compute-dtype", choices=["bf16"], default=None,
+                   help="overlap and bucketed compute with bf16 copies of the Linear weights (the values autocast "
+                        "would use), so gradients enter the buckets in bf16; needs --precision bf16; labels get "
+                        "'@bf16-weights'")
     p.add_argument("--transports", nargs="+", choices=["collective", "copy-engine"], default=["collective"],
                    help="run overlap and bucketed once per transport: 'collective' (the process group's all-reduce) "
                         "and/or 'copy-engine' (symmetric memory, copy engines over NVLink; GPUs only; labels get "
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                          timeline_variants=tuple(args.timeline_variants), attention=args.attention,
                          device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas,
                          compile=args.compile, nccl_high_priority=args.nccl_high_priority,
-                         grad_comm_dtype=args.grad_comm_dtype, transports=tuple(args.transports))
+                         grad_comm_dtype=args.grad_comm_dtype, transports=tuple(args.transports),
+                         compute_dtype=args.compute_dtype)
     configure_nccl(cfg.nccl_max_ctas, cfg.nccl_high_priority)  # before any communicator exists
     rows = run_ddp_bench(cfg)
     if rows is None:  # not rank 0

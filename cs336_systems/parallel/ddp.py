@@ -61,6 +61,9 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from cs336_basics.model import Linear as BasicsLinear
+
+LINEAR_TYPES = (BasicsLinear, nn.Linear)  # modules whose weight autocast casts for its matmul
 MB = 1024 * 1024  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
 TRANSPORTS = ("collective", "copy-engine")  # how BucketedDDP moves a bucket (class docstring)
 GRAD_COMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # command-line names of comm_dtype choices
@@ -235,6 +238,7 @@ class _Bucket:
     reduced: torch.Tensor | None = None  # the tensor it reduces (the flat buffer, or a one-parameter bucket's grad)
     wire: torch.Tensor | None = None  # with comm_dtype: the bucket's gradients packed and cast, all-reduced
     grads: list[torch.Tensor] | None = None  # with comm_dtype: the gradients ``wire`` is copied back into
+    flat: torch.Tensor | None = None  # or, when some came from compute_dtype copies: a new buffer of their views
     divide: bool = False  # whether ``reduced`` still has to be divided by the world size (no AVG)
 
     def __post_init__(self):
@@ -259,14 +263,19 @@ class _Bucket:
             return base
         return None
 
-    def point_grads_at(self, flat: torch.Tensor, indices: list[int], stream) -> None:
+    def point_grads_at(self, flat: torch.Tensor, indices: list[int], stream, copies: dict | None = None) -> None:
         """Make ``.grad`` of the parameters at ``indices`` views of ``flat`` (their values were copied there
-        on ``stream``). The tensors they replace are freed, so the caching allocator is told that ``stream``
-        still reads them (it reuses their memory only once the copy is done)."""
+        on ``stream``). The tensors they replace (and the gradients of their ``compute_dtype`` copies, in
+        ``copies``) are freed, so the caching allocator is told that ``stream`` still reads them (it reuses
+        their memory only once the copy is done)."""
         for i in indices:
             p, off = self.params[i], self.offsets[i]
-            if stream is not None:
-                p.grad.record_stream(stream)
+            copy = copies.get(id(p)) if copies else None
+            for t in (p, copy):
+                if t is not None and t.grad is not None:
+                    if stream is not None:
+                        t.grad.record_stream(stream)
+                    t.grad = None
             p.grad = flat[off:off + p.numel()].view(p.shape)
 
 
@@ -314,22 +323,39 @@ class BucketedDDP(_DataParallel):
     copies the average back at once. So none of these memory passes sits on backward's stream (torch DDP
     copies gradients into its buckets on it): they overlap the rest of backward like the transfer does, and
     ``finish_gradient_synchronization()`` only makes the compute stream wait. Gradients a copy replaces are
-    released with ``record_stream``, so their memory is reused only after the copy has read them."""
+    released with ``record_stream``, so their memory is reused only after the copy has read them.
+
+    ``compute_dtype`` (e.g. ``torch.bfloat16``; mixed precision under ``torch.autocast`` of that dtype, as torch
+    DDP's ``mixed_precision.param_dtype``): the weight of every ``Linear`` (the tensors autocast casts for its
+    matmuls) gets a persistent copy in that dtype, refreshed from the fp32 weight at the first forward after
+    each synchronised step (or after the weight changed in place), which the modules compute with inside such
+    an autocast region (an instance attribute shadowing ``weight`` during the wrapper's forward). Autocast
+    would cast the same weights to the same values, so the forward is unchanged; what changes is backward:
+    the weight gradient comes out in bf16 and goes straight into its bucket (cast into the fp32 bucket, or
+    packed into a ``comm_dtype`` bf16 one), instead of autocast's cast to fp32 then a pack that reads it
+    again; after the all-reduce the average is written as fp32 into a new buffer whose views become
+    ``.grad``. Inside ``no_sync()``, or when ``.grad`` already holds an accumulated gradient, the bf16
+    gradient is added into the fp32 ``.grad`` at once, as autocast's backward would. Results are those of
+    autocast with the same ``comm_dtype`` (tested bit for bit); the copies cost 2 bytes per weight element
+    for the run. Outside an autocast region of ``compute_dtype`` the module runs on its own weights as usual.
+    A weight also held by a module other than a ``Linear`` (e.g. tied to an embedding) is left to autocast."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
                  process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None,
-                 transport: str = "collective"):
+                 transport: str = "collective", compute_dtype: torch.dtype | None = None):
         if bucket_size_mb is not None and not bucket_size_mb > 0:
             raise ValueError(f"{type(self).__name__}: bucket_size_mb must be > 0, got {bucket_size_mb!r}")
         _check_comm_dtype(type(self).__name__, comm_dtype)
+        _check_comm_dtype(type(self).__name__, compute_dtype, name="compute_dtype")
         if transport not in TRANSPORTS:
             raise ValueError(f"{type(self).__name__}: transport must be one of {', '.join(TRANSPORTS)}, "
                              f"got {transport!r}")
-        if transport == "copy-engine" and comm_dtype is not None:
-            raise ValueError(f"{type(self).__name__}: comm_dtype is not supported with transport='copy-engine' "
-                             "(it moves the gradients' own dtype)")
+        if transport == "copy-engine" and (comm_dtype is not None or compute_dtype is not None):
+            raise ValueError(f"{type(self).__name__}: comm_dtype and compute_dtype are not supported with "
+                             "transport='copy-engine' (it moves the gradients' own dtype)")
         super().__init__(module, process_group)
         self.comm_dtype = comm_dtype
+        self.compute_dtype = compute_dtype
         self.bucket_size_mb = bucket_size_mb
         self.transport = transport
         self.buckets = self._assign_buckets()
@@ -353,6 +379,79 @@ class BucketedDDP(_DataParallel):
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # where buckets are packed (CUDA)
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
+        # compute_dtype: a persistent copy per Linear weight, the modules that use it, and the weights' versions
+        self._copies: dict[int, torch.Tensor] = {}  # id(param) -> its copy (a leaf whose gradient autograd fills)
+        self._master_of: dict[int, nn.Parameter] = {}  # id(copy) -> param
+        self._users: list[tuple[nn.Module, torch.Tensor]] = []
+        self._copied_versions: list[int] | None = None  # None: refresh at the next forward
+        if compute_dtype is not None:
+            self._make_copies()
+
+    def _make_copies(self) -> None:
+        holders: dict[int, list[tuple[nn.Module, str]]] = {}
+        for m in self.module.modules():
+            for name, q in m._parameters.items():
+                if q is not None:
+                    holders.setdefault(id(q), []).append((m, name))
+        for p in self.trainable:
+            users = holders.get(id(p), [])
+            if (not p.is_floating_point() or p.dtype == self.compute_dtype or not users
+                    or not all(isinstance(m, LINEAR_TYPES) and name == "weight" for m, name in users)):
+                continue
+            copy = torch.empty_like(p, dtype=self.compute_dtype).requires_grad_()
+            self._copies[id(p)], self._master_of[id(copy)] = copy, p
+            self._users += [(m, copy) for m, _ in users]
+            self._handles.append(copy.register_post_accumulate_grad_hook(self._on_copy_grad))
+
+    # -- forward: the compute_dtype copies -----------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if not self._copies or not self._computes_in_copies():
+            return self.module(*args, **kwargs)
+        self._refresh_copies()
+        for m, copy in self._users:
+            m.__dict__["weight"] = copy  # found before nn.Module.__getattr__ looks into _parameters
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            for m, _ in self._users:
+                m.__dict__.pop("weight", None)
+
+    def _computes_in_copies(self) -> bool:
+        """Inside an autocast region of ``compute_dtype`` on the weights' device: where autocast would cast
+        the Linear weights to it, the copies stand in for them."""
+        device_type = next(iter(self._copies.values())).device.type
+        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.compute_dtype
+
+    @torch.no_grad()
+    def _refresh_copies(self) -> None:
+        """Copy the weights into the copies (one multi-tensor kernel) at the first forward after a
+        synchronised step, or when a weight changed in place since (its version counter moved; an update
+        through ``.data`` moves no counter: call :meth:`refresh_copies`)."""
+        masters = [self._master_of[id(c)] for c in self._copies.values()]
+        versions = [p._version for p in masters]
+        if versions == self._copied_versions:
+            return
+        torch._foreach_copy_(list(self._copies.values()), masters)
+        self._copied_versions = versions
+
+    def refresh_copies(self) -> None:
+        """Re-copy the weights into the ``compute_dtype`` copies at the next forward (after changing weights
+        in a way their version counters do not see, e.g. through ``.data``)."""
+        self._copied_versions = None
+
+    def _on_copy_grad(self, copy: torch.Tensor) -> None:
+        """A copy's gradient arrived (in ``compute_dtype``). In a synchronised backward, with no fp32
+        gradient to add it to, it waits for its bucket as it is; otherwise it is added into ``.grad`` (cast to
+        fp32 first, as autocast's backward does) and released."""
+        p = self._master_of[id(copy)]
+        if not self._sync_enabled or p.grad is not None:
+            with torch.no_grad():
+                if p.grad is None:
+                    p.grad = copy.grad.to(p.dtype)
+                else:
+                    p.grad.add_(copy.grad)
+            copy.grad = None
+        self._on_grad_ready(p)
 
     def _assign_buckets(self) -> list[_Bucket]:
         cap = None if self.bucket_size_mb is None else self.bucket_size_mb * MB
@@ -406,8 +505,9 @@ class BucketedDDP(_DataParallel):
         # Buffers are allocated here, on the backward stream, before switching streams: they come from its
         # pool (a side-stream pool would keep a second set of gradient-sized blocks cached) and are only
         # written after the side stream has waited for backward.
-        grads = [p.grad for p in bucket.params]
+        grads = [p.grad if p.grad is not None else self._copies[id(p)].grad for p in bucket.params]
         device = grads[0].device
+        from_copies = any(g.dtype != p.dtype for g, p in zip(grads, bucket.params))  # compute_dtype gradients
         if self._copy_engine is not None:
             flat = self._copy_engine.view(bucket.index)
             base, size = flat.data_ptr(), flat.element_size()
@@ -425,11 +525,16 @@ class BucketedDDP(_DataParallel):
                 self.stats.seconds += time.perf_counter() - t0
             bucket.point_grads_at(flat, fresh, side)
             return
-        if self.comm_dtype is not None and grads[0].dtype != self.comm_dtype:
+        if self.comm_dtype is not None and (from_copies or grads[0].dtype != self.comm_dtype):
             # Pack and cast in one pass (no flat fp32 copy): the gradients stay autograd's own tensors and
-            # receive the average back, on the side stream as soon as it lands (on a CPU: in finish).
-            bucket.grads = grads
+            # receive the average back, on the side stream as soon as it lands (on a CPU: in finish). Gradients
+            # of compute_dtype copies have no fp32 tensor to return to: the whole bucket's average goes into a
+            # new fp32 buffer instead, and .grad becomes its views.
             bucket.wire = torch.empty(bucket.numel, dtype=self.comm_dtype, device=device)
+            if from_copies:
+                bucket.flat = torch.empty(bucket.numel, dtype=bucket.params[0].dtype, device=device)
+            else:
+                bucket.grads = grads
             with self._packing_stream(device) as side:
                 torch.cat([g.reshape(-1) for g in grads], out=bucket.wire)
                 bucket.work, bucket.divide = self._all_reduce_mean(bucket.wire, async_op=True)
@@ -437,30 +542,40 @@ class BucketedDDP(_DataParallel):
                     bucket.work.wait()  # the side stream waits for the collective, the host does not
                     self._unpack(bucket)
                     bucket.work = StreamWork(side)
+            if from_copies:
+                del grads
+                bucket.point_grads_at(bucket.flat, list(range(len(bucket.params))), side, self._copies)
             return
-        if len(grads) == 1:  # reduced in place
+        if len(grads) == 1 and not from_copies:  # reduced in place
             bucket.reduced = grads[0]
             bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
             return
-        flat = bucket.lying_flat()
+        flat = None if from_copies else bucket.lying_flat()
         if flat is not None:  # reduced as it lies: no copy
             bucket.reduced = flat
             bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
             return
-        flat = torch.empty(bucket.numel, dtype=grads[0].dtype, device=device)
+        # (compute_dtype gradients are cast to the parameters' dtype while copying)
+        flat = torch.empty(bucket.numel, dtype=bucket.params[0].dtype, device=device)
         with self._packing_stream(device) as side:  # the copy overlaps backward; the collective follows it
             torch.cat([g.reshape(-1) for g in grads], out=flat)
             bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
-        bucket.point_grads_at(flat, list(range(len(grads))), side)
+        del grads
+        bucket.point_grads_at(flat, list(range(len(bucket.params))), side, self._copies)
         bucket.reduced = flat
 
     def _unpack(self, bucket: _Bucket) -> None:
-        """``comm_dtype``: the averaged wire back into the gradients (cast while copying), then the divide
-        in their dtype where the collective summed."""
-        torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
-                                            for g, o in zip(bucket.grads, bucket.offsets)])
-        if bucket.divide:
-            torch._foreach_div_(bucket.grads, self.world_size)
+        """``comm_dtype``: the averaged wire back into the gradients, or into the new buffer of their views
+        (cast while copying), then the divide in their dtype where the collective summed."""
+        if bucket.flat is not None:
+            bucket.flat.copy_(bucket.wire)
+            if bucket.divide:
+                bucket.flat.div_(self.world_size)
+        else:
+            torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
+                                                for g, o in zip(bucket.grads, bucket.offsets)])
+            if bucket.divide:
+                torch._foreach_div_(bucket.grads, self.world_size)
         bucket.divide = False
 
     # -- API --------------------------------------------------------------------------------
@@ -490,11 +605,12 @@ class BucketedDDP(_DataParallel):
                     bucket.reduced.div_(self.world_size)
         finally:
             self._reset_step()
+            self._copied_versions = None  # the optimizer steps next: copy the weights again at the next forward
 
     def _reset_step(self) -> None:
         for bucket in self.buckets:
             bucket.ready.clear()
-            bucket.work = bucket.reduced = bucket.wire = bucket.grads = None
+            bucket.work = bucket.reduced = bucket.wire = bucket.grads = bucket.flat = None
             bucket.divide = False
         self._next_to_launch = 0
 
@@ -513,9 +629,10 @@ class OverlapDDP(BucketedDDP):
     """One async all-reduce per parameter, issued from its post-accumulate-grad hook during backward."""
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                 comm_dtype: torch.dtype | None = None, transport: str = "collective"):
+                 comm_dtype: torch.dtype | None = None, transport: str = "collective",
+                 compute_dtype: torch.dtype | None = None):
         super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype,
-                         transport=transport)
+                         transport=transport, compute_dtype=compute_dtype)
 
 
 class NothingToFinish:
@@ -568,12 +685,12 @@ class TorchDDP(NothingToFinish, nn.parallel.DistributedDataParallel):
         self.stats = CommStats()  # collectives run inside the reducer; not visible here
 
 
-def _check_comm_dtype(who: str, comm_dtype: torch.dtype | None, hooks: bool = False) -> None:
-    """``hooks``: PyTorch DDP, whose compression hooks exist for bf16 and fp16 only."""
+def _check_comm_dtype(who: str, comm_dtype: torch.dtype | None, hooks: bool = False, name: str = "comm_dtype") -> None:
+    """``hooks``: PyTorch DDP, whose compression hooks exist for bf16 and fp16 only. ``name``: the argument's."""
     if hooks:
         ok, choices = comm_dtype in (None, torch.bfloat16, torch.float16), "torch.bfloat16 or torch.float16"
     else:
         ok, choices = comm_dtype is None or (isinstance(comm_dtype, torch.dtype) and comm_dtype.is_floating_point), \
             "a floating torch.dtype"
     if not ok:
-        raise ValueError(f"{who}: comm_dtype must be {choices} or None, got {comm_dtype!r}")
+        raise ValueError(f"{who}: {name} must be {choices} or None, got {comm_dtype!r}")

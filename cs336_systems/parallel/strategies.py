@@ -58,7 +58,9 @@ class WrapOptions:
     """Knobs a strategy may use; each strategy ignores the ones it has no use for."""
 
     bucket_size_mb: float | None = None  # bucketed / zero1 (None: 25 MiB), torch-ddp / torch-zero (None: torch's)
-    compute_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of gathered weights (None: fp32)
+    # fsdp / torch-fsdp2: dtype of gathered weights (None: fp32); overlap / bucketed / zero1: dtype of the Linear
+    # weight copies the module computes with under autocast of that dtype (BucketedDDP; None: autocast casts)
+    compute_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of the gradient reduction (None: compute)
     # overlap / bucketed / zero1 / torch-ddp / torch-zero: dtype of the gradient all-reduce (None: the gradients')
     grad_comm_dtype: torch.dtype | None = None
@@ -124,7 +126,7 @@ def _fsdp(module: nn.Module, o: WrapOptions) -> nn.Module:
 
 def _bucketed(module: nn.Module, o: WrapOptions) -> nn.Module:
     return BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB if o.bucket_size_mb is None else o.bucket_size_mb,
-                       comm_dtype=o.grad_comm_dtype, transport=o.transport)
+                       comm_dtype=o.grad_comm_dtype, transport=o.transport, compute_dtype=o.compute_dtype)
 
 
 def _local_optimizer(params, optimizer_cls, **kwargs) -> torch.optim.Optimizer:
@@ -187,7 +189,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy(name="naive", help="all-reduce each gradient after backward", wrap_fn=lambda m, o: NaiveDDP(m)),
     Strategy(name="flat", help="one all-reduce of all gradients flattened", wrap_fn=lambda m, o: FlatDDP(m)),
     Strategy(name="overlap", help="async all-reduce per gradient during backward",
-             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport),
+             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport,
+                                             compute_dtype=o.compute_dtype),
              uses_grad_comm_dtype=True, uses_transport=True),
     Strategy(name="bucketed", help="async all-reduce per bucket during backward", wrap_fn=_bucketed,
              uses_buckets=True, uses_grad_comm_dtype=True, uses_transport=True),

@@ -26,12 +26,15 @@
 #    compiled bf16-gradient ddp-bench.
 # m: closing check: every GPU test of the parallel code (ddp, fsdp, train, shard-bench, comm) and the paired fp32
 #    shard-bench with the reworked FSDP.
+# n: #5 with BucketedDDP's compute_dtype (bf16 copies of the Linear weights: gradients enter the buckets in bf16):
+#    the GPU tests of tests/test_ddp.py, paired ddp-bench bf16 with bf16 gradient all-reduce, compiled blocks and
+#    eager, bucket sizes 100 and 1000 MiB, PyTorch DDP (bf16 compression hook) in the same runs.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -149,6 +152,15 @@ m)  # closing check: the parallel code's GPU tests; paired fp32 shard-bench with
     tests/test_shard_bench.py tests/test_comm.py -p no:cacheprovider
   step 300 shard-bench-fp32-paired-aligned $TR2 $CLI shard-bench $XL --precision fp32 --warmup 2 --steps 6 \
     --memory-steps 1 --pair-with-none --results-dir "$R"
+  ;;
+n)  # #5 with bf16 Linear-weight copies (BucketedDDP compute_dtype): GPU tests, paired bf16 ddp-bench
+  step 150 tests $PY -m pytest -q -m "gpu or multigpu" tests/test_ddp.py -p no:cacheprovider
+  step 170 ddp-bench-bf16-compile-bf16weights $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --grad-comm-dtype bf16 \
+    --compute-dtype bf16 --timeline-variants --no-profile --results-dir "$R"
+  step 140 ddp-bench-bf16-bf16weights $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --grad-comm-dtype bf16 --compute-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py

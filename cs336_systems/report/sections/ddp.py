@@ -145,16 +145,17 @@ def _ddp_rows(ctx) -> tuple[list[dict], list[dict]]:
     gpu = [r for r in gpu if r.get("world_size", 2) == smallest]
     # grad_comm_dtype: a run with bf16 gradients has its own `none` row (same label) that must not replace the
     # fp32 run's.
-    latest = _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype"))
+    latest = _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype",
+                           "compute_dtype"))
     shape = {(r["preset"], r["batch_size"], r["context_length"]) for r in latest}
     return latest, [r for r in gpu if (r["preset"], r["batch_size"], r["context_length"]) in shape]
 
 
-def _setting(r: dict) -> tuple[str, bool, str]:
-    """(precision, compiled, gradient all-reduce dtype): rows are compared with the single-GPU step and the
-    peer of the same setting."""
+def _setting(r: dict) -> tuple[str, bool, str, bool, str]:
+    """(precision, compiled, gradient all-reduce dtype, CPUs bound, dtype of our wrappers' Linear-weight copies):
+    rows are compared with the single-GPU step and the peer of the same setting (measured in the same run)."""
     return (r["precision"], bool(r.get("compile")), r.get("grad_comm_dtype") or "fp32",
-            cpus_bound(r))
+            cpus_bound(r), r.get("compute_dtype") or "")
 
 
 def _run(r: dict) -> str:
@@ -300,7 +301,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
         "run during backward." + (f"\n\n![timeline]({ctx.link(png)})" if png else "") + "\n")
     perf = []
     for setting in sorted({_setting(r) for r in rows}):
-        precision, compiled, comm, bound = setting
+        precision, compiled, comm, bound, weights = setting
         buckets = [r for r in rows if _setting(r) == setting and r["variant"] == "bucketed"]
         if not buckets:
             continue
@@ -314,6 +315,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
         vs1 = best["step_ms"] / none["step_ms"] - 1
         line = (f"- {precision}{', compiled blocks' if compiled else ', eager'}"
                 f"{f', gradients all-reduced in {comm}' if comm != 'fp32' else ''}"
+                f"{f', our wrapper computing with {weights} copies of the Linear weights' if weights else ''}"
                 f"{', each rank bound to its own CPU cores' if bound else ''}: best bucketed ({best['label']}) "
                 f"{best['step_ms']:.1f} ± {best['step_std_ms']:.1f} ms vs single-GPU ({none['label']}) "
                 f"{none['step_ms']:.1f} ± {none['step_std_ms']:.1f} ms ({100 * vs1:+.1f}%"
