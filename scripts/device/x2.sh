@@ -29,12 +29,13 @@
 # n: #5 with BucketedDDP's compute_dtype (bf16 copies of the Linear weights: gradients enter the buckets in bf16):
 #    the GPU tests of tests/test_ddp.py, paired ddp-bench bf16 with bf16 gradient all-reduce, compiled blocks and
 #    eager, bucket sizes 100 and 1000 MiB, PyTorch DDP (bf16 compression hook) in the same runs.
+# o: a second sample of plan n over bucket sizes 500, 1000 and 2000 MiB (compiled blocks and eager).
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -160,6 +161,14 @@ n)  # #5 with bf16 Linear-weight copies (BucketedDDP compute_dtype): GPU tests, 
     --compute-dtype bf16 --timeline-variants --no-profile --results-dir "$R"
   step 140 ddp-bench-bf16-bf16weights $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 100 1000 --grad-comm-dtype bf16 --compute-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
+  ;;
+o)  # plan n again, bucket sizes 500 / 1000 / 2000 MiB
+  step 200 ddp-bench-bf16-compile-bf16weights-sizes $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 500 1000 2000 --grad-comm-dtype bf16 \
+    --compute-dtype bf16 --timeline-variants --no-profile --results-dir "$R"
+  step 200 ddp-bench-bf16-bf16weights-sizes $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 500 1000 2000 --grad-comm-dtype bf16 --compute-dtype bf16 \
     --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
