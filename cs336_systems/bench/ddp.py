@@ -18,10 +18,13 @@ removed between variants; PyTorch DDP goes last). Per variant:
   communication. A synchronised step's time is its slowest rank's; the no-communication step, a
   single-GPU step, is the mean over ranks of each rank's own. ``exposed`` communication = median over
   pairs of (step - no-communication step); ``overhead`` = median over pairs of step /
-  no-communication step - 1, with a bootstrap 95% interval (``overhead_ci95``). Records with
-  ``timing="paired-aligned"``. ``timing="paired"`` records (earlier) had no barrier and took the slowest
-  rank for both halves, which over-charged communication by up to the ranks' step-time spread; older
-  records still ran all steps first, then all no-communication steps.
+  no-communication step - 1, with a bootstrap 95% interval (``overhead_ci95``). ``overhead_vs_slowest``
+  (records from 2026-11-22 10:40 on) divides by the slower rank's no-communication step instead: a
+  synchronised step cannot end before its slowest rank, so the ranks' spread alone (host jitter, not
+  communication) is left out of it. Records with ``timing="paired-aligned"``. ``timing="paired"`` records
+  (earlier) had no barrier and took the slowest rank for both halves, which over-charged communication by
+  up to the ranks' step-time spread; older records still ran all steps first, then all no-communication
+  steps.
 * on GPUs, one step under ``torch.profiler`` (CUDA activity only): the summed duration of NCCL
   kernels (``comm_kernel_ms``, the time spent inside collectives on the device) and how much of it
   ran concurrently with compute kernels (``comm_hidden_ms``). On CPU (gloo) the same numbers come
@@ -370,6 +373,11 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
         nocomm = [statistics.fmean(ts) for ts in zip(*(r["nocomm_step_s"] for r in results))]
         step_ms, nocomm_ms = statistics.median(step) * 1e3, statistics.median(nocomm) * 1e3
         ratios = [s / n for s, n in zip(step, nocomm, strict=True)]
+        # The same pairs against the *slower* rank's no_sync() step: a synchronised step cannot end before its
+        # slowest rank, so the ranks' own spread (host jitter) is charged to communication in `overhead`; this
+        # is the part of the overhead beyond that spread.
+        nocomm_slowest = [max(ts) for ts in zip(*(r["nocomm_step_s"] for r in results))]
+        ratios_slowest = [s / n for s, n in zip(step, nocomm_slowest, strict=True)]
         row = {k: v for k, v in asdict(cfg).items() if k not in ("variants", "precisions", "bucket_sizes_mb",
                                                                 "timeline_variants", "transports")}
         row.update(
@@ -382,6 +390,9 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
             # paired: step i with communication against step i + 1/2 without (same host conditions)
             exposed_comm_ms=statistics.median((s - n) * 1e3 for s, n in zip(step, nocomm, strict=True)),
             overhead=statistics.median(ratios) - 1.0, overhead_ci95=[r - 1.0 for r in median_ci95(ratios)],
+            nocomm_slowest_times_ms=[t * 1e3 for t in nocomm_slowest],
+            overhead_vs_slowest=statistics.median(ratios_slowest) - 1.0,
+            overhead_vs_slowest_ci95=[r - 1.0 for r in median_ci95(ratios_slowest)],
             fwd_bwd_ms=statistics.fmean(r["fwd_bwd_ms"] for r in results),
             sync_ms=statistics.fmean(r["sync_ms"] for r in results),
             optimizer_ms=statistics.fmean(r["optimizer_ms"] for r in results),

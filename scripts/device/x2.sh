@@ -30,12 +30,14 @@
 #    the GPU tests of tests/test_ddp.py, paired ddp-bench bf16 with bf16 gradient all-reduce, compiled blocks and
 #    eager, bucket sizes 100 and 1000 MiB, PyTorch DDP (bf16 compression hook) in the same runs.
 # o: a second sample of plan n over bucket sizes 500, 1000 and 2000 MiB (compiled blocks and eager).
+# q: plan n's compiled and eager bf16-gradient runs with and without the bf16 weight copies, back to back on one
+#    host, with the overhead also taken against the slower rank's no_sync() step (overhead_vs_slowest).
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -170,6 +172,17 @@ o)  # plan n again, bucket sizes 500 / 1000 / 2000 MiB
   step 200 ddp-bench-bf16-bf16weights-sizes $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 500 1000 2000 --grad-comm-dtype bf16 --compute-dtype bf16 \
     --timeline-variants --no-profile --results-dir "$R"
+  ;;
+q)  # with and without the bf16 weight copies on one host; overhead against the slower rank too
+  for W in "" "--compute-dtype bf16"; do
+    N=${W:+-bf16weights}
+    step 130 ddp-bench-bf16-compile-bf16grads$N $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+      --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 $W \
+      --timeline-variants --no-profile --results-dir "$R"
+    step 120 ddp-bench-bf16-bf16grads$N $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+      --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 $W \
+      --timeline-variants --no-profile --results-dir "$R"
+  done
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py

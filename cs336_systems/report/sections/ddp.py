@@ -179,19 +179,20 @@ def _ddp_table(rows: list[dict], everything: list[dict]) -> pd.DataFrame:
             "precision": r["precision"], "variant": r["label"], "step ms": r["step_ms"], "± std": r["step_std_ms"],
             "vs 1 GPU": r["step_ms"] / base["step_ms"] - 1 if base else math.nan,
             "vs torch DDP": r["step_ms"] / peer["step_ms"] - 1 if peer else math.nan,
-            "paired overhead [95% CI]": _paired(r),
+            "paired overhead [95% CI]": _paired(r), "vs slower rank [95% CI]": _paired(r, "overhead_vs_slowest"),
             "exposed comm ms": r["exposed_comm_ms"], "in collectives ms": r.get("comm_kernel_ms", math.nan),
             "of it overlapped ms": r.get("comm_hidden_ms", math.nan), "sync wait ms": r["sync_ms"],
             "calls/step": r["comm_calls_per_step"], "peak GiB": r.get("peak_memory_gib")})
     return pd.DataFrame(out)
 
 
-def _paired(r: dict) -> str:
-    """Median over pairs of step / (same step inside no_sync()) - 1, with its bootstrap interval (paired runs)."""
-    if r.get("timing") not in PAIRED:
+def _paired(r: dict, key: str = "overhead") -> str:
+    """Median over pairs of step / (same step inside no_sync()) - 1, with its bootstrap interval (paired runs);
+    ``key="overhead_vs_slowest"``: against the slower rank's no_sync() step (records that carry it)."""
+    if r.get("timing") not in PAIRED or key not in r:
         return ""
-    lo, hi = r["overhead_ci95"]
-    return f"{100 * r['overhead']:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    lo, hi = r[f"{key}_ci95"]
+    return f"{100 * r[key]:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
 def _fmt_pct(df: pd.DataFrame) -> pd.DataFrame:
@@ -214,8 +215,12 @@ def _setup(rows: list[dict]) -> str:
             "`no_sync()`; the median over pairs of their ratio, minus 1, with a bootstrap 95% interval; with "
             "`paired-aligned` timing (the latest runs) the ranks pass a barrier before every step and the "
             "no-communication half is the mean of the ranks' own steps (earlier paired runs charged a step for "
-            "the other rank's lateness after a `no_sync()` step). `@ce`: buckets averaged by the copy engines "
-            "over NVLink (symmetric memory) instead of NCCL kernels. The eager "
+            "the other rank's lateness after a `no_sync()` step). *vs slower rank*: the same pairs against the "
+            "slower rank's own `no_sync()` step (runs from 2026-11-22 10:40 on): a synchronised step cannot end "
+            "before its slowest rank, so what the ranks' spread alone costs is left out. `@bf16-weights`: our "
+            "wrapper computes with bf16 copies of the Linear weights (`BucketedDDP(compute_dtype=bf16)`; the "
+            "values autocast would use, gradients into the buckets in bf16). `@ce`: buckets averaged by the copy "
+            "engines over NVLink (symmetric memory) instead of NCCL kernels. The eager "
             "bf16 step is host-bound and the lent machines' host speed drifts, so steps measured a minute apart "
             "(the `vs 1 GPU` column compares separately measured variants, each with the single-GPU step of its own "
             "run) can differ by more than the effect; "
@@ -333,6 +338,10 @@ def _ddp_sections(ctx) -> dict[str, str]:
                      f"{'within' if best['overhead'] <= 0.05 else 'NOT within'} 5%)")
             if peer and peer.get("timing") in PAIRED:
                 line += f"; PyTorch DDP paired the same way: {_paired(peer)}"
+            if "overhead_vs_slowest" in best:
+                line += (f". Against the slower rank's own `no_sync()` step (a synchronised step cannot end before "
+                         f"its slowest rank: the ranks' spread is not communication): "
+                         f"{_paired(best, 'overhead_vs_slowest')}")
             by_transport = {r.get("transport", "collective"): r for r in paired if _run(r) == _run(best)
                             and r["bucket_size_mb"] == best["bucket_size_mb"]}
             if len(by_transport) > 1:
