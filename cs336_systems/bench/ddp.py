@@ -19,7 +19,7 @@ removed between variants; PyTorch DDP goes last). Per variant:
   single-GPU step, is the mean over ranks of each rank's own. ``exposed`` communication = median over
   pairs of (step - no-communication step); ``overhead`` = median over pairs of step /
   no-communication step - 1, with a bootstrap 95% interval (``overhead_ci95``). ``overhead_vs_slowest``
-  (records from 2026-11-22 10:40 on) divides by the slower rank's no-communication step instead: a
+  (newer records) divides by the slower rank's no-communication step instead: a
   synchronised step cannot end before its slowest rank, so the ranks' spread alone (host jitter, not
   communication) is left out of it. Records with ``timing="paired-aligned"``. ``timing="paired"`` records
   (earlier) had no barrier and took the slowest rank for both halves, which over-charged communication by

@@ -216,7 +216,7 @@ def _setup(rows: list[dict]) -> str:
             "`paired-aligned` timing (the latest runs) the ranks pass a barrier before every step and the "
             "no-communication half is the mean of the ranks' own steps (earlier paired runs charged a step for "
             "the other rank's lateness after a `no_sync()` step). *vs slower rank*: the same pairs against the "
-            "slower rank's own `no_sync()` step (runs from 2026-11-22 10:40 on): a synchronised step cannot end "
+            "slower rank's own `no_sync()` step (newer records): a synchronised step cannot end "
             "before its slowest rank, so what the ranks' spread alone costs is left out. `@bf16-weights`: our "
             "wrapper computes with bf16 copies of the Linear weights (`BucketedDDP(compute_dtype=bf16)`; the "
             "values autocast would use, gradients into the buckets in bf16). `@ce`: buckets averaged by the copy "
