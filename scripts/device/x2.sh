@@ -32,12 +32,14 @@
 # o: a second sample of plan n over bucket sizes 500, 1000 and 2000 MiB (compiled blocks and eager).
 # q: plan n's compiled and eager bf16-gradient runs with and without the bf16 weight copies, back to back on one
 #    host, with the overhead also taken against the slower rank's no_sync() step (overhead_vs_slowest).
+# r: plan q's compiled bf16-gradient run with NCCL capped at 4 and at 8 thread blocks per collective (fewer SMs
+#    taken from backward; NCCL_MAX_CTAS), paired, overhead also against the slower rank.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -182,6 +184,13 @@ q)  # with and without the bf16 weight copies on one host; overhead against the 
     step 120 ddp-bench-bf16-bf16grads$N $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
       --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 $W \
       --timeline-variants --no-profile --results-dir "$R"
+  done
+  ;;
+r)  # NCCL CTA caps, compiled blocks, bf16 gradients, paired
+  for ctas in 4 8; do
+    step 130 ddp-bench-bf16-compile-bf16grads-ctas$ctas $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 \
+      --steps 30 --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+      --nccl-max-ctas $ctas --timeline-variants --no-profile --results-dir "$R"
   done
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
