@@ -153,11 +153,12 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     strategy = get_strategy(cfg.parallel)
     bf16 = cfg.precision == "bf16"
     # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)
-    # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic. Our bucketed
-    # wrappers compute with bf16 copies of the Linear weights (the same values autocast would use), so their
-    # gradients reach the buckets in bf16 without a pass through fp32 first.
+    # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic. The DDP wrappers
+    # leave the casts to autocast (BucketedDDP's compute_dtype copies were not faster on 2 H200s and cost 2 bytes
+    # per weight: docs/parallelism.md).
     wrapped = strategy.wrap(model, WrapOptions(bucket_size_mb=cfg.bucket_size_mb,
-                                               compute_dtype=torch.bfloat16 if bf16 else None,
+                                               compute_dtype=torch.bfloat16 if bf16 and strategy.shards_gradients
+                                               else None,
                                                reduce_dtype=torch.float32 if bf16 else None,
                                                grad_comm_dtype=GRAD_COMM_DTYPES.get(cfg.grad_comm_dtype),
                                                transport=cfg.transport))

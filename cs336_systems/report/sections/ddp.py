@@ -342,6 +342,15 @@ def _ddp_sections(ctx) -> dict[str, str]:
                 line += (f". Against the slower rank's own `no_sync()` step (a synchronised step cannot end before "
                          f"its slowest rank: the ranks' spread is not communication): "
                          f"{_paired(best, 'overhead_vs_slowest')}")
+            capped = sorted((r for r in paired if r.get("nccl_max_ctas") and r["variant"] == "bucketed"),
+                            key=lambda r: r["nccl_max_ctas"])
+            if capped:
+                line += (". With NCCL capped to fewer thread blocks per collective (fewer SMs taken from backward): "
+                         + "; ".join(f"`@ctas{r['nccl_max_ctas']}` {_paired(r)}, forward+backward "
+                                     f"{r['fwd_bwd_ms']:.0f} ms then {r['sync_ms']:.0f} ms waiting for the gradients"
+                                     for r in capped)
+                         + f"; uncapped ({best['label']}): forward+backward {best['fwd_bwd_ms']:.0f} ms then "
+                           f"{best['sync_ms']:.0f} ms")
             by_transport = {r.get("transport", "collective"): r for r in paired if _run(r) == _run(best)
                             and r["bucket_size_mb"] == best["bucket_size_mb"]}
             if len(by_transport) > 1:
