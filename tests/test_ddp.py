@@ -534,7 +534,13 @@ def copies_worker(info):
     assert not fresh()
     ddp.refresh_copies()
     assert fresh()
-    return sorted(ddp._names[ddp._master_of[id(c)]] for c in ddp._copies.values())
+    names = sorted(ddp._names[ddp._master_of[id(c)]] for c in ddp._copies.values())
+    ddp.close()  # the copies' hooks are gone: forward must train the module's own weights again
+    ddp.module.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ddp(x).float().sum().backward()
+    assert ddp.module.fc1.weight.grad is not None and ddp.module.fc2.weight.grad is not None
+    return names
 
 
 def test_comm_dtype_rejected():

@@ -623,6 +623,9 @@ class BucketedDDP(_DataParallel):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._copies.clear()  # without their hooks the copies' gradients would go nowhere: forward stops using them
+        self._master_of.clear()
+        self._users.clear()
 
 
 class OverlapDDP(BucketedDDP):
