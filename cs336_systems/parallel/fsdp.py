@@ -92,9 +92,9 @@ from torch.utils._pytree import tree_leaves
 from cs336_basics.model import Embedding as BasicsEmbedding
 from cs336_basics.model import Linear as BasicsLinear
 from cs336_basics.model import TransformerBlock
+from cs336_systems.parallel.ddp import LINEAR_TYPES
 
 SHARDED_TYPES = (BasicsLinear, BasicsEmbedding, nn.Linear, nn.Embedding)
-LINEAR_TYPES = (BasicsLinear, nn.Linear)
 _RS_IN_FLIGHT = 2
 
 # torch >= 2.12 renamed the flat collectives; keep working on 2.11 (GPU machines) and 2.13. The training step
