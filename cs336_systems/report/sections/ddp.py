@@ -179,7 +179,9 @@ def _ddp_table(rows: list[dict], everything: list[dict]) -> pd.DataFrame:
             "precision": r["precision"], "variant": r["label"], "step ms": r["step_ms"], "± std": r["step_std_ms"],
             "vs 1 GPU": r["step_ms"] / base["step_ms"] - 1 if base else math.nan,
             "vs torch DDP": r["step_ms"] / peer["step_ms"] - 1 if peer else math.nan,
-            "paired overhead [95% CI]": _paired(r), "vs slower rank [95% CI]": _paired(r, "overhead_vs_slowest"),
+            "paired overhead [95% CI]": _paired(r),
+            # `none` has no coupled half: both of its halves are means over the ranks
+            "vs slower rank [95% CI]": _paired(r, "overhead_vs_slowest") if r["variant"] != "none" else "",
             "exposed comm ms": r["exposed_comm_ms"], "in collectives ms": r.get("comm_kernel_ms", math.nan),
             "of it overlapped ms": r.get("comm_hidden_ms", math.nan), "sync wait ms": r["sync_ms"],
             "calls/step": r["comm_calls_per_step"], "peak GiB": r.get("peak_memory_gib")})
