@@ -9,7 +9,9 @@ removed between variants; PyTorch DDP goes last). Per variant:
   ``finish_gradient_synchronization``, AdamW). The clock reads after a device synchronize at both
   ends of a step; CUDA events on the compute stream split it into forward+backward, the wait for
   gradients (``sync``: everything the compute stream waited for in ``finish_gradient_synchronization``)
-  and the optimizer. A step's time is the slowest rank's.
+  and the optimizer. A step's time is the slowest rank's. The no-communication halves (below) are split
+  the same way (``nocomm_fwd_bwd_ms``, ``nocomm_optimizer_ms``; newer records), so a pair's difference can
+  be placed: a longer backward, the wait, or the optimizer.
 * after each timed step, the same step inside ``no_sync()`` (no collective is issued): the steps come in
   pairs, so that drifting host speed (a shared machine; the eager bf16 step is host-bound) hits both
   halves of a pair alike. Every timed step starts with the ranks aligned by a barrier
@@ -253,7 +255,7 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport, compute_dtype=compute)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext
-    clock_rows: list[list[float]] = []
+    clock_rows: dict[bool, list[list[float]]] = {True: [], False: []}  # phase times of the timed steps, by half
 
     def step(communicate: bool, clock: _StepClock | None = None) -> None:
         mark = clock.mark if clock else (lambda: None)
@@ -277,8 +279,7 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
         t0 = timeit.default_timer()
         step(communicate, clock)
         _sync(device)
-        if communicate:
-            clock_rows.append(clock.intervals_ms())
+        clock_rows[communicate].append(clock.intervals_ms())
         return timeit.default_timer() - t0
 
     for _ in range(cfg.warmup):
@@ -297,10 +298,12 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     if cfg.profile:
         prof = _profile_step(step, device, keep_intervals=info.is_main and label in cfg.timeline_variants)
     wrapped.close()
-    phases = [statistics.median(col) for col in zip(*clock_rows)]
+    phases = [statistics.median(col) for col in zip(*clock_rows[True])]
+    nocomm_phases = [statistics.median(col) for col in zip(*clock_rows[False])]
     extra_gib = getattr(wrapped, "extra_device_bytes", 0) / 2**30  # symmetric memory: not in the allocator's peak
     return {"extra_device_gib": extra_gib, "comm_step_s": comm_times, "nocomm_step_s": nocomm_times,
             "fwd_bwd_ms": phases[0], "sync_ms": phases[1], "optimizer_ms": phases[2],
+            "nocomm_fwd_bwd_ms": nocomm_phases[0], "nocomm_optimizer_ms": nocomm_phases[2],
             "comm_calls_per_step": comm_calls / cfg.steps,
             "comm_bytes_per_step": comm_bytes / cfg.steps, "comm_host_ms": comm_host_s / cfg.steps * 1e3, **prof}
 
@@ -396,6 +399,9 @@ def summarize(cfg: DDPBenchConfig, per_rank: list[list[dict]], backend: str) -> 
             fwd_bwd_ms=statistics.fmean(r["fwd_bwd_ms"] for r in results),
             sync_ms=statistics.fmean(r["sync_ms"] for r in results),
             optimizer_ms=statistics.fmean(r["optimizer_ms"] for r in results),
+            # the same phases in the no_sync() halves (mean over ranks): where a pair's difference goes
+            nocomm_fwd_bwd_ms=statistics.fmean(r["nocomm_fwd_bwd_ms"] for r in results),
+            nocomm_optimizer_ms=statistics.fmean(r["nocomm_optimizer_ms"] for r in results),
             comm_calls_per_step=r0["comm_calls_per_step"], comm_bytes_per_step=r0["comm_bytes_per_step"],
             comm_host_ms=statistics.fmean(r["comm_host_ms"] for r in results),
             peak_memory_gib=max((r["peak_memory_gib"] or 0.0) for r in results) or None,

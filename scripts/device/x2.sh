@@ -34,12 +34,13 @@
 #    host, with the overhead also taken against the slower rank's no_sync() step (overhead_vs_slowest).
 # r: plan q's compiled bf16-gradient run with NCCL capped at 4 and at 8 thread blocks per collective (fewer SMs
 #    taken from backward; NCCL_MAX_CTAS), paired, overhead also against the slower rank.
+# s: plan q's runs without copies again, with the no_sync() halves split into phases too (nocomm_fwd_bwd_ms).
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -192,6 +193,14 @@ r)  # NCCL CTA caps, compiled blocks, bf16 gradients, paired
       --steps 30 --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
       --nccl-max-ctas $ctas --timeline-variants --no-profile --results-dir "$R"
   done
+  ;;
+s)  # where the pairs differ: both halves split into phases
+  step 130 ddp-bench-bf16-compile-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+    --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
+  step 120 ddp-bench-bf16-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py

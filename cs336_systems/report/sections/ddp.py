@@ -340,6 +340,11 @@ def _ddp_sections(ctx) -> dict[str, str]:
                      f"{'within' if best['overhead'] <= 0.05 else 'NOT within'} 5%)")
             if peer and peer.get("timing") in PAIRED:
                 line += f"; PyTorch DDP paired the same way: {_paired(peer)}"
+            if "nocomm_fwd_bwd_ms" in best:
+                line += (f". Where the pairs differ: forward+backward {best['fwd_bwd_ms']:.1f} ms vs "
+                         f"{best['nocomm_fwd_bwd_ms']:.1f} ms in the `no_sync()` steps, then {best['sync_ms']:.1f} ms "
+                         f"waiting for the gradients, optimizer {best['optimizer_ms']:.1f} vs "
+                         f"{best['nocomm_optimizer_ms']:.1f} ms (medians, mean over ranks)")
             if "overhead_vs_slowest" in best:
                 line += (f". Against the slower rank's own `no_sync()` step (a synchronised step cannot end before "
                          f"its slowest rank: the ranks' spread is not communication): "
