@@ -498,6 +498,9 @@ def test_compute_dtype_rejected_and_tied_weights_left_to_autocast():
     with pytest.raises(ValueError, match="compute_dtype"):
         BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), compute_dtype=torch.bfloat16,
                              transport="copy-engine")
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="sm_carveout"):
+            BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), sm_carveout=bad)
     (names,) = spawn(copies_worker, 1, (), timeout_s=TIMEOUT_S)
     assert names == ["fc1.weight", "fc2.weight"]  # not the embedding-tied head, not biases or norms
 
@@ -665,11 +668,16 @@ def test_wrapper_needs_process_group():
 
 # --- NCCL on two GPUs (device machine only) --------------------------------------------------
 def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "collective", zero_mode: str = "none",
-                       lag: bool = False):
+                       lag: bool = False, sm_carveout: int | None = None):
     """4 steps on GPUs against single-process training on the global batch; returns the final state.
-    ``lag``: the wrapper's side stream lags backward (:func:`lag_side_stream`)."""
+    ``lag``: the wrapper's side stream lags backward (:func:`lag_side_stream`). ``sm_carveout``: also checks that
+    the carveout is set during a synchronised backward only."""
     torch.manual_seed(100 + info.rank)
-    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport=transport)
+    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport=transport, sm_carveout=sm_carveout)
+    if sm_carveout is not None:
+        seen = []
+        ddp.module.layers[0].register_full_backward_hook(
+            lambda *a: seen.append(torch._C._get_sm_carveout_experimental()))
     if lag:
         lag_side_stream(ddp)
     ref = copy.deepcopy(ddp.module)
@@ -689,6 +697,11 @@ def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "co
     for p, q in zip(ddp.module.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     state = {k: v.cpu() for k, v in ddp.module.state_dict().items()}
+    if sm_carveout is not None:  # set by the time backward reaches the first block; restored after each step
+        assert seen == [sm_carveout] * 4 and torch._C._get_sm_carveout_experimental() is None, seen
+        with ddp.no_sync():
+            loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
+        assert seen[-1] is None  # inside no_sync() every SM stays with the matmuls
     if transport == "collective":
         return state
     views = all(p.grad is not None and p.grad._base is not None for p in ddp.module.parameters() if p.requires_grad)
@@ -736,6 +749,17 @@ def test_nccl_bf16_gradient_communication(strategy, bucket_size_mb, lag):
         assert torch.allclose(g, exact, rtol=2 ** -6, atol=2 ** -7 * exact.abs().max().item()), n
         differs |= not torch.equal(g, exact)
     assert r0["dtypes"] == {torch.float32} and differs
+
+
+@pytest.mark.multigpu
+@pytest.mark.timeout(180)
+def test_nccl_sm_carveout_parity():
+    """BucketedDDP(sm_carveout=8): matmuls leave 8 SMs to NCCL from the first bucket's launch to the end of the
+    step, and only in synchronised steps; training still matches one process."""
+    r0, r1 = spawn(nccl_parity_worker, WORLD, ("bucketed", 0.004, "collective", "none", False, 8), backend="nccl",
+                   device_type="cuda", timeout_s=150)
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), k
 
 
 @pytest.mark.multigpu
@@ -838,6 +862,10 @@ def test_ddp_bench_grad_comm_dtype_labels_and_checks():
         "bucketed-1000MB+compile@bf16-grads@bf16-weights"
     assert variant_label("torch-ddp", None, grad_comm_dtype="bf16", compute_dtype="bf16") == "torch-ddp@bf16-grads"
     assert variant_label("none", None, compute_dtype="bf16") == "none"
+    assert variant_label("bucketed", 1000.0, nccl_max_ctas=8, sm_carveout=8) == "bucketed-1000MB@ctas8@sm8"
+    assert variant_label("torch-ddp", None, sm_carveout=8) == "torch-ddp"
+    with pytest.raises(ValueError, match="sm_carveout"):
+        DDPBenchConfig(preset="tiny", device="cpu", sm_carveout=0)
     ok = {"preset": "tiny", "device": "cpu", "variants": ("none", "bucketed", "torch-ddp"), "compute_dtype": "bf16"}
     DDPBenchConfig(**ok, precisions=("bf16",))
     with pytest.raises(ValueError, match="precision bf16 only"):

@@ -94,6 +94,7 @@ class DDPBenchConfig:
     # "bf16": overlap and bucketed compute with bf16 copies of the Linear weights (BucketedDDP's compute_dtype;
     # the same values autocast would use, gradients into the buckets without an fp32 pass); needs precision bf16
     compute_dtype: str | None = None
+    sm_carveout: int | None = None  # overlap / bucketed: SMs matmuls leave to NCCL while buckets are in flight
     # overlap / bucketed run once per transport ("collective": NCCL/gloo all-reduce; "copy-engine": BucketedDDP)
     transports: tuple[str, ...] = ("collective",)
 
@@ -127,6 +128,8 @@ class DDPBenchConfig:
             if bad or "copy-engine" in self.transports:
                 raise ValueError("ddp-bench: compute_dtype applies to overlap and bucketed with the collective "
                                  f"transport; drop {bad or 'copy-engine'}")
+        if self.sm_carveout is not None and not 1 <= self.sm_carveout <= 64:
+            raise ValueError(f"ddp-bench: sm_carveout must be in 1..64, got {self.sm_carveout}")
         bad = [t for t in self.transports if t not in TRANSPORTS]
         if bad or not self.transports:
             raise ValueError(f"ddp-bench: transports must be some of {', '.join(TRANSPORTS)}, got {self.transports}")
@@ -252,7 +255,9 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
     comm = GRAD_COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
     compute = GRAD_COMM_DTYPES[cfg.compute_dtype] if cfg.compute_dtype and variant in ("overlap", "bucketed") \
         else None
-    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport, compute_dtype=compute)
+    carve = cfg.sm_carveout if variant in ("overlap", "bucketed") else None
+    wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport, compute_dtype=compute,
+                         sm_carveout=carve)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext
     clock_rows: dict[bool, list[list[float]]] = {True: [], False: []}  # phase times of the timed steps, by half
@@ -310,17 +315,19 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
 
 def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | None = None,
                   compiled: bool = False, high_priority: bool = False, grad_comm_dtype: str | None = None,
-                  bound: bool = False, transport: str = "collective", compute_dtype: str | None = None) -> str:
+                  bound: bool = False, transport: str = "collective", compute_dtype: str | None = None,
+                  sm_carveout: int | None = None) -> str:
     """'bucketed-100MB', plus '+compile' for compiled blocks, '@ce' for the copy-engine transport, '@ctasN' for an
     NCCL CTA cap and '@hiprio' for NCCL on high-priority streams, '@bf16-grads' for gradients all-reduced in bf16,
-    '@bf16-weights' for bf16 Linear-weight copies (overlap, bucketed), '@bound' for ranks bound to their own CPU
-    cores (CS336_BIND_CPUS=1)."""
+    '@bf16-weights' for bf16 Linear-weight copies (overlap, bucketed), '@smN' for N SMs left free by matmuls while
+    buckets are in flight (overlap, bucketed), '@bound' for ranks bound to their own CPU cores (CS336_BIND_CPUS=1)."""
     label = f"bucketed-{bucket_mb:g}MB" if variant == "bucketed" else variant
     return (label + ("+compile" if compiled else "") + ("@ce" if transport == "copy-engine" else "")
             + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
             + ("@hiprio" if high_priority else "")
             + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else "")
             + (f"@{compute_dtype}-weights" if compute_dtype and variant in ("overlap", "bucketed") else "")
+            + (f"@sm{sm_carveout}" if sm_carveout and variant in ("overlap", "bucketed") else "")
             + ("@bound" if bound else ""))
 
 
@@ -344,7 +351,8 @@ def ddp_bench_worker(info: DistInfo, cfg: DDPBenchConfig) -> list[dict]:
                 torch.cuda.synchronize(info.device)
                 torch.cuda.reset_peak_memory_stats(info.device)
             label = variant_label(variant, bucket_mb, cfg.nccl_max_ctas, cfg.compile, cfg.nccl_high_priority,
-                                  cfg.grad_comm_dtype, bind_cpus_requested(), transport, cfg.compute_dtype)
+                                  cfg.grad_comm_dtype, bind_cpus_requested(), transport, cfg.compute_dtype,
+                                  cfg.sm_carveout)
             result = _bench_variant(info, cfg, model, optimizer, x, y, precision, variant, bucket_mb, label,
                                     transport)
             # the allocator's peak plus memory it does not see (the copy-engine transport's symmetric buffers)

@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="overlap and bucketed compute with bf16 copies of the Linear weights (the values autocast "
                         "would use), so gradients enter the buckets in bf16; needs --precision bf16; labels get "
                         "'@bf16-weights'")
+    p.add_argument("--sm-carveout", type=int, default=None,
+                   help="overlap and bucketed: while buckets are in flight, matmuls leave this many SMs free for "
+                        "NCCL (pair with --nccl-max-ctas); labels get '@sm<N>'")
     p.add_argument("--transports", nargs="+", choices=["collective", "copy-engine"], default=["collective"],
                    help="run overlap and bucketed once per transport: 'collective' (the process group's all-reduce) "
                         "and/or 'copy-engine' (symmetric memory, copy engines over NVLink; GPUs only; labels get "
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                          device=args.device, timeout_s=args.timeout_s, nccl_max_ctas=args.nccl_max_ctas,
                          compile=args.compile, nccl_high_priority=args.nccl_high_priority,
                          grad_comm_dtype=args.grad_comm_dtype, transports=tuple(args.transports),
-                         compute_dtype=args.compute_dtype)
+                         compute_dtype=args.compute_dtype, sm_carveout=args.sm_carveout)
     configure_nccl(cfg.nccl_max_ctas, cfg.nccl_high_priority)  # before any communicator exists
     rows = run_ddp_bench(cfg)
     if rows is None:  # not rank 0

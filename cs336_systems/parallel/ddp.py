@@ -340,15 +340,25 @@ class BucketedDDP(_DataParallel):
     for the run. Outside an autocast region of ``compute_dtype`` the module runs on its own weights as usual.
     A weight also held by a module other than a ``Linear`` (e.g. tied to an embedding) is left to autocast.
     Measured on two H200s (xl, bf16) it did not make the step faster than plain autocast
-    (docs/parallelism.md), so the training driver does not use it."""
+    (docs/parallelism.md), so the training driver does not use it.
+
+    ``sm_carveout`` (CUDA; an experiment): from the first bucket's launch to the end of the synchronised
+    step, matrix multiplications leave this many SMs unused (``torch._C._set_sm_carveout_experimental``, the
+    knob PyTorch's async tensor parallelism uses), so that NCCL's thread blocks (cap them to the same number
+    with ``NCCL_MAX_CTAS``) run beside them instead of delaying the GEMMs' last wave. Steps inside
+    ``no_sync()`` and everything outside a synchronised backward keep every SM."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
                  process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None,
-                 transport: str = "collective", compute_dtype: torch.dtype | None = None):
+                 transport: str = "collective", compute_dtype: torch.dtype | None = None,
+                 sm_carveout: int | None = None):
         if bucket_size_mb is not None and not bucket_size_mb > 0:
             raise ValueError(f"{type(self).__name__}: bucket_size_mb must be > 0, got {bucket_size_mb!r}")
         _check_dtype_arg(type(self).__name__, comm_dtype)
         _check_dtype_arg(type(self).__name__, compute_dtype, name="compute_dtype")
+        if sm_carveout is not None and (isinstance(sm_carveout, bool) or not isinstance(sm_carveout, int)
+                                        or sm_carveout < 1):
+            raise ValueError(f"{type(self).__name__}: sm_carveout must be a positive int or None, got {sm_carveout!r}")
         if transport not in TRANSPORTS:
             raise ValueError(f"{type(self).__name__}: transport must be one of {', '.join(TRANSPORTS)}, "
                              f"got {transport!r}")
@@ -358,6 +368,8 @@ class BucketedDDP(_DataParallel):
         super().__init__(module, process_group)
         self.comm_dtype = comm_dtype
         self.compute_dtype = compute_dtype
+        self.sm_carveout = sm_carveout
+        self._carveout_before: tuple | None = None  # (previous carveout,) while ours is set
         self.bucket_size_mb = bucket_size_mb
         self.transport = transport
         self.buckets = self._assign_buckets()
@@ -509,6 +521,9 @@ class BucketedDDP(_DataParallel):
         # written after the side stream has waited for backward.
         grads = [p.grad if p.grad is not None else self._copies[id(p)].grad for p in bucket.params]
         device = grads[0].device
+        if self.sm_carveout is not None and device.type == "cuda" and self._carveout_before is None:
+            self._carveout_before = (torch._C._get_sm_carveout_experimental(),)
+            torch._C._set_sm_carveout_experimental(self.sm_carveout)
         from_copies = any(g.dtype != p.dtype for g, p in zip(grads, bucket.params))  # compute_dtype gradients
         if self._copy_engine is not None:
             flat = self._copy_engine.view(bucket.index)
@@ -610,6 +625,9 @@ class BucketedDDP(_DataParallel):
             self._copied_versions = None  # the optimizer steps next: copy the weights again at the next forward
 
     def _reset_step(self) -> None:
+        if self._carveout_before is not None:
+            torch._C._set_sm_carveout_experimental(self._carveout_before[0])
+            self._carveout_before = None
         for bucket in self.buckets:
             bucket.ready.clear()
             bucket.work = bucket.reduced = bucket.wire = bucket.grads = bucket.flat = None
@@ -635,9 +653,9 @@ class OverlapDDP(BucketedDDP):
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
                  comm_dtype: torch.dtype | None = None, transport: str = "collective",
-                 compute_dtype: torch.dtype | None = None):
+                 compute_dtype: torch.dtype | None = None, sm_carveout: int | None = None):
         super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype,
-                         transport=transport, compute_dtype=compute_dtype)
+                         transport=transport, compute_dtype=compute_dtype, sm_carveout=sm_carveout)
 
 
 class NothingToFinish:

@@ -66,6 +66,8 @@ class WrapOptions:
     grad_comm_dtype: torch.dtype | None = None
     # overlap / bucketed / zero1: how a bucket is averaged ("collective" or "copy-engine"; BucketedDDP)
     transport: str = "collective"
+    # overlap / bucketed / zero1 on CUDA: SMs matmuls leave free while buckets are in flight (BucketedDDP)
+    sm_carveout: int | None = None
 
     def __post_init__(self):
         if self.bucket_size_mb is not None and not self.bucket_size_mb > 0:
@@ -126,7 +128,8 @@ def _fsdp(module: nn.Module, o: WrapOptions) -> nn.Module:
 
 def _bucketed(module: nn.Module, o: WrapOptions) -> nn.Module:
     return BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB if o.bucket_size_mb is None else o.bucket_size_mb,
-                       comm_dtype=o.grad_comm_dtype, transport=o.transport, compute_dtype=o.compute_dtype)
+                       comm_dtype=o.grad_comm_dtype, transport=o.transport, compute_dtype=o.compute_dtype,
+                       sm_carveout=o.sm_carveout)
 
 
 def _local_optimizer(params, optimizer_cls, **kwargs) -> torch.optim.Optimizer:
@@ -190,7 +193,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy(name="flat", help="one all-reduce of all gradients flattened", wrap_fn=lambda m, o: FlatDDP(m)),
     Strategy(name="overlap", help="async all-reduce per gradient during backward",
              wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport,
-                                             compute_dtype=o.compute_dtype),
+                                             compute_dtype=o.compute_dtype, sm_carveout=o.sm_carveout),
              uses_grad_comm_dtype=True, uses_transport=True),
     Strategy(name="bucketed", help="async all-reduce per bucket during backward", wrap_fn=_bucketed,
              uses_buckets=True, uses_grad_comm_dtype=True, uses_transport=True),

@@ -35,12 +35,14 @@
 # r: plan q's compiled bf16-gradient run with NCCL capped at 4 and at 8 thread blocks per collective (fewer SMs
 #    taken from backward; NCCL_MAX_CTAS), paired, overhead also against the slower rank.
 # s: plan q's runs without copies again, with the no_sync() halves split into phases too (nocomm_fwd_bwd_ms).
+# t: BucketedDDP's sm_carveout (matmuls leave N SMs free while buckets are in flight) with NCCL capped to the
+#    same N thread blocks: its GPU test, paired compiled (N = 8, 16) and eager (N = 16) bf16-gradient runs.
 # p: diagnostic (scripts/device/host_probe.py): the eager step before and after NCCL is initialised.
 #
 # Writes under $OUT: results.tgz (records and traces: untar at the repository root), logs.tgz,
 # summary.txt, timeline PNGs.
 set -u
-PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s}
+PLAN=${1:?usage: x2.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s|t}
 OUT=${OUT:-/tmp/x2-out}
 mkdir -p "$OUT"
 source "$(dirname "${BASH_SOURCE[0]}")/dist_env.sh"
@@ -201,6 +203,17 @@ s)  # where the pairs differ: both halves split into phases
   step 120 ddp-bench-bf16-bf16grads $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
     --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
     --timeline-variants --no-profile --results-dir "$R"
+  ;;
+t)  # SM carveout for matmuls while buckets are in flight, NCCL capped to the same number of CTAs
+  step 120 tests $PY -m pytest -q -m multigpu tests/test_ddp.py -k "carveout" -p no:cacheprovider
+  for n in 8 16; do
+    step 120 ddp-bench-bf16-compile-bf16grads-sm$n $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 30 \
+      --compile --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+      --nccl-max-ctas $n --sm-carveout $n --timeline-variants --no-profile --results-dir "$R"
+  done
+  step 120 ddp-bench-bf16-bf16grads-sm16 $TR2 $CLI ddp-bench $XL --precision bf16 --warmup 3 --steps 20 \
+    --variants none bucketed torch-ddp --bucket-sizes-mb 1000 --grad-comm-dtype bf16 \
+    --nccl-max-ctas 16 --sm-carveout 16 --timeline-variants --no-profile --results-dir "$R"
   ;;
 p)  # diagnostic: the eager single-GPU step before / after NCCL is initialised (printed, not recorded)
   step 120 host-probe $TR2 scripts/device/host_probe.py

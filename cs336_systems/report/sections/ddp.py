@@ -352,8 +352,9 @@ def _ddp_sections(ctx) -> dict[str, str]:
             capped = sorted((r for r in paired if r.get("nccl_max_ctas") and r["variant"] == "bucketed"),
                             key=lambda r: r["nccl_max_ctas"])
             if capped:
-                line += (". With NCCL capped to fewer thread blocks per collective (fewer SMs taken from backward): "
-                         + "; ".join(f"`@ctas{r['nccl_max_ctas']}` {_paired(r)}, forward+backward "
+                line += (". With NCCL capped to fewer thread blocks per collective (fewer SMs taken from backward; "
+                         "`@smN`: and matmuls leaving N SMs free while buckets are in flight): "
+                         + "; ".join(f"`{r['label']}` {_paired(r)}, forward+backward "
                                      f"{r['fwd_bwd_ms']:.0f} ms then {r['sync_ms']:.0f} ms waiting for the gradients"
                                      for r in capped)
                          + f"; uncapped ({best['label']}): forward+backward {best['fwd_bwd_ms']:.0f} ms then "
