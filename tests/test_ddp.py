@@ -674,13 +674,13 @@ def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "co
     the carveout is set during a synchronised backward only."""
     torch.manual_seed(100 + info.rank)
     ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport=transport, sm_carveout=sm_carveout)
-    if sm_carveout is not None:
-        seen = []
-        ddp.module.layers[0].register_full_backward_hook(
-            lambda *a: seen.append(torch._C._get_sm_carveout_experimental()))
     if lag:
         lag_side_stream(ddp)
     ref = copy.deepcopy(ddp.module)
+    if sm_carveout is not None:  # (after the deepcopy: the reference must not carry the hook)
+        seen = []
+        ddp.module.layers[0].register_full_backward_hook(
+            lambda *a: seen.append(torch._C._get_sm_carveout_experimental()))
     opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
     lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
     for step in range(4):
