@@ -350,15 +350,17 @@ def _ddp_sections(ctx) -> dict[str, str]:
                          f"its slowest rank: the ranks' spread is not communication): "
                          f"{_paired(best, 'overhead_vs_slowest')}")
             capped = sorted((r for r in paired if r.get("nccl_max_ctas") and r["variant"] == "bucketed"),
-                            key=lambda r: r["nccl_max_ctas"])
+                            key=lambda r: (r["nccl_max_ctas"], r.get("sm_carveout") or 0))
+            uncapped = [r for r in paired if not r.get("nccl_max_ctas")]
             if capped:
+                free = min(uncapped, key=lambda r: r["overhead"]) if uncapped else None
                 line += (". With NCCL capped to fewer thread blocks per collective (fewer SMs taken from backward; "
                          "`@smN`: and matmuls leaving N SMs free while buckets are in flight): "
                          + "; ".join(f"`{r['label']}` {_paired(r)}, forward+backward "
                                      f"{r['fwd_bwd_ms']:.0f} ms then {r['sync_ms']:.0f} ms waiting for the gradients"
                                      for r in capped)
-                         + f"; uncapped ({best['label']}): forward+backward {best['fwd_bwd_ms']:.0f} ms then "
-                           f"{best['sync_ms']:.0f} ms")
+                         + (f"; uncapped (`{free['label']}`, its own run): {_paired(free)}, forward+backward "
+                            f"{free['fwd_bwd_ms']:.0f} ms then {free['sync_ms']:.0f} ms" if free else ""))
             by_transport = {r.get("transport", "collective"): r for r in paired if _run(r) == _run(best)
                             and r["bucket_size_mb"] == best["bucket_size_mb"]}
             if len(by_transport) > 1:
