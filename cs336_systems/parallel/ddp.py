@@ -624,10 +624,13 @@ class BucketedDDP(_DataParallel):
             self._reset_step()
             self._copied_versions = None  # the optimizer steps next: copy the weights again at the next forward
 
-    def _reset_step(self) -> None:
+    def _restore_carveout(self) -> None:
         if self._carveout_before is not None:
             torch._C._set_sm_carveout_experimental(self._carveout_before[0])
             self._carveout_before = None
+
+    def _reset_step(self) -> None:
+        self._restore_carveout()
         for bucket in self.buckets:
             bucket.ready.clear()
             bucket.work = bucket.reduced = bucket.wire = bucket.grads = bucket.flat = None
@@ -644,6 +647,7 @@ class BucketedDDP(_DataParallel):
             h.remove()
         self._handles.clear()
         self._copies.clear()  # without their hooks the copies' gradients would go nowhere: forward stops using them
+        self._restore_carveout()  # a step that never finished: give the matmuls their SMs back
         self._master_of.clear()
         self._users.clear()
 
