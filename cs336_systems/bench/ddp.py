@@ -66,6 +66,7 @@ from cs336_systems.parallel.process_group import DistInfo, bind_cpus_requested, 
 PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one problem id
 VARIANTS = ("none", "naive", "flat", "overlap", "bucketed", "torch-ddp")
 PRECISIONS = ("fp32", "bf16")
+OURS_OVERLAPPING = ("overlap", "bucketed")  # the variants that take compute_dtype and sm_carveout (BucketedDDP)
 # Records' ``timing``: "paired-aligned" (module docstring); "paired" records (before 2026-11-22 08:40) did not
 # align the ranks before each step and took the slowest rank of the no_sync() half too.
 TIMING = "paired-aligned"
@@ -253,9 +254,9 @@ def _bench_variant(info: DistInfo, cfg: DDPBenchConfig, model, optimizer, x, y, 
                    bucket_mb: float | None, label: str, transport: str = "collective") -> dict:
     device = info.device
     comm = GRAD_COMM_DTYPES[cfg.grad_comm_dtype] if cfg.grad_comm_dtype and variant != "none" else None
-    compute = GRAD_COMM_DTYPES[cfg.compute_dtype] if cfg.compute_dtype and variant in ("overlap", "bucketed") \
-        else None
-    carve = cfg.sm_carveout if variant in ("overlap", "bucketed") else None
+    ours = variant in OURS_OVERLAPPING
+    compute = GRAD_COMM_DTYPES[cfg.compute_dtype] if cfg.compute_dtype and ours else None
+    carve = cfg.sm_carveout if ours else None
     wrapped = wrap_model(model, variant, bucket_mb, grad_comm_dtype=comm, transport=transport, compute_dtype=compute,
                          sm_carveout=carve)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if precision == "bf16" \
@@ -326,8 +327,8 @@ def variant_label(variant: str, bucket_mb: float | None, nccl_max_ctas: int | No
             + (f"@ctas{nccl_max_ctas}" if nccl_max_ctas else "")
             + ("@hiprio" if high_priority else "")
             + (f"@{grad_comm_dtype}-grads" if grad_comm_dtype and variant != "none" else "")
-            + (f"@{compute_dtype}-weights" if compute_dtype and variant in ("overlap", "bucketed") else "")
-            + (f"@sm{sm_carveout}" if sm_carveout and variant in ("overlap", "bucketed") else "")
+            + (f"@{compute_dtype}-weights" if compute_dtype and variant in OURS_OVERLAPPING else "")
+            + (f"@sm{sm_carveout}" if sm_carveout and variant in OURS_OVERLAPPING else "")
             + ("@bound" if bound else ""))
 
 

@@ -441,7 +441,7 @@ class BucketedDDP(_DataParallel):
         """Copy the weights into the copies (one multi-tensor kernel) at the first forward after a
         synchronised step, or when a weight changed in place since (its version counter moved; an update
         through ``.data`` moves no counter: call :meth:`refresh_copies`)."""
-        masters = [self._master_of[id(c)] for c in self._copies.values()]
+        masters = list(self._master_of.values())  # filled alongside _copies: the same order
         versions = [p._version for p in masters]
         if versions == self._copied_versions:
             return
@@ -560,7 +560,6 @@ class BucketedDDP(_DataParallel):
                     self._unpack(bucket)
                     bucket.work = StreamWork(side)
             if from_copies:
-                del grads
                 bucket.point_grads_at(bucket.flat, list(range(len(bucket.params))), side, self._copies)
             return
         if len(grads) == 1 and not from_copies:  # reduced in place
@@ -577,7 +576,6 @@ class BucketedDDP(_DataParallel):
         with self._packing_stream(device) as side:  # the copy overlaps backward; the collective follows it
             torch.cat([g.reshape(-1) for g in grads], out=flat)
             bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
-        del grads
         bucket.point_grads_at(flat, list(range(len(bucket.params))), side, self._copies)
         bucket.reduced = flat
 
