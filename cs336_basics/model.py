@@ -250,6 +250,8 @@ class BasicsTransformerLM(nn.Module):
     def _validate(self, token_ids: Tensor) -> None:
         if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
             raise ValueError(f"token ids must be an integer tensor, got {token_ids.dtype}")
+        if token_ids.dim() == 0 or token_ids.shape[-1] == 0:
+            raise ValueError(f"token ids must have at least one position, got shape {tuple(token_ids.shape)}")
         if token_ids.shape[-1] > self.context_length:
             raise ValueError(f"sequence length {token_ids.shape[-1]} exceeds context_length {self.context_length}")
         if self.check_inputs and token_ids.numel() and not torch.compiler.is_compiling():

@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         module.add_arguments(sub)
         args = sub.parse_args(argv[1:])
         try:
+            # Every command's --device is checked here, before the command imports or allocates anything.
+            if getattr(args, "device", None) is not None:
+                from cs336_systems.devices import resolve_device
+
+                resolve_device(args.device)
             return int(module.run(args) or 0)
         except ValueError as err:  # bad input: a clear message, not a traceback
             print(f"cs336-systems {argv[0]}: error: {err}", file=sys.stderr)

@@ -22,6 +22,7 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.bench.e2e import PRECISIONS, autocast_context, is_oom
 from cs336_systems.configs import get_preset
+from cs336_systems.profiling.quiet import quiet_profile
 from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
 
 MODES = ("forward", "train-step")
@@ -192,7 +193,7 @@ def run_memory_profile(cfg: MemoryConfig) -> dict:
                     pickle.dump(snapshot, f)
         else:
             baseline = state_bytes
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            with quiet_profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
                 one_step()
             # Each operator's self memory (allocated minus freed inside it, children excluded) plus the
             # frees that happen outside any operator ("[memory]" events), in start order.

@@ -32,6 +32,7 @@ from cs336_systems.bench.e2e import PRECISIONS, autocast_context, is_oom
 from cs336_systems.configs import get_preset
 from cs336_systems.profiling.kernels import gemm_share, kernel_rows, range_times_ms
 from cs336_systems.profiling.nvtx import ATTENTION_RANGES, annotate
+from cs336_systems.profiling.quiet import quiet_profile
 from cs336_systems.profiling.timing import PhaseTimer, summarize
 
 SCOPES = ("forward", "forward-backward", "train-step")
@@ -123,7 +124,7 @@ def run_profile(cfg: ProfileConfig) -> dict:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if on_gpu:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities, record_shapes=False) as prof, annotate("measured"):
+        with quiet_profile(activities=activities, record_shapes=False) as prof, annotate("measured"):
             for _ in range(cfg.steps):
                 one_step()
             if on_gpu:

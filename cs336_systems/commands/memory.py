@@ -12,6 +12,7 @@ from tqdm import tqdm
 from cs336_systems.bench.e2e import PRECISIONS
 from cs336_systems.bench.memory import MODES, MemoryConfig, run_memory_profile
 from cs336_systems.bench.recording import RecordWriter
+from cs336_systems.devices import resolve_device
 
 COLUMNS = ["preset", "context_length", "mode", "precision", "status", "peak_memory_gib", "baseline_gib",
            "after_forward_gib", "params_and_optimizer_state_gib", "block_saved_for_backward_mib",
@@ -19,7 +20,8 @@ COLUMNS = ["preset", "context_length", "mode", "precision", "status", "peak_memo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", nargs="+", default=["2.7B"])
+    p.add_argument("--preset", nargs="+", default=None,
+                   help="default: 2.7B (the handout's size) on a GPU, tiny on a CPU-only machine")
     p.add_argument("--context-length", nargs="+", type=int, default=[128, 256, 512])
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
@@ -33,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.preset is None:
+        on_gpu = resolve_device(args.device).type == "cuda"
+        args.preset = ["2.7B"] if on_gpu else ["tiny"]
+        if not on_gpu:
+            print("memory: no GPU: profiling the CPU-sized preset 'tiny' (pass --preset for another)")
     configs = [MemoryConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                             warmup=args.warmup, device=args.device, snapshot_dir=args.snapshot_dir)
                for p, c, m, pr in itertools.product(args.preset, args.context_length, args.mode, args.precision)]
@@ -42,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
         records.append(run_memory_profile(cfg))
         writer.add(records[-1])
     df = pd.DataFrame(records)
-    print(df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g"))
+    table = df[[c for c in COLUMNS if c in df.columns]]
+    table = table.astype(object).where(table.notna(), None)  # not measured (e.g. on a CPU): n/a, not nan
+    print(table.to_markdown(index=False, floatfmt=".3g", missingval="n/a"))
     for rec in records:
         if rec.get("largest_allocations"):
             print(f"\nlargest allocations, {rec['preset']} ctx {rec['context_length']} {rec['mode']} "

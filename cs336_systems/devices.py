@@ -1,0 +1,39 @@
+"""Device names from the command line, checked before any work.
+
+``resolve_device("cuda")`` on a machine without a CUDA GPU, or ``"cuda:3"`` on a machine with two,
+raises a ``ValueError`` that names the setting and what this machine has, so a command ends with one
+line instead of a CUDA traceback deep inside the first allocation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def available_devices() -> list[str]:
+    """The device names this machine can run on: ``cpu`` and ``cuda:i`` for each visible GPU."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(n)] if n else [])
+
+
+def resolve_device(spec: str | torch.device | None, setting: str = "--device") -> torch.device:
+    """``spec`` as a ``torch.device`` (``None``: the first GPU if there is one, else the CPU)."""
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{setting} {spec!r} is not a device name; allowed here: "
+                         f"{', '.join(available_devices())}") from err
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ValueError(f"{setting} {spec!r}: only cpu and cuda devices are supported; allowed here: "
+                         f"{', '.join(available_devices())}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise ValueError(f"{setting} {spec!r}: this machine has no CUDA GPU; allowed here: cpu")
+    if device.index is not None and device.index >= n:
+        raise ValueError(f"{setting} {spec!r}: this machine has {n} CUDA GPU(s); allowed here: "
+                         f"{', '.join(available_devices())}")
+    return device
