@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "sharded optimizer and FSDP vs DDP, ZeRO and FSDP2: memory breakdown, step time, traces"),
     "flash-bench": ("cs336_systems.commands.flash_bench",
                     "FlashAttention-2 vs its peers (flash_benchmarking, leaderboard)"),
+    "leaderboard": ("cs336_systems.commands.leaderboard",
+                    "one full 8B training step, timed as the 2026 handout's leaderboard (leaderboard)"),
     "report": ("cs336_systems.commands.report", "rebuild REPORT.md from results/"),
 }
 

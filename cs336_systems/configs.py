@@ -130,16 +130,17 @@ def matmul_parameters(cfg: ModelConfig) -> int:
     return n * (4 * d * d + 3 * d * f) + d * v
 
 
-def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = False) -> int:
     """Forward FLOPs per token: 2 per matmul parameter, plus attention's QK^T and PV (2 * 2 * T * D per
-    layer, counted over the full T x T score matrix, as PaLM does; causal masking is not subtracted).
-
-    Kaplan et al. 2020 (Scaling Laws, sec. 2.1) and Chowdhery et al. 2022 (PaLM, appendix B).
+    layer, counted over the full T x T score matrix, as PaLM does). ``causal=True`` counts only the
+    visible half of the scores (the convention of FlashAttention's benchmarks and of the 2026 leaderboard's
+    4.74 PFLOP per step). Kaplan et al. 2020 (Scaling Laws, sec. 2.1) and Chowdhery et al. 2022 (PaLM, app. B).
     """
-    return 2 * matmul_parameters(cfg) + 4 * cfg.num_layers * seq_len * cfg.d_model
+    attention = 4 * cfg.num_layers * seq_len * cfg.d_model
+    return 2 * matmul_parameters(cfg) + (attention // 2 if causal else attention)
 
 
-def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+def training_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = False) -> int:
     """Forward + backward: the backward costs twice the forward (grads w.r.t. inputs and weights),
-    so 3x forward = 6N + 12 L T D (PaLM, appendix B)."""
-    return 3 * forward_flops_per_token(cfg, seq_len)
+    so 3x forward = 6N + 12 L T D (PaLM, appendix B); ``causal`` as in :func:`forward_flops_per_token`."""
+    return 3 * forward_flops_per_token(cfg, seq_len, causal)

@@ -1,0 +1,78 @@
+"""``cs336-systems leaderboard``: the 2026 handout's timing of one full 8B training step (section 9).
+
+    cs336-systems leaderboard                          # full 8b step on this GPU, shortened do_bench
+    cs336-systems leaderboard --handout-timing         # do_bench(rep=30_000, warmup=10_000) as the handout
+    cs336-systems leaderboard --layers 4 --context-length 8192   # a reduced run
+    cs336-systems leaderboard --impl naive ours        # the handout's naive step beside ours (its OOM is a result)
+    cs336-systems leaderboard --device cpu             # a miniature of the same code path (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cs336_systems.leaderboard import HANDOUT_REP_MS, HANDOUT_WARMUP_MS, IMPLS, PROBLEM, QUALITY_PROBLEM
+
+COLUMNS = ["impl", "layers", "context_length", "status", "step_ms", "tokens_per_s", "mfu", "peak_memory_gib",
+           "plan_total_gib", "forward_ms", "loss_ms", "backward_ms", "optimizer_ms", "wall_s"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
+                   help="ours: every fast part we have; naive: the handout's step as written")
+    p.add_argument("--layers", type=int, default=None, help="fewer blocks than the preset's 34 (reduced runs)")
+    p.add_argument("--context-length", type=int, default=None, help="default: 32,768 (the handout's)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 2 (the handout's)")
+    p.add_argument("--attention", default=None, help="attention backend (default: flash_triton; naive: reference)")
+    p.add_argument("--handout-timing", action="store_true",
+                   help=f"do_bench(warmup={HANDOUT_WARMUP_MS:.0f}, rep={HANDOUT_REP_MS:.0f}) as the handout; "
+                   "default: the shortest budgets (do_bench still runs a few steps)")
+    p.add_argument("--check-logits", action="store_true",
+                   help="first compare our step's logits and loss with the handout model's on the same weights")
+    p.add_argument("--quality-check", action="store_true",
+                   help="first train the small preset 300 steps with these precisions and with fp32 masters, and "
+                   "compare the losses (on a CPU: the tiny preset, a few steps)")
+    p.add_argument("--device", default=None, help="cuda (default where there is one) or cpu (a miniature model)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--no-save", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from cs336_systems.devices import resolve_device
+
+    if resolve_device(args.device).type == "cpu":
+        # The CPU miniature runs the same Triton kernels through the interpreter; it must be chosen
+        # before any kernel module is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import pandas as pd
+
+    from cs336_systems.leaderboard import LeaderboardConfig, compare_logits, quality_guard, run_leaderboard
+    from cs336_systems.records import write_records
+
+    warmup_ms, rep_ms = (HANDOUT_WARMUP_MS, HANDOUT_REP_MS) if args.handout_timing else (1.0, 1.0)
+    configs = [LeaderboardConfig(impl=impl, layers=args.layers, context_length=args.context_length,
+                                 batch_size=args.batch_size, device=args.device, attention=args.attention,
+                                 warmup_ms=warmup_ms, rep_ms=rep_ms) for impl in args.impl]
+    for cfg in configs:
+        cfg.model_config()  # settings are checked before any work
+    device = configs[0].torch_device
+    if args.quality_check:
+        on_gpu = device.type == "cuda"
+        guard = quality_guard(device, **({} if on_gpu else dict(preset="tiny", steps=8, context_length=32)))
+        print(f"quality guard: bf16 everything ends {guard['relative_difference']:+.2%} from the fp32-master run")
+        if not args.no_save:
+            print(f"records: {write_records(QUALITY_PROBLEM, [guard], args.results_dir, device)}")
+    check = None
+    if args.check_logits:
+        check = compare_logits(configs[0])
+        print(f"logits: relative error {check['logits_rel_error']:.2e} against the handout model "
+              f"(loss {check['loss_ours']:.4f} vs {check['loss_reference']:.4f})")
+    rows = [{**run_leaderboard(cfg), **(check or {})} for cfg in configs]
+    table = pd.DataFrame(rows)
+    table = table[[c for c in COLUMNS if c in table.columns]]
+    print(table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g",
+                                                                       missingval="n/a"))
+    if not args.no_save:
+        print(f"records: {write_records(PROBLEM, rows, args.results_dir, device)}")
+    return 0

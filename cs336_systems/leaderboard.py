@@ -1,0 +1,430 @@
+"""The 2026 leaderboard (handout section 9): one full training step of the ``8b`` model.
+
+The step is the handout's: ``BasicsTransformerLM`` in bf16 (parameters, gradients and AdamW state all
+bf16, as its ``Config`` prescribes), causal, batch 2 x 32,768, forward, summed cross-entropy, backward,
+AdamW. The model's inputs and outputs are unchanged; what we change is how the step is computed:
+
+- attention through our FlashAttention-2 kernel (``attention`` backend, ``flash_triton`` by default);
+- the LM head and the loss fused over vocabulary chunks (no batch x seq x vocab logits);
+- the AdamW update in one fused kernel per parameter group;
+- activation checkpointing placed by a :class:`MemoryPlan`: every block is checkpointed except as
+  many of the last blocks as the device's memory allows.
+
+``impl="naive"`` is the handout's own step at the same size (full logits, reference attention, our
+foreach AdamW): on one GPU at full size it runs out of memory, which is recorded as its result.
+
+The plan is arithmetic on the configuration (bytes per tensor class), printed before any allocation;
+a configuration that does not fit is refused with a ``ValueError``. The record puts the measured peak
+beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
+
+PROBLEM = "leaderboard_2026"
+QUALITY_PROBLEM = "leaderboard_2026_quality"
+IMPLS = ("ours", "naive")
+HANDOUT_WARMUP_MS, HANDOUT_REP_MS = 10_000.0, 30_000.0  # the handout's do_bench arguments
+GIB = 2**30
+
+# The CPU miniature: the 8b preset's proportions (d_ff / d_model = 2.6875, head dim = d_model / 32 * 4)
+# at widths the Triton interpreter runs in seconds.
+MINIATURE = dict(vocab_size=1000, context_length=64, d_model=64, d_ff=172, num_layers=3, num_heads=4, batch_size=2)
+
+
+@dataclass(kw_only=True)
+class LeaderboardConfig:
+    """One leaderboard run. ``layers`` / ``context_length`` / ``batch_size`` shrink the model for quick runs."""
+
+    preset: str = "8b"
+    layers: int | None = None
+    context_length: int | None = None
+    batch_size: int | None = None
+    device: str | None = None
+    impl: str = "ours"
+    attention: str | None = None  # None: flash_triton (our kernel); naive: the handout's reference
+    warmup_ms: float = 1.0  # do_bench's warm-up and repetition budgets; the handout's are 10,000 / 30,000
+    rep_ms: float = 1.0
+    memory_margin: float = 0.10  # the plan leaves this fraction of device memory free (the target is 5%)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.impl not in IMPLS:
+            raise ValueError(f"leaderboard: impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+        for name in ("layers", "context_length", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"leaderboard: {name} must be a positive integer, got {value!r}")
+        for name in ("warmup_ms", "rep_ms"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"leaderboard: {name} must be a positive number of milliseconds, got {value!r}")
+        if not 0.0 <= self.memory_margin < 1.0:
+            raise ValueError(f"leaderboard: memory_margin must lie in [0, 1), got {self.memory_margin!r}")
+
+    @property
+    def torch_device(self) -> torch.device:
+        from cs336_systems.devices import resolve_device
+
+        return resolve_device(self.device)
+
+    def model_config(self) -> ModelConfig:
+        """The preset (the miniature on a CPU) with this run's overrides."""
+        cfg = get_preset(self.preset)
+        if self.torch_device.type == "cpu":
+            cfg = cfg.replace(**MINIATURE)
+        overrides = {k: v for k, v in dict(num_layers=self.layers, context_length=self.context_length,
+                                           batch_size=self.batch_size).items() if v is not None}
+        return cfg.replace(**overrides)
+
+
+# --- the memory plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes each class of tensor needs at the step's peak, and how many blocks run without checkpointing."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    checkpointed_activations: int  # block inputs kept by the checkpointed blocks
+    full_activations: int  # everything the un-checkpointed blocks save for backward
+    layer_recompute_peak: int  # one block recomputed plus its gradients, at the backward's peak
+    loss_chunks: int  # the fused head + loss working set (or the full logits for the naive step)
+    workspace: int  # library workspaces, the RoPE tables, the batch, allocator slack
+    uncheckpointed_blocks: int
+    device_bytes: int | None  # None: no limit known (CPU)
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer_state + self.checkpointed_activations
+                + self.full_activations + self.layer_recompute_peak + self.loss_chunks + self.workspace)
+
+    def rows(self) -> list[tuple[str, float]]:
+        return [(f.name.replace("_", " "), getattr(self, f.name) / GIB) for f in dataclasses.fields(self)
+                if f.name not in ("uncheckpointed_blocks", "device_bytes")] + [("total", self.total / GIB)]
+
+    def describe(self) -> str:
+        lines = ["memory plan (GiB):"] + [f"  {name:<26} {gib:9.2f}" for name, gib in self.rows()]
+        if self.device_bytes is not None:
+            lines.append(f"  {'device memory':<26} {self.device_bytes / GIB:9.2f}  "
+                         f"({self.total / self.device_bytes:.0%} planned)")
+        lines.append(f"  blocks without checkpointing: {self.uncheckpointed_blocks}")
+        return "\n".join(lines)
+
+    def as_record(self) -> dict:
+        return {**{f"plan_{name.replace(' ', '_')}_gib": gib for name, gib in self.rows()},
+                "plan_uncheckpointed_blocks": self.uncheckpointed_blocks}
+
+
+def block_saved_elements_per_token(cfg: ModelConfig) -> int:
+    """Elements one block saves for backward per token with a flash-style attention kernel: the two norm
+    outputs, q, k, v before and after RoPE, the attention output, the output projection's input, and
+    SwiGLU's four d_ff-wide tensors (W1 x, W3 x, SiLU(W1 x), their product); the logsumexp is per head."""
+    d, f = cfg.d_model, cfg.d_ff
+    return 2 * d + 6 * d + 2 * d + 4 * f + cfg.num_heads
+
+
+def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | None = None,
+                margin: float = 0.10, loss_chunk_bytes: int = 2**30) -> MemoryPlan:
+    """The memory plan of one step of ``cfg`` (bf16 everything; see the module docstring).
+
+    ``ours`` checkpoints every block but the last ``k``, with ``k`` as large as ``device_bytes`` allows
+    after ``margin``; ``naive`` saves every block's activations and the full logits (fp32 log-softmax too).
+    """
+    n_params = count_parameters(cfg)
+    el = 2  # bf16
+    tokens = cfg.batch_size * cfg.context_length
+    per_block_saved = block_saved_elements_per_token(cfg) * tokens * el
+    residual = tokens * cfg.d_model * el
+    # The backward of one block holds its saved tensors, their gradients (about as large) and the
+    # residual-stream gradient; the attention kernel's fp32 dQ accumulator is 2x a bf16 q.
+    recompute_peak = 2 * per_block_saved + 2 * residual + tokens * cfg.d_model * 4
+    workspace = 2 * GIB if device_bytes is not None else 0
+    common = dict(parameters=n_params * el, gradients=n_params * el, optimizer_state=2 * n_params * el,
+                  workspace=workspace, device_bytes=device_bytes)
+    if impl == "naive":
+        logits = tokens * cfg.vocab_size * (el + 4 + 4)  # bf16 logits, fp32 upcast and log-softmax
+        scores = cfg.batch_size * cfg.num_heads * cfg.context_length**2 * (el + 4)  # reference attention
+        return MemoryPlan(checkpointed_activations=0, full_activations=cfg.num_layers * per_block_saved,
+                          layer_recompute_peak=scores, loss_chunks=logits,
+                          uncheckpointed_blocks=cfg.num_layers, **common)
+    # The fused head + loss: a chunk of fp32 logits and its gradient, dW accumulated in fp32, dh.
+    chunk = min(loss_chunk_bytes, tokens * cfg.vocab_size * 4)
+    loss = 2 * chunk + cfg.vocab_size * cfg.d_model * 4 + residual
+    fixed = sum(common[k] for k in ("parameters", "gradients", "optimizer_state", "workspace"))
+    fixed += loss + recompute_peak
+    budget = None if device_bytes is None else int(device_bytes * (1 - margin))
+    k = cfg.num_layers  # un-checkpointed blocks: as many as fit
+    while k > 0 and budget is not None and fixed + (cfg.num_layers - k) * residual + k * per_block_saved > budget:
+        k -= 1
+    return MemoryPlan(checkpointed_activations=(cfg.num_layers - k) * residual, full_activations=k * per_block_saved,
+                      layer_recompute_peak=recompute_peak, loss_chunks=loss,
+                      uncheckpointed_blocks=k, **common)
+
+
+def check_fits(plan: MemoryPlan, margin: float) -> None:
+    if plan.device_bytes is not None and plan.total > plan.device_bytes * (1 - margin):
+        raise ValueError(f"leaderboard: the step needs about {plan.total / GIB:.1f} GiB by the memory plan but the "
+                         f"device has {plan.device_bytes / GIB:.1f} GiB (with a {margin:.0%} margin: "
+                         f"{plan.device_bytes * (1 - margin) / GIB:.1f}); reduce --layers, --context-length or "
+                         "--batch-size")
+
+
+# --- the step ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """A built training step: ``run()`` does one full step; the phases are exposed for the breakdown."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    impl: str
+
+    def forward(self) -> torch.Tensor:
+        return self.model(self.inputs)  # ours: final hidden states (the head is deferred to the loss)
+
+    def loss(self, out: torch.Tensor) -> torch.Tensor:
+        if self.impl == "naive":
+            from cs336_basics.nn_utils import cross_entropy
+
+            return cross_entropy(out, self.targets).sum()
+        from cs336_systems.fused.linear_cross_entropy import linear_cross_entropy
+
+        return linear_cross_entropy(out, self.model.lm_head.weight, self.targets)
+
+    def run(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss(self.forward()).backward()
+        self.optimizer.step()
+
+
+def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
+    """The model (bf16, causal), its optimizer and one random batch, as the handout's test builds them."""
+    from cs336_basics.model import BasicsTransformerLM
+    from cs336_systems.bench.checkpointing import CheckpointedBlocks
+
+    device, model_cfg = cfg.torch_device, cfg.model_config()
+    attention = cfg.attention or ("reference" if cfg.impl == "naive" else "flash_triton")
+    torch.manual_seed(cfg.seed)
+    model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=attention, device=device,
+                                dtype=torch.bfloat16, check_inputs=False)
+    data = torch.randint(model_cfg.vocab_size, (2, model_cfg.batch_size, model_cfg.context_length), device=device)
+    inputs, targets = data[0], data[1]
+    if cfg.impl == "naive":
+        from cs336_basics.optimizer import AdamW
+
+        return Step(model, AdamW(model.parameters()), inputs, targets, cfg.impl)
+    from cs336_systems.fused.adamw import FusedAdamW
+    from cs336_systems.fused.linear_cross_entropy import defer_lm_head
+
+    defer_lm_head(model)
+    n_checkpointed = model_cfg.num_layers - plan.uncheckpointed_blocks
+    for i in range(n_checkpointed):
+        model.layers[i] = CheckpointedBlocks([model.layers[i]])
+    return Step(model, FusedAdamW(model.parameters()), inputs, targets, cfg.impl)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def phase_breakdown(step: Step, device: torch.device, repeats: int = 2) -> dict[str, float]:
+    """Median milliseconds of forward, loss, backward and optimizer over ``repeats`` steps, each phase
+    between two synchronisations (so the phases add up to slightly more than a step)."""
+    times: dict[str, list[float]] = {"forward": [], "loss": [], "backward": [], "optimizer": []}
+    for _ in range(repeats):
+        step.optimizer.zero_grad(set_to_none=True)
+        marks = [time.perf_counter()]
+        out = step.forward()
+        _sync(device)
+        marks.append(time.perf_counter())
+        loss = step.loss(out)
+        _sync(device)
+        marks.append(time.perf_counter())
+        loss.backward()
+        _sync(device)
+        marks.append(time.perf_counter())
+        step.optimizer.step()
+        _sync(device)
+        marks.append(time.perf_counter())
+        del out, loss
+        for name, t0, t1 in zip(times, marks, marks[1:]):
+            times[name].append((t1 - t0) * 1e3)
+    return {f"{name}_ms": sorted(v)[len(v) // 2] for name, v in times.items()}
+
+
+def bench_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float) -> float:
+    """The handout's timing: ``triton.testing.do_bench`` (median) on CUDA; on a CPU its method with the host
+    clock (at least one warm-up and one timed run)."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    t0 = time.perf_counter()
+    fn()
+    estimate_ms = (time.perf_counter() - t0) * 1e3
+    for _ in range(max(0, int(warmup_ms / estimate_ms) - 1)):
+        fn()
+    times = []
+    for _ in range(max(1, int(rep_ms / estimate_ms))):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
+    """Plan, build, time and measure one configuration; returns its record (``status`` ``ok`` or ``OOM``)."""
+    started = time.perf_counter()
+    device, model_cfg = cfg.torch_device, cfg.model_config()
+    plan = plan_memory(model_cfg, impl=cfg.impl, device_bytes=device_memory_bytes(device), margin=cfg.memory_margin)
+    log(f"leaderboard: {cfg.impl} step of {model_cfg.name} ({model_cfg.num_layers} layers, batch "
+        f"{model_cfg.batch_size} x {model_cfg.context_length}, bf16) on {device}")
+    log(plan.describe())
+    tokens = model_cfg.batch_size * model_cfg.context_length
+    record = {"impl": cfg.impl, "preset": model_cfg.name, "layers": model_cfg.num_layers,
+              "context_length": model_cfg.context_length, "batch_size": model_cfg.batch_size,
+              "d_model": model_cfg.d_model, "vocab_size": model_cfg.vocab_size,
+              "attention": cfg.attention or ("reference" if cfg.impl == "naive" else "flash_triton"),
+              "warmup_ms": cfg.warmup_ms, "rep_ms": cfg.rep_ms, **plan.as_record()}
+    if cfg.impl == "ours":
+        check_fits(plan, cfg.memory_margin)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    step = None
+    try:
+        step = build_step(cfg, plan)
+        step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
+        phases = phase_breakdown(step, device)
+    except (torch.OutOfMemoryError, RuntimeError) as err:
+        if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()):
+            raise
+        log(f"leaderboard: {cfg.impl}: out of memory ({str(err).splitlines()[0][:120]})")
+        return {**record, "status": "OOM", "error": str(err).splitlines()[0][:300],
+                "wall_s": time.perf_counter() - started}
+    finally:
+        del step
+    flops = training_flops_per_token(model_cfg, model_cfg.context_length, causal=True) * tokens
+    from cs336_systems.profiling.timing import matmul_peak_tflops
+
+    peak_tflops = matmul_peak_tflops(device.type, torch.bfloat16)
+    achieved = flops / (step_ms * 1e-3) / 1e12
+    record.update(status="ok", step_ms=step_ms, tokens_per_s=tokens / (step_ms * 1e-3), model_tflop=flops / 1e12,
+                  achieved_tflops=achieved, matmul_peak_tflops=peak_tflops, mfu=achieved / peak_tflops,
+                  peak_memory_gib=(torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None),
+                  device_memory_gib=(plan.device_bytes / GIB if plan.device_bytes else None),
+                  wall_s=time.perf_counter() - started, **phases)
+    return record
+
+
+def compare_logits(cfg: LeaderboardConfig) -> dict:
+    """Our step's model against the handout's on the same weights and batch (a reduced size): the loss, and
+    the logits our hidden states give through the same head, agree up to bf16 rounding."""
+    from cs336_basics.model import BasicsTransformerLM
+    from cs336_basics.nn_utils import cross_entropy
+
+    device, model_cfg = cfg.torch_device, cfg.model_config()
+    ours = build_step(dataclasses.replace(cfg, impl="ours"), plan_memory(model_cfg))
+    torch.manual_seed(cfg.seed)
+    naive = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend="reference", device=device,
+                                dtype=torch.bfloat16, check_inputs=False)
+    naive.load_state_dict(_plain_state(ours.model))
+    with torch.no_grad():
+        hidden = ours.forward()
+        ours_logits = (hidden @ ours.model.lm_head.weight.T).float()
+        ours_loss = float(ours.loss(hidden))
+        ref_logits = naive(ours.inputs).float()
+        ref_loss = float(cross_entropy(ref_logits, ours.targets))
+    err = float((ours_logits - ref_logits).norm() / ref_logits.norm())
+    return {"logits_rel_error": err, "loss_ours": ours_loss, "loss_reference": ref_loss}
+
+
+def _plain_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with checkpoint wrappers' ``.blocks.0`` levels removed (the model's own key names)."""
+    return {k.replace(".blocks.0.", "."): v for k, v in model.state_dict().items()}
+
+
+
+# --- the quality guard -------------------------------------------------------------------------
+
+
+def markov_batches(vocab_size: int, batch_size: int, context_length: int, seed: int, branching: int = 4):
+    """Endless ``(inputs, targets)`` batches from a fixed random Markov chain: each token is followed by one of
+    ``branching`` successors, uniformly, so a model can learn it down to ``ln(branching)`` nats per token."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    successors = rng.integers(0, vocab_size, size=(vocab_size, branching))
+    while True:
+        seq = np.empty((batch_size, context_length + 1), dtype=np.int64)
+        seq[:, 0] = rng.integers(0, vocab_size, size=batch_size)
+        choice = rng.integers(0, branching, size=(batch_size, context_length))
+        for t in range(context_length):
+            seq[:, t + 1] = successors[seq[:, t], choice[:, t]]
+        batch = torch.from_numpy(seq)
+        yield batch[:, :-1], batch[:, 1:]
+
+
+def quality_guard(device: torch.device | str, *, preset: str = "small", steps: int = 300, context_length: int = 256,
+                  batch_size: int = 8, lr: float = 1e-3, seed: int = 0, log=print) -> dict:
+    """Train ``preset`` twice on the same Markov-chain batches: with the leaderboard's precision (bf16
+    parameters, gradients and AdamW state, fused loss and fused AdamW) and with the fp32-master reference
+    (fp32 parameters and state, bf16 autocast, full logits, our AdamW). Returns both final losses (mean of
+    the last 10 steps) and their relative difference."""
+    from cs336_basics.model import BasicsTransformerLM
+    from cs336_basics.nn_utils import cross_entropy
+    from cs336_basics.optimizer import AdamW
+    from cs336_systems.fused.adamw import FusedAdamW
+    from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
+
+    device = torch.device(device)
+    model_cfg = get_preset(preset, context_length=context_length)
+    attention = "flash_triton" if device.type == "cuda" else "sdpa"
+    final = {}
+    for name in ("bf16", "fp32_master"):
+        torch.manual_seed(seed)
+        dtype = torch.bfloat16 if name == "bf16" else torch.float32
+        model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=attention, device=device,
+                                    dtype=dtype, check_inputs=False)
+        if name == "bf16":
+            defer_lm_head(model)
+            optimizer = FusedAdamW(model.parameters(), lr=lr)
+        else:
+            optimizer = AdamW(model.parameters(), lr=lr)
+        batches, losses = markov_batches(model_cfg.vocab_size, batch_size, context_length, seed), []
+        for _ in range(steps):
+            x, y = (t.to(device) for t in next(batches))
+            optimizer.zero_grad(set_to_none=True)
+            if name == "bf16":
+                loss = linear_cross_entropy(model(x), model.lm_head.weight, y)
+            else:
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        final[name] = sum(losses[-10:]) / len(losses[-10:])
+        log(f"quality guard: {name}: loss {losses[0]:.3f} -> {final[name]:.3f} after {steps} steps")
+        del model, optimizer
+    return {"preset": preset, "steps": steps, "context_length": context_length, "batch_size": batch_size, "lr": lr,
+            "final_loss_bf16": final["bf16"], "final_loss_fp32_master": final["fp32_master"],
+            "relative_difference": final["bf16"] / final["fp32_master"] - 1.0}
