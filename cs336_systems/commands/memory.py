@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                for p, c, m, pr in itertools.product(args.preset, args.context_length, args.mode, args.precision)]
     writer = RecordWriter("memory_profiling", args.results_dir, configs[0].torch_device, enabled=not args.no_save)
     records = []
-    for cfg in tqdm(configs, desc="memory", unit="config", disable=len(configs) < 2):
+    for cfg in tqdm(configs, desc="memory", unit="config"):
         records.append(run_memory_profile(cfg))
         writer.add(records[-1])
     df = pd.DataFrame(records)

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
                              device=args.device, trace_dir=args.trace_dir)
                for p, c, s in itertools.product(args.preset, args.context_length, args.scope)]
     writer = RecordWriter("nsys_profile", args.results_dir, configs[0].torch_device, enabled=not args.no_save)
-    for cfg in tqdm(configs, desc="profile", unit="config", disable=len(configs) < 2):
+    for cfg in tqdm(configs, desc="profile", unit="config"):
         rec = run_profile(cfg)
         writer.add(rec)
         if rec["status"] != "ok":
