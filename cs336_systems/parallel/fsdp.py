@@ -92,8 +92,8 @@ from torch.utils._pytree import tree_leaves
 from cs336_basics.model import Embedding as BasicsEmbedding
 from cs336_basics.model import Linear as BasicsLinear
 from cs336_basics.model import TransformerBlock
-from cs336_systems.parallel.ddp import LINEAR_TYPES
 
+LINEAR_TYPES = (BasicsLinear, nn.Linear)  # modules whose inputs are cast to compute_dtype outside autocast
 SHARDED_TYPES = (BasicsLinear, BasicsEmbedding, nn.Linear, nn.Embedding)
 _RS_IN_FLIGHT = 2
 
