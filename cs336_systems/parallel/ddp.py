@@ -10,43 +10,15 @@
                    launched once the bucket's last gradient is ready (``ddp_overlap_bucketed``)
 =================  ==========================================================================
 
-All four share one API (``wrapper(x)`` runs the module; ``finish_gradient_synchronization()`` before
-``optimizer.step()``; ``no_sync()`` for gradient accumulation; ``.module``) and one contract:
-
-* at construction, every rank checks that all ranks hold the same parameter and buffer names,
-  shapes and dtypes (``ValueError`` listing the differences otherwise), then rank 0's parameters and
-  buffers are broadcast, so ranks seeded differently start identical;
-* gradients are averaged inside the collective (``ReduceOp.AVG``) on NCCL; other backends (gloo:
-  AVG only in recent torch) sum, and the reduced buffer is divided by the world size once;
-* parameters with ``requires_grad=False`` get no communication; a tied parameter (one tensor
-  reachable under several names) is reduced once;
-* a parameter that requires grad but has no gradient by ``finish_gradient_synchronization()``
-  raises ``RuntimeError`` naming it, instead of hanging in a collective or letting ranks diverge.
-
-Buckets (``OverlapDDP`` is ``BucketedDDP`` with one parameter per bucket, reduced in place) are filled
-in reverse ``module.parameters()`` order, the order in which backward produces gradients, and
-launched strictly in bucket order on every rank: a bucket that is complete before an earlier one
-waits for it, so all ranks issue the same sequence of collectives even if autograd finishes
-gradients in a slightly different order than predicted.
-
-Gradients as bucket views (as torch DDP's ``gradient_as_bucket_view``): after a synchronised
-backward, the gradients of a bucket of several parameters are views into one flat buffer, laid out
-back to back in bucket order, and the all-reduce averaged that buffer in place, so there is nothing
-to copy back. When a bucket is launched:
-
-* if its gradients already lie back to back in one buffer in bucket order (the previous step's views,
-  kept by ``zero_grad(set_to_none=False)``; autograd then accumulates into them in place), that
-  buffer is reduced as it is: no copy;
-* otherwise (the first backward, or after ``zero_grad(set_to_none=True)``, torch's default, which
-  makes autograd hand over fresh tensors) the gradients are concatenated into a new buffer (one
-  ``torch.cat``, as flattening always costs; on GPUs on a side stream, overlapping the rest of
-  backward: ``BucketedDDP``'s "Streams") and ``.grad`` is pointed at its views, freeing the fresh
-  tensors.
-
-The wrapper holds a bucket's buffer only from launch to ``finish_gradient_synchronization()``; after
-that the gradients own it, so ``zero_grad(set_to_none=True)`` frees it and nothing stays allocated
-between steps (torch DDP keeps its buckets for the whole run). Nothing in the hooks or in
-``finish_gradient_synchronization()`` waits for the device.
+All share one API (``wrapper(x)``; ``finish_gradient_synchronization()`` before ``optimizer.step()``;
+``no_sync()`` for gradient accumulation; ``.module``) and one contract: ranks are checked to wrap the
+same architecture (``ValueError`` listing the differences) and start from rank 0's parameters and
+buffers; gradients are averaged (``ReduceOp.AVG`` on NCCL, sum then one divide elsewhere); frozen
+parameters get no communication and a tied one is reduced once; a trainable parameter without a
+gradient raises ``RuntimeError`` naming it instead of hanging in a collective. Buckets launch strictly
+in bucket order on every rank, and after a synchronised backward a bucket's gradients are views of
+the buffer that was reduced in place (no copy back; nothing held between steps). The design, with
+the memory traffic of each path, is in docs/parallelism.md ("The wrappers").
 """
 
 from __future__ import annotations
@@ -288,24 +260,15 @@ class BucketedDDP(_DataParallel):
 
     ``bucket_size_mb``: at most this many MiB of gradients per bucket (a larger tensor gets a bucket
     of its own); ``None``: one bucket per parameter, reduced in place without a copy (``OverlapDDP``).
-    A bucket also never mixes devices or dtypes. After each synchronised backward the gradients of a
-    bucket of several parameters are views of one flat buffer (module docstring).
+    A bucket never mixes devices or dtypes.
 
-    ``comm_dtype``: all-reduce the gradients in this dtype (e.g. ``torch.bfloat16``: half the bytes of
-    fp32, as PyTorch DDP's ``bf16_compress_hook`` and FSDP's ``reduce_dtype``): each bucket's gradients
-    are packed into one buffer of that dtype in a single pass (cast while copying; no flat fp32 copy, so
-    the gradients stay autograd's own tensors rather than bucket views), averaged, and copied back.
-    Every gradient is then rounded to bf16 (8 significant bits) before it is averaged and the average is
-    rounded again, so the result differs from the fp32 average by up to ~2^-8 relative; ``None``
-    (default) reduces in the gradients' dtype.
+    ``comm_dtype`` (e.g. ``torch.bfloat16``, as PyTorch DDP's ``bf16_compress_hook``): all-reduce in
+    this dtype, half the bytes of fp32; each bucket is packed and cast in one pass, averaged, and copied
+    back, so every gradient is rounded to it before averaging (relative error up to ~2^-8 for bf16).
 
-    Streams (CUDA). Whatever a launch copies (gradients into the flat buffer, the cast into ``comm_dtype``,
-    and the average back out of it) runs on a side stream that first waits for backward's stream, and the
-    collective is issued behind it; with ``comm_dtype`` the side stream also waits for the collective and
-    copies the average back at once. So none of these memory passes sits on backward's stream (torch DDP
-    copies gradients into its buckets on it): they overlap the rest of backward like the transfer does, and
-    ``finish_gradient_synchronization()`` only makes the compute stream wait. Gradients a copy replaces are
-    released with ``record_stream``, so their memory is reused only after the copy has read them."""
+    On GPUs every copy a launch makes (packing, casting, copying the average back) runs on a side stream
+    behind backward's, so it overlaps the rest of backward as the transfer does, and
+    ``finish_gradient_synchronization()`` only makes the compute stream wait; the host never blocks."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
                  process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None):
