@@ -4,8 +4,10 @@ A backend is a function ``attn(q, k, v, is_causal) -> out`` on tensors of shape
 ``(batch, heads, seq, head_dim)``; causal masking is top-left aligned (query i sees keys 0..i).
 
 Two backends live here: ``reference`` (our own ``scaled_dot_product_attention``, materialising the
-score matrix) and ``sdpa`` (``torch.nn.functional.scaled_dot_product_attention``, which dispatches to
-flash / cuDNN / memory-efficient kernels). Other packages add theirs either by calling
+score matrix; defined here so that the model imports this module and not the reverse, and
+re-exported by ``cs336_basics.model`` under the course's name) and ``sdpa``
+(``torch.nn.functional.scaled_dot_product_attention``, which dispatches to flash / cuDNN /
+memory-efficient kernels). Other packages add theirs either by calling
 :func:`register_attention_backend` or, so that a name works before anything imported them, through
 the ``cs336_basics.attention_backends`` entry-point group (``name = "module:function"``), which is
 how ``cs336_systems`` provides ``flash_torch`` and ``flash_triton`` without this package importing it.
@@ -13,12 +15,15 @@ how ``cs336_systems`` provides ``flash_torch`` and ``flash_triton`` without this
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from cs336_basics.nn_utils import softmax
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, bool], Tensor]
 
@@ -56,6 +61,17 @@ def get_attention_backend(name: str) -> AttentionFn:
     return _BACKENDS[name]
 
 
+def scaled_dot_product_attention(Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d)) V (re-exported as ``cs336_basics.model.scaled_dot_product_attention``).
+
+    ``mask``: boolean, broadcastable to ``(..., Tq, Tk)``, True where attention is allowed.
+    """
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return softmax(scores, dim=-1) @ V
+
+
 def _causal_mask(n_queries: int, n_keys: int, device: torch.device) -> Tensor:
     # True where attention is allowed; top-left aligned: query i sees keys 0..i.
     return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril()
@@ -63,8 +79,6 @@ def _causal_mask(n_queries: int, n_keys: int, device: torch.device) -> Tensor:
 
 @register_attention_backend("reference")
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
-    from cs336_basics.model import scaled_dot_product_attention
-
     mask = _causal_mask(q.shape[-2], k.shape[-2], q.device) if is_causal else None
     return scaled_dot_product_attention(q, k, v, mask)
 

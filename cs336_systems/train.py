@@ -30,7 +30,7 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems.configs import get_preset, training_flops_per_token
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
-from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES, TRANSPORTS
+from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import DistInfo, init_distributed, under_torchrun
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -53,7 +53,6 @@ class TrainConfig:
     parallel: str = "none"  # a name in parallel.STRATEGIES
     bucket_size_mb: float | None = None  # bucketed / zero1: None = 25; torch-ddp / torch-zero: None = torch's
     grad_comm_dtype: str | None = None  # "bf16" / "fp16": all-reduce gradients in it (DDP strategies); None: fp32
-    transport: str = "collective"  # overlap / bucketed / zero1: "collective" or "copy-engine" (BucketedDDP)
     data: str | None = None  # uint16 token file; None: synthetic tokens
     seed: int = 0
     log_every: int = 1
@@ -81,16 +80,13 @@ class TrainConfig:
                                  f"it applies to {bucketed}")
             if not self.bucket_size_mb > 0:
                 raise ValueError(f"train: bucket_size_mb must be > 0, got {self.bucket_size_mb}")
-        for flag, value, default, takes in (("--grad-comm-dtype", self.grad_comm_dtype, None, "uses_grad_comm_dtype"),
-                                             ("--transport", self.transport, "collective", "uses_transport")):
-            if value != default and not getattr(STRATEGIES[self.parallel], takes):
-                users = ", ".join(n for n, s in STRATEGIES.items() if getattr(s, takes))
-                raise ValueError(f"train: {flag} has no effect with --parallel {self.parallel}; it applies to {users}")
+        if self.grad_comm_dtype is not None and not STRATEGIES[self.parallel].uses_grad_comm_dtype:
+            users = ", ".join(n for n, s in STRATEGIES.items() if s.uses_grad_comm_dtype)
+            raise ValueError(f"train: --grad-comm-dtype has no effect with --parallel {self.parallel}; it applies to "
+                             f"{users}")
         if self.grad_comm_dtype is not None and self.grad_comm_dtype not in GRAD_COMM_DTYPES:
             raise ValueError(f"train: grad_comm_dtype must be one of {', '.join(GRAD_COMM_DTYPES)} or None, "
                              f"got {self.grad_comm_dtype!r}")
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"train: transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"train: grad_clip must be > 0 or None, got {self.grad_clip}")
 
@@ -154,14 +150,12 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     bf16 = cfg.precision == "bf16"
     # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)
     # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic. The DDP wrappers
-    # leave the casts to autocast (BucketedDDP's compute_dtype copies were not faster on 2 H200s and cost 2 bytes
-    # per weight: docs/parallelism.md).
+    # leave the casts to autocast (bf16 weight copies were not faster on 2 H200s: experiments/bf16_weight_copies).
     wrapped = strategy.wrap(model, WrapOptions(bucket_size_mb=cfg.bucket_size_mb,
                                                compute_dtype=torch.bfloat16 if bf16 and strategy.shards_gradients
                                                else None,
                                                reduce_dtype=torch.float32 if bf16 else None,
-                                               grad_comm_dtype=GRAD_COMM_DTYPES.get(cfg.grad_comm_dtype),
-                                               transport=cfg.transport))
+                                               grad_comm_dtype=GRAD_COMM_DTYPES.get(cfg.grad_comm_dtype)))
     optimizer = strategy.make_optimizer(model.parameters(), AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay)
     # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
     no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)

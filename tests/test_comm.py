@@ -48,7 +48,7 @@ def test_bad_configs():
             CommBenchConfig(backend="nccl", world_size=64)
     with pytest.raises(ValueError, match="unknown variant"):
         DDPBenchConfig(variants=("zero3",))
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ValueError, match="world-size"):
         DDPBenchConfig(world_size=1)
 
 

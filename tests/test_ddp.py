@@ -298,64 +298,6 @@ def comm_dtype_worker(info, strategy: str, bucket_size_mb, lag: bool = False):
             "dtypes": {p.grad.dtype for p in ddp.module.parameters()}}
 
 
-def compute_dtype_worker(info, strategy: str, bucket_size_mb, comm_dtype, zero_mode: str, lag: bool = False):
-    """Two copies of one model under bf16 autocast: one wrapped plainly (autocast casts the Linear weights and
-    backward turns their gradients into fp32 before the wrapper sees them), one with ``compute_dtype=bf16``
-    (persistent bf16 weight copies; gradients reach the buckets in bf16). Both all-reduce in ``comm_dtype``.
-    Steps: plain ones, one accumulated over two micro-batches (the first inside no_sync()), and a last one
-    outside autocast (the copies stand aside). Returns, per step, whether gradients and weights were bitwise
-    equal, and how many gradients the copies received."""
-    torch.manual_seed(100 + info.rank)
-    model = tiny_lm().to(info.device)
-    plain = wrap_model(copy.deepcopy(model), strategy, bucket_size_mb, grad_comm_dtype=comm_dtype)
-    cast = wrap_model(model, strategy, bucket_size_mb, grad_comm_dtype=comm_dtype, compute_dtype=torch.bfloat16)
-    if lag:
-        lag_side_stream(cast)
-    hits = []
-    for c in cast._copies.values():
-        c.register_post_accumulate_grad_hook(lambda t: hits.append(t.dtype))
-    opts = [make_optimizer("lm", w.parameters()) for w in (plain, cast)]
-    lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
-    region = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)
-    out = {"n_copies": len(cast._copies), "steps": []}
-    for step, kind in enumerate(["plain", "accumulate", "plain", "plain", "fp32"]):
-        x, y = (t.to(info.device) for t in make_batch("lm", step))
-        hits.clear()
-        for wrapped, opt in zip((plain, cast), opts):
-            zero_grads(opt, wrapped.module, zero_mode, step)
-            with region() if kind != "fp32" else contextlib.nullcontext():
-                if kind == "accumulate":
-                    with wrapped.no_sync():
-                        (loss_fn("lm", wrapped(x[lo:lo + 1]), y[lo:lo + 1]) / 3).backward()
-                    loss = loss_fn("lm", wrapped(x[lo + 1:hi]), y[lo + 1:hi]) * 2 / 3
-                else:
-                    loss = loss_fn("lm", wrapped(x[lo:hi]), y[lo:hi])
-            loss.backward()
-            wrapped.finish_gradient_synchronization()
-        pairs = list(zip(plain.module.named_parameters(), cast.module.parameters()))
-        grads_equal = all(torch.equal(p.grad, q.grad) for (_, p), q in pairs)
-        grad_dtypes = {q.grad.dtype for q in cast.module.parameters()}
-        for opt in opts:
-            opt.step()
-        out["steps"].append({"kind": kind, "grads_equal": grads_equal, "grad_dtypes": grad_dtypes,
-                             "copy_grads": len(hits), "copy_grad_dtypes": set(hits),
-                             "weights_equal": all(torch.equal(p, q) for (_, p), q in pairs),
-                             "differs_from_fp32_step": step == 0 and any(
-                                 not torch.equal(p.grad, g) for p, g in zip(plain.module.parameters(),
-                                                                            _fp32_grads(plain.module, x, y, lo, hi)))})
-    out["final"] = {k: v.cpu() for k, v in cast.module.state_dict().items()}
-    return out
-
-
-def _fp32_grads(module, x, y, lo, hi) -> list[torch.Tensor]:
-    """This rank's local fp32 gradients of a copy of ``module`` (no autocast, no communication)."""
-    local = copy.deepcopy(module)
-    for p in local.parameters():
-        p.grad = None
-    loss_fn("lm", local(x[lo:hi]), y[lo:hi]).backward()
-    return [p.grad for p in local.parameters()]
-
-
 def mismatch_worker(info, strategy: str):
     torch.manual_seed(info.rank)
     model = nn.Linear(4, 3 if info.rank == 0 else 5)
@@ -451,99 +393,6 @@ def test_bf16_gradient_communication(strategy, bucket_size_mb):
         assert torch.allclose(g, exact, rtol=2 ** -7, atol=2 ** -7 * exact.abs().max().item()), n
         differs |= not torch.equal(g, exact)
     assert differs
-
-
-COMPUTE_DTYPE_CASES = [("overlap", None, None, "none"), ("bucketed", 0.004, None, "alternate"),
-                       ("bucketed", 0.004, torch.bfloat16, "none"), ("bucketed", 1000.0, torch.bfloat16, "partial"),
-                       ("bucketed", 1e-6, torch.bfloat16, "zero")]
-
-
-def check_compute_dtype(r0: dict, r1: dict, n_linear: int) -> None:
-    assert r0["n_copies"] == n_linear
-    for s in r0["steps"]:
-        # Bit for bit what autocast gives: its weight casts are the copies' values, and its backward turns the
-        # bf16 gradient into fp32 exactly (bf16 -> fp32 is exact; the wire and the fp32 sums see the same numbers).
-        assert s["grads_equal"] and s["weights_equal"], s
-        assert s["grad_dtypes"] == {torch.float32}, s
-        if s["kind"] == "fp32":  # outside autocast the module runs on its own fp32 weights
-            assert s["copy_grads"] == 0, s
-        else:  # every Linear weight's gradient came through its bf16 copy (twice when accumulating)
-            assert s["copy_grads"] == n_linear * (2 if s["kind"] == "accumulate" else 1), s
-            assert s["copy_grad_dtypes"] == {torch.bfloat16}, s
-    assert r0["steps"][0]["differs_from_fp32_step"]  # autocast really computed in bf16
-    for k in r0["final"]:
-        assert torch.equal(r0["final"][k], r1["final"][k]), f"ranks diverged on {k}"
-
-
-TINY_LM_LINEARS = 2 * 7 + 1  # per block q, k, v, o, w1, w2, w3; and the LM head
-
-
-@pytest.mark.timeout(TIMEOUT_S * 2)
-@pytest.mark.parametrize(("strategy", "bucket_size_mb", "comm_dtype", "zero_mode"), COMPUTE_DTYPE_CASES)
-def test_compute_dtype_copies_match_autocast(strategy, bucket_size_mb, comm_dtype, zero_mode):
-    """compute_dtype=bf16 (bf16 copies of the Linear weights; their gradients enter the buckets in bf16) trains
-    exactly as the same wrapper under autocast without it: one bucket per parameter, a few, one; fp32 and bf16
-    on the wire; fresh gradients, bucket views and mixes of both; no_sync() accumulation; a step outside
-    autocast."""
-    r0, r1 = spawn(compute_dtype_worker, WORLD, (strategy, bucket_size_mb, comm_dtype, zero_mode),
-                   timeout_s=TIMEOUT_S)
-    check_compute_dtype(r0, r1, TINY_LM_LINEARS)
-
-
-def test_compute_dtype_rejected_and_tied_weights_left_to_autocast():
-    from cs336_systems.parallel.ddp import BucketedDDP
-
-    with pytest.raises(ValueError, match="compute_dtype"):
-        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), compute_dtype=torch.int8)
-    with pytest.raises(ValueError, match="compute_dtype"):
-        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), compute_dtype=torch.bfloat16,
-                             transport="copy-engine")
-    for bad in (0, -2, 1.5, True):
-        with pytest.raises(ValueError, match="sm_carveout"):
-            BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), sm_carveout=bad)
-    (names,) = spawn(copies_worker, 1, (), timeout_s=TIMEOUT_S)
-    assert names == ["fc1.weight", "fc2.weight"]  # not the embedding-tied head, not biases or norms
-
-
-def copies_worker(info):
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(5, 4)
-            self.fc1, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 4, bias=False)
-            self.norm = nn.LayerNorm(4)
-            self.head = nn.Linear(4, 5, bias=False)
-            self.head.weight = self.emb.weight
-
-        def forward(self, x):
-            return self.head(self.norm(self.fc2(self.fc1(self.emb(x)))))
-
-    ddp = wrap_model(Tied(), "bucketed", 1.0, compute_dtype=torch.bfloat16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ddp(torch.tensor([[1, 2, 3]])).float().sum().backward()
-    ddp.finish_gradient_synchronization()
-    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ddp.module.parameters())
-    x = torch.tensor([[4, 0, 1]])
-
-    def fresh() -> bool:  # the wrapper's forward (bf16 copies) equals autocast's casts of the live weights
-        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-            return torch.equal(ddp(x), ddp.module(x))
-
-    assert fresh()
-    with torch.no_grad():
-        ddp.module.fc1.weight.mul_(-3)  # in place: its version counter moves, the copies follow
-    assert fresh()
-    ddp.module.fc2.weight.data.mul_(-3)  # through .data no counter moves: stale until refresh_copies()
-    assert not fresh()
-    ddp.refresh_copies()
-    assert fresh()
-    names = sorted(ddp._names[ddp._master_of[id(c)]] for c in ddp._copies.values())
-    ddp.close()  # the copies' hooks are gone: forward must train the module's own weights again
-    ddp.module.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ddp(x).float().sum().backward()
-    assert ddp.module.fc1.weight.grad is not None and ddp.module.fc2.weight.grad is not None
-    return names
 
 
 def test_comm_dtype_rejected():
@@ -667,20 +516,14 @@ def test_wrapper_needs_process_group():
 
 
 # --- NCCL on two GPUs (device machine only) --------------------------------------------------
-def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "collective", zero_mode: str = "none",
-                       lag: bool = False, sm_carveout: int | None = None):
+def nccl_parity_worker(info, strategy: str, bucket_size_mb, zero_mode: str = "none", lag: bool = False):
     """4 steps on GPUs against single-process training on the global batch; returns the final state.
-    ``lag``: the wrapper's side stream lags backward (:func:`lag_side_stream`). ``sm_carveout``: also checks that
-    the carveout is set during a synchronised backward only."""
+    ``lag``: the wrapper's side stream lags backward (:func:`lag_side_stream`)."""
     torch.manual_seed(100 + info.rank)
-    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb, transport=transport, sm_carveout=sm_carveout)
+    ddp = wrap_model(tiny_lm().to(info.device), strategy, bucket_size_mb)
     if lag:
         lag_side_stream(ddp)
     ref = copy.deepcopy(ddp.module)
-    if sm_carveout is not None:  # (after the deepcopy: the reference must not carry the hook)
-        seen = []
-        ddp.module.layers[0].register_full_backward_hook(
-            lambda *a: seen.append(torch._C._get_sm_carveout_experimental()))
     opt, ref_opt = make_optimizer("lm", ddp.parameters()), make_optimizer("lm", ref.parameters())
     lo, hi = info.rank * N_GLOBAL // WORLD, (info.rank + 1) * N_GLOBAL // WORLD
     for step in range(4):
@@ -696,16 +539,7 @@ def nccl_parity_worker(info, strategy: str, bucket_size_mb, transport: str = "co
     # plus a margin for cuBLAS split-K reductions.
     for p, q in zip(ddp.module.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    state = {k: v.cpu() for k, v in ddp.module.state_dict().items()}
-    if sm_carveout is not None:  # set by the time backward reaches the first block; restored after each step
-        assert seen == [sm_carveout] * 4 and torch._C._get_sm_carveout_experimental() is None, seen
-        with ddp.no_sync():
-            loss_fn("lm", ddp(x[lo:hi]), y[lo:hi]).backward()
-        assert seen[-1] is None  # inside no_sync() every SM stays with the matmuls
-    if transport == "collective":
-        return state
-    views = all(p.grad is not None and p.grad._base is not None for p in ddp.module.parameters() if p.requires_grad)
-    return {"state": state, "views": views, "extra": ddp.extra_device_bytes}
+    return {k: v.cpu() for k, v in ddp.module.state_dict().items()}
 
 
 @pytest.mark.multigpu
@@ -726,7 +560,7 @@ def test_nccl_parity_two_gpus(strategy, bucket_size_mb):
 def test_nccl_bucketed_side_stream_lagging(bucket_size_mb, zero_mode):
     """The bucket copies run on a side stream: with it lagging far behind backward, and gradients handed over
     fresh, as views, or mixed, training still matches one process (nothing read too early or reused too soon)."""
-    r0, r1 = spawn(nccl_parity_worker, WORLD, ("bucketed", bucket_size_mb, "collective", zero_mode, True),
+    r0, r1 = spawn(nccl_parity_worker, WORLD, ("bucketed", bucket_size_mb, zero_mode, True),
                    backend="nccl", device_type="cuda", timeout_s=200)
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
@@ -749,31 +583,6 @@ def test_nccl_bf16_gradient_communication(strategy, bucket_size_mb, lag):
         assert torch.allclose(g, exact, rtol=2 ** -6, atol=2 ** -7 * exact.abs().max().item()), n
         differs |= not torch.equal(g, exact)
     assert r0["dtypes"] == {torch.float32} and differs
-
-
-@pytest.mark.multigpu
-@pytest.mark.timeout(180)
-def test_nccl_sm_carveout_parity():
-    """BucketedDDP(sm_carveout=8): matmuls leave 8 SMs to NCCL from the first bucket's launch to the end of the
-    step, and only in synchronised steps; training still matches one process."""
-    r0, r1 = spawn(nccl_parity_worker, WORLD, ("bucketed", 0.004, "collective", "none", False, 8), backend="nccl",
-                   device_type="cuda", timeout_s=150)
-    for k in r0:
-        assert torch.equal(r0[k], r1[k]), k
-
-
-@pytest.mark.multigpu
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize(("strategy", "bucket_size_mb", "comm_dtype", "zero_mode", "lag"),
-                         [("bucketed", 0.004, torch.bfloat16, "none", True),
-                          ("bucketed", 0.004, None, "alternate", True),
-                          ("overlap", None, torch.bfloat16, "partial", False)])
-def test_nccl_compute_dtype_copies_match_autocast(strategy, bucket_size_mb, comm_dtype, zero_mode, lag):
-    """As on CPU, on NCCL with CUDA autocast: the bf16 weight copies train bit for bit as autocast does, also
-    with the side stream (pack, all-reduce, fp32 copy out) lagging backward."""
-    r0, r1 = spawn(compute_dtype_worker, WORLD, (strategy, bucket_size_mb, comm_dtype, zero_mode, lag),
-                   backend="nccl", device_type="cuda", timeout_s=150)
-    check_compute_dtype(r0, r1, TINY_LM_LINEARS)
 
 
 def nccl_no_host_sync_worker(info, bucket_size_mb):
@@ -817,166 +626,3 @@ def nccl_no_host_sync_worker(info, bucket_size_mb):
 def test_nccl_hooks_do_not_synchronize_host(strategy, bucket_size_mb):
     assert spawn(nccl_no_host_sync_worker, WORLD, (bucket_size_mb,), backend="nccl", device_type="cuda",
                  timeout_s=150) == [True, True]
-
-
-def test_nccl_cta_cap_labels_and_environment(monkeypatch):
-    import os
-
-    from cs336_systems.bench.ddp import DDPBenchConfig, variant_label
-    from cs336_systems.parallel.process_group import configure_nccl
-    from cs336_systems.records import provenance
-
-    monkeypatch.delenv("NCCL_MAX_CTAS", raising=False)
-    monkeypatch.setenv("NCCL_MIN_CTAS", "32")
-    configure_nccl(max_ctas=8)
-    assert os.environ["NCCL_MAX_CTAS"] == "8" and os.environ["NCCL_MIN_CTAS"] == "8"
-    assert variant_label("bucketed", 100.0, 8) == "bucketed-100MB@ctas8"
-    assert variant_label("torch-ddp", None) == "torch-ddp"
-    assert variant_label("bucketed", 1000.0, 8, compiled=True) == "bucketed-1000MB+compile@ctas8"
-    assert variant_label("none", None, high_priority=True) == "none@hiprio"
-    from cs336_systems.parallel.process_group import HIGH_PRIORITY_ENV, nccl_high_priority
-
-    monkeypatch.setenv(HIGH_PRIORITY_ENV, "yes")
-    with pytest.raises(ValueError, match=HIGH_PRIORITY_ENV):
-        nccl_high_priority()
-    monkeypatch.setenv(HIGH_PRIORITY_ENV, "1")
-    assert nccl_high_priority()
-    assert provenance("cpu")["nccl_env"]["NCCL_MAX_CTAS"] == "8"
-    with pytest.raises(ValueError, match="nccl_max_ctas"):
-        DDPBenchConfig(preset="tiny", device="cpu", nccl_max_ctas=0)
-
-
-def test_ddp_bench_grad_comm_dtype_labels_and_checks():
-    from cs336_systems.bench.ddp import DDPBenchConfig, variant_label
-
-    assert variant_label("bucketed", 25.0, grad_comm_dtype="bf16") == "bucketed-25MB@bf16-grads"
-    assert variant_label("none", None, grad_comm_dtype="bf16") == "none"  # nothing to communicate
-    assert variant_label("torch-ddp", None, compiled=True, grad_comm_dtype="bf16") == "torch-ddp+compile@bf16-grads"
-    with pytest.raises(ValueError, match="grad_comm_dtype"):
-        DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="int8")
-    with pytest.raises(ValueError, match="naive"):
-        DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="bf16")  # default variants include naive
-    DDPBenchConfig(preset="tiny", device="cpu", grad_comm_dtype="bf16", variants=("none", "bucketed", "torch-ddp"))
-    # compute_dtype: the weight copies are for overlap / bucketed under bf16 autocast
-    assert variant_label("bucketed", 1000.0, compiled=True, grad_comm_dtype="bf16", compute_dtype="bf16") == \
-        "bucketed-1000MB+compile@bf16-grads@bf16-weights"
-    assert variant_label("torch-ddp", None, grad_comm_dtype="bf16", compute_dtype="bf16") == "torch-ddp@bf16-grads"
-    assert variant_label("none", None, compute_dtype="bf16") == "none"
-    assert variant_label("bucketed", 1000.0, nccl_max_ctas=8, sm_carveout=8) == "bucketed-1000MB@ctas8@sm8"
-    assert variant_label("torch-ddp", None, sm_carveout=8) == "torch-ddp"
-    with pytest.raises(ValueError, match="sm_carveout"):
-        DDPBenchConfig(preset="tiny", device="cpu", sm_carveout=0)
-    ok = {"preset": "tiny", "device": "cpu", "variants": ("none", "bucketed", "torch-ddp"), "compute_dtype": "bf16"}
-    DDPBenchConfig(**ok, precisions=("bf16",))
-    with pytest.raises(ValueError, match="precision bf16 only"):
-        DDPBenchConfig(**ok)  # default precisions include fp32
-    with pytest.raises(ValueError, match="drop"):
-        DDPBenchConfig(**{**ok, "variants": ("none", "flat")}, precisions=("bf16",))
-
-
-def test_bind_cpus_splits_physical_cores(monkeypatch):
-    """Each local rank gets whole physical cores (hyperthread siblings together), disjoint from the others'."""
-    from cs336_systems.parallel import process_group as pg
-
-    cores = [[0, 16], [1, 17], [2, 18], [3, 19], [4, 20]]  # siblings numbered i, i+16 as on many hosts
-    monkeypatch.setattr(pg, "physical_cores", lambda: cores)
-    bound = {}
-    monkeypatch.setattr(pg.os, "sched_setaffinity", lambda pid, cpus: bound.setdefault(pid, sorted(cpus)))
-    assert pg.bind_cpus(0, 2) == [0, 1, 16, 17] and bound[0] == [0, 1, 16, 17]
-    assert pg.bind_cpus(1, 2) == [2, 3, 18, 19]  # the fifth core stays unused: equal shares
-    with pytest.raises(ValueError, match="physical core"):
-        pg.bind_cpus(0, 6)
-    monkeypatch.setenv(pg.BIND_CPUS_ENV, "yes")
-    with pytest.raises(ValueError, match=pg.BIND_CPUS_ENV):
-        pg.bind_cpus_requested()
-
-
-def test_physical_cores_cover_the_allowed_cpus():
-    import os
-
-    from cs336_systems.parallel.process_group import physical_cores
-
-    cores = physical_cores()
-    assert sorted(c for core in cores for c in core) == sorted(os.sched_getaffinity(0))
-
-
-# --- copy-engine transport (symmetric memory; GPUs only) ---------------------------------------
-def copy_engine_cpu_worker(info):
-    from cs336_systems.parallel.ddp import BucketedDDP
-
-    try:
-        BucketedDDP(nn.Linear(3, 2), 1.0, transport="copy-engine")
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-@pytest.mark.timeout(TIMEOUT_S * 2)
-def test_copy_engine_transport_checks():
-    from cs336_systems.bench.ddp import DDPBenchConfig, variant_label
-    from cs336_systems.parallel.ddp import BucketedDDP
-
-    with pytest.raises(ValueError, match="transport must be one of"):
-        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), transport="nvlink")
-    with pytest.raises(ValueError, match="comm_dtype and compute_dtype are not supported"):
-        BucketedDDP.__init__(object.__new__(BucketedDDP), nn.Linear(2, 2), comm_dtype=torch.bfloat16,
-                             transport="copy-engine")
-    errors = spawn(copy_engine_cpu_worker, WORLD, timeout_s=TIMEOUT_S)
-    assert all(e is not None and "copy-engine" in e and "CUDA" in e for e in errors), errors
-    with pytest.raises(ValueError, match="needs GPUs"):
-        DDPBenchConfig(preset="tiny", device="cpu", transports=("collective", "copy-engine"))
-    with pytest.raises(ValueError, match="transports"):
-        DDPBenchConfig(preset="tiny", device="cpu", transports=("nvlink",))
-    cfg = DDPBenchConfig(preset="tiny", device="cpu", variants=("none", "overlap", "bucketed", "torch-ddp"),
-                         bucket_sizes_mb=(1.0, 10.0))
-    assert cfg.runs() == [("none", None, "collective"), ("overlap", None, "collective"),
-                          ("bucketed", 1.0, "collective"), ("bucketed", 10.0, "collective"),
-                          ("torch-ddp", None, "collective")]
-    assert variant_label("bucketed", 100.0, compiled=True, transport="copy-engine") == "bucketed-100MB+compile@ce"
-
-
-def copy_engine_average_worker(info, numels):
-    from cs336_systems.parallel.copy_engine import CopyEngineAllReduce
-
-    ce = CopyEngineAllReduce(numels, torch.float32, info.device)
-    g = torch.Generator(device="cpu").manual_seed(7 + info.rank)
-    mine = [torch.randn(n, generator=g) * 10.0 ** info.rank for n in numels]
-    out = []
-    for step in range(2):  # twice: the buffers and barriers are reused
-        for i, t in enumerate(mine):
-            ce.view(i).copy_(t * (step + 1))
-        works = [ce.start(i) for i in range(len(numels))]
-        for w in works:
-            w.wait()
-        out.append([ce.view(i).cpu() for i in range(len(numels))])
-    torch.cuda.synchronize()
-    return {"mine": mine, "out": out, "nbytes": ce.nbytes}
-
-
-@pytest.mark.multigpu
-@pytest.mark.timeout(180)
-def test_copy_engine_average_is_exact_two_gpus():
-    """Odd bucket sizes (padding), several buckets in flight at once, reused buffers: every rank ends with
-    exactly (a + b) / 2 rounded once, the value a CPU computes."""
-    numels = [1, 7, 1001, 3 * 4096 + 5]
-    r0, r1 = spawn(copy_engine_average_worker, WORLD, (numels,), backend="nccl", device_type="cuda", timeout_s=150)
-    for step in range(2):
-        for i in range(len(numels)):
-            exact = (r0["mine"][i] * (step + 1) + r1["mine"][i] * (step + 1)) * 0.5
-            assert torch.equal(r0["out"][step][i], exact), (step, i)
-            assert torch.equal(r1["out"][step][i], exact), (step, i)
-    padded = sum(-(-n // WORLD) * WORLD for n in numels)
-    assert r0["nbytes"] == 4 * (padded + padded // WORLD)
-
-
-@pytest.mark.multigpu
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize(("strategy", "bucket_size_mb", "zero_mode"), [
-    ("overlap", None, "alternate"), ("bucketed", 0.004, "none"), ("bucketed", 0.004, "partial"),
-    ("bucketed", 100.0, "zero")])
-def test_copy_engine_parity_two_gpus(strategy, bucket_size_mb, zero_mode):
-    r0, r1 = spawn(nccl_parity_worker, WORLD, (strategy, bucket_size_mb, "copy-engine", zero_mode, True),
-                   backend="nccl", device_type="cuda", timeout_s=200)
-    for k in r0["state"]:
-        assert torch.equal(r0["state"][k], r1["state"][k]), k
-    assert r0["views"] and r1["views"] and r0["extra"] > 0

@@ -1,5 +1,5 @@
 """shard-bench bookkeeping (CPU): nothing of one variant may outlive it and inflate the next one's
-memory counters, and the report's correction of records taken before that was fixed; the timed steps
+memory counters; the timed steps
 synchronise only at their ends, the memory steps between phases; ``rounds`` (the variant list run
 several times in turn: pooled step times, per-round medians and ratios to ``none``, memory and profile
 in round 1 only, OOM not retried); the CLI end to end (records, traces).
@@ -30,7 +30,6 @@ from cs336_systems.commands import shard_bench
 from cs336_systems.configs import get_preset
 from cs336_systems.parallel.ddp import LocalModule
 from cs336_systems.parallel.process_group import spawn
-from cs336_systems.report.sections.sharding import _ratio, clean_memory, derive_leftover
 
 CFG = dict(preset="tiny", context_length=19, batch_size=3, warmup=1, steps=2, profile=(), device="cpu",
            world_size=2, timeout_s=120.0)
@@ -118,51 +117,9 @@ def test_no_variant_outlives_itself(leaky):
     else:
         assert all(r["retained_prev_gib"] == 0.0 for r in rows), [r["retained_prev_gib"] for r in rows]
         assert not any("leftover_warning" in r for r in rows)
-    for r in rows:  # the net twins exist and are raw - start (all zeros on CPU, but the keys are the contract)
+    for r in rows:  # the counters and their net twins exist; a CPU has no allocator: not measured (None), never 0
         for key in sh.ABS_MEMORY_KEYS:
-            assert r[sh.net_key(key)] == pytest.approx(r[key] - r["start_alloc_gib"], abs=1e-12)
-
-
-def _legacy_run(leftover: float) -> list[dict]:
-    """Rows as the old benchmark wrote them: every variant after 'none' carries ``leftover``."""
-    prov = {"device": "NVIDIA H200", "date": "d"}
-    base = {"none": (1.25, 9.5), "ddp": (1.25, 9.5), "zero1": (1.25, 7.0), "torch-zero": (2.0, 8.0),
-            "fsdp": (0.75, 5.0), "torch-fsdp2": (0.5, 4.75)}
-    rows = []
-    for i, (v, (init, peak)) in enumerate(base.items()):
-        extra = leftover if i > 0 else 0.0
-        rows.append({"variant": v, "status": "ok", "provenance": prov, "params_gib": 0.5, "grads_gib": 0.5,
-                     "saved_activations_gib": 0.25, "init_alloc_gib": init + extra, "init_peak_gib": init + extra,
-                     "pre_step_alloc_gib": peak - 1 + extra, "pre_step_peak_gib": peak + extra,
-                     "post_step_alloc_gib": peak - 1 + extra, "post_step_peak_gib": peak - 0.5 + extra})
-    return rows
-
-
-def test_report_derives_and_subtracts_the_legacy_leftover():
-    raw = _legacy_run(3.375)
-    assert derive_leftover(raw) == (3.375, {"ddp": 3.375, "zero1": 3.375})
-    clean, corrected, note = clean_memory(raw)
-    assert corrected and "3.375 GiB" in note
-    assert clean[0]["init_alloc_gib"] == raw[0]["init_alloc_gib"]  # 'none' ran first: nothing to subtract
-    for r, c in zip(raw[1:], clean[1:]):
-        for key in sh.ABS_MEMORY_KEYS:
-            assert c[key] == pytest.approx(r[key] - 3.375)
-    assert clean[3]["init_alloc_gib"] == pytest.approx(2.0)  # torch-zero: its own buckets remain
-
-
-def test_report_without_none_cannot_derive():
-    raw = [r for r in _legacy_run(3.0) if r["variant"] != "none"]
-    clean, corrected, note = clean_memory(raw)
-    assert not corrected and clean == raw and "cannot be derived" in note
-
-
-def test_report_uses_net_values_of_new_records():
-    rows = [{**r, "start_alloc_gib": 0.125, "retained_prev_gib": 0.0,
-             **{sh.net_key(k): r[k] - 0.125 for k in sh.ABS_MEMORY_KEYS}} for r in _legacy_run(0.125)]
-    rows[0] = {**rows[0], **{sh.net_key(k): rows[0][k] for k in sh.ABS_MEMORY_KEYS}, "start_alloc_gib": 0.0}
-    clean, corrected, _ = clean_memory(rows)
-    assert not corrected
-    assert [c["pre_step_peak_gib"] for c in clean] == [9.5, 9.5, 7.0, 8.0, 5.0, 4.75]
+            assert r[key] is None and r[sh.net_key(key)] is None and r["start_alloc_gib"] is None
 
 
 class _LoggingMemory(sh._Memory):
@@ -281,10 +238,11 @@ def test_cli_profile_cpu_writes_a_trace_per_rank(tmp_path, monkeypatch):
     assert fsdp["timing"] == "ends-synced-aligned" and fsdp["memory_steps"] == 1 and fsdp["profile_cpu"] is True
     assert fsdp["step_ms"] > 0 and fsdp["step_min_ms"] <= fsdp["step_ms"] and len(fsdp["losses_rank0"]) == 2
     assert fsdp["losses_rank0"][0] == pytest.approx(math.log(512), rel=0.1)  # fresh init, tiny's vocab of 512
-    # CPU: no allocator, so the counters are zeros, but every key and its net twin stays in the record.
-    assert fsdp["forward_saved_gib"] == 0.0
+    # CPU: no allocator, so the counters were not measured: None (n/a in the table), never 0; every key and its
+    # net twin stays in the record.
+    assert fsdp["forward_saved_gib"] is None
     for key in sh.ABS_MEMORY_KEYS:
-        assert fsdp[key] == 0.0 and fsdp[sh.net_key(key)] == 0.0 and len(fsdp[f"{key}_per_rank"]) == 2
+        assert fsdp[key] is None and fsdp[sh.net_key(key)] is None and fsdp[f"{key}_per_rank"] == [None, None]
     # Each rank holds about half of the fp32 weights; AdamW keeps two moments per parameter it steps.
     full_gib = fsdp["n_params"] * 4 / 2**30
     assert 0.45 * full_gib < fsdp["params_gib"] < 0.6 * full_gib
@@ -546,6 +504,8 @@ def test_cli_passes_pair_with_none(monkeypatch):
 
 
 def test_report_ratio_prefers_pairs():
+    from cs336_systems.report.sections.sharding import _ratio
+
     rows = {v: {"variant": v, "step_ms": ms, "round_step_ms": rounds} for v, ms, rounds in
             (("none", 300.0, [300.0, 330.0]), ("ddp", 360.0, [360.0, 390.0]), ("zero1", 390.0, [400.0, 400.0]),
              ("fsdp", 345.0, [330.0, 360.0]))}

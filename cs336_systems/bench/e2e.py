@@ -23,8 +23,9 @@ from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
+from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
-from cs336_systems.profiling.timing import PhaseTimer, matmul_peak_tflops, summarize
+from cs336_systems.profiling.timing import matmul_peak_tflops
 
 Mode = Literal["forward", "forward-backward", "train-step"]
 MODES: tuple[Mode, ...] = ("forward", "forward-backward", "train-step")

@@ -1,118 +1,24 @@
 """Memory and step time of optimizer-state sharding and FSDP against their PyTorch peers (handout
 problems ``optimizer_state_sharding_accounting`` and ``fsdp_accounting``).
 
-Variants (each builds a fresh model on every rank, so memory after construction is its own):
-
-=============  ==============================================================================
-``none``       the plain model and AdamW, no communication: the single-GPU step at the same batch
-``ddp``        our bucketed DDP (25 MiB buckets) + AdamW: unsharded data parallelism
-``zero1``      the same DDP + ``ShardedOptimizer(AdamW)``: optimizer state sharded
-``torch-zero`` PyTorch DDP + ``ZeroRedundancyOptimizer(AdamW)``
-``fsdp``       our ``FSDP`` (compute dtype bf16 under bf16) + AdamW on the shards
-``torch-fsdp2``PyTorch ``fully_shard`` per Transformer block and on the root (bf16 params and
-               reduction under bf16) + AdamW
-=============  ==============================================================================
-
-The optimizer is ``torch.optim.AdamW(foreach=True)`` everywhere (it also steps FSDP2's DTensors).
-
-Method, per variant and rank (``TIMING`` = ``"ends-synced-aligned"`` in every record):
-
-1. ``warmup`` untimed steps.
-2. ``steps`` timed steps: a device synchronize right before and right after each step and none
-   inside it (no memory counters, no peak resets), so the host launches of one phase overlap the
-   device work of the previous one as in real training, and a barrier before each, so that every rank
-   starts it at once (``ddp.align_ranks``; otherwise a step after one of the unsynchronised plain
-   partner would be charged for the other rank's lateness); ``step_s`` per step, and in the record the
-   median / std / min over steps of the slowest rank's time. Records without a ``timing`` key were
-   taken with a synchronize after every phase (forward, backward + finish, optimizer step, zero_grad),
-   which also charged the host launch latency of each phase to the step (host-bound steps, such as
-   eager bf16 on small models, looked slower than they are).
-3. ``memory_steps`` memory steps with a synchronize and allocator reads between phases: allocated
-   and peak memory right before and right after ``optimizer.step()`` (peaks reset at the start of
-   each phase) and the memory a forward leaves for backward, each the maximum over these steps.
-4. The profiled step (variants in ``profile``), run like a memory step.
-
-Rounds (``rounds`` = R, default 1). The host speed of the lent machines drifts (other tenants), and an
-eager bf16 step is host-bound, so a variant measured a minute after another can look 10-20% faster or
-slower for reasons of its own. With R > 1 the whole variant list runs R times in turn (round 1: every
-variant, round 2: every variant, ...), each time building the variant afresh and running ``warmup``
-untimed then ``steps`` timed steps. The memory steps, the profiled step and the tensor breakdown
-are taken in round 1 only (later rounds only time), so every memory key means what it means with
-R = 1. ``step_s`` pools the timed steps of all rounds (``step_ms`` etc. are over R x ``steps``
-slowest-rank steps) and ``round_step_ms`` lists the median of each round. Every variant other than
-``none`` gets, when ``none`` was measured, ``ratio_to_none`` (= ``step_ms`` / none's ``step_ms``),
-``round_ratio_to_none`` (per round: its round median / none's round median of the same round, so a
-drift slower than a round cancels) and ``ratio_to_none_round_median`` (their median). A variant that
-runs out of memory is not run again in later rounds; one that runs out only in a later round becomes
-an OOM record too (``error`` names the round). The leftover check runs in every round
-(``round_leftover_gib``, ``round_retained_prev_gib``; warnings of later rounds name their round).
-
-Pairing with a plain model (``pair_with_none``). Even per-round ratios wander when the host speed
-drifts within a round (tens of seconds). With ``pair_with_none`` every variant other than ``none``
-times its steps in pairs, as ddp-bench does: after the variant's warmup a *partner* is built exactly
-as the ``none`` variant is (``_build(cfg, "none")``: same seed, ``BasicsTransformerLM`` on the same
-device behind the pass-through ``LocalModule``, the same AdamW construction, no communication) and
-warmed up ``warmup`` steps on the same x, y and autocast; then ``steps`` pairs run, each a timed step
-of the variant followed by a timed step of the partner (both ends-synced as above), so both halves
-of a pair see the same host conditions. The partner and its optimizer are then dropped and
-``_Memory.release()`` runs *before* the memory steps and the profiled step, so no memory counter
-sees it; weak references check that none of its tensors outlived it (``pair_partner_retained_gib``,
-a warning above ``LEFTOVER_WARN_GIB``). Per rank ``pair_partner_step_s`` (and
-``pair_partner_losses``, round 1) sit next to ``step_s``; the record has ``pair_ratios`` (per pair:
-the variant's slowest-rank step / the partner's step of the same index averaged over ranks: a
-single-GPU step is each rank's own, with no other rank to wait for; pooled over rounds),
-``pair_ratio`` (their median), ``pair_ratio_ci95`` (bootstrap 95% interval of that median)
-and ``partner_step_ms``. The partner is a second full model with AdamW state resident during the
-timed phase: while one of the two steps, the other holds its state between steps, so the device needs
-about the peak of the one plus the resident state of the other (xl, bf16, batch 4, context 512: a
-peak of ~47 GiB plus up to ~30 GiB resident: fine on a 141 GB H200, not on an 80 GB H100). An
-out-of-memory error while the partner exists makes the variant's record OOM with an ``error`` naming
-the partner. The variant's ``step_s`` is still its own step time, taken alternating with the
-partner's. ``none`` itself is not paired; ``none`` need not be in ``variants`` for the pairs.
-
-The losses recorded are those of round 1's timed steps. Allocated and peak memory after construction are
-read once, before any step. The breakdown into parameters, gradients and optimizer state is computed
-from the tensors each rank holds (their element counts times their dtype size), activations from the
-bytes autograd saves in a forward of the plain model (``saved_tensors_hooks``, unique storages); the
-report sets them against the measured numbers. For ``fsdp`` and ``torch-fsdp2`` one step is profiled
-(CUDA kernels): communication time, how much of it overlapped compute, the kernel timeline, and rank
-0's Chrome trace. With ``profile_cpu`` the profiler records CPU activity as well and every rank writes
-its trace; the metrics are still computed from the kernel events only (recording host ops slows the
-host, so the profiled step's idle time may grow; the timed steps are never profiled).
-
-Memory convention. The variants run one after another in the same processes, so whatever one leaves
-allocated would inflate the next one's counters. Each variant therefore starts with ``gc.collect()``,
-``empty_cache()`` (and cuBLAS workspaces dropped) and a synchronize, and records:
-
-* ``start_alloc_gib``: allocated at that point. Nothing of ours should be resident between variants,
-  so ``leftover_gib`` (= ``start_alloc_gib`` - 0) should be ~0; above ``LEFTOVER_WARN_GIB`` a warning
-  naming the previous variant is printed and stored (``leftover_warning``).
-* ``retained_prev_gib``: bytes of the previous variant's parameters and optimizer-state tensors still
-  alive (weak references; works on CPU too, where there are no allocator counters). Should be 0.
-* The absolute counters (``init_alloc_gib``, ``init_peak_gib``, ``pre_step_alloc_gib``,
-  ``pre_step_peak_gib``, ``post_step_alloc_gib``, ``post_step_peak_gib``) are the raw allocator
-  values, as before; each also has a ``*_net_gib`` twin (``init_alloc_net_gib``, ...) = raw -
-  ``start_alloc_gib``: the memory of the variant itself. The report uses the net values.
-
-Records written before this convention (no ``start_alloc_gib``) carry a leftover of ~31.6 GiB (xl)
-in every variant after ``none``: ``_saved_activation_bytes`` used an identity pack hook, and a saved
-tensor that is the output of its own graph node then references that node back (node -> saved
-variable -> Python tensor -> grad_fn): a cycle through C++ that ``gc`` cannot collect, so the forward's
-graph (saved activations, and through its AccumulateGrad nodes the fp32 parameters) was never
-freed. The pack hook now stores a detached alias. The report derives and subtracts that leftover for
-the old records (see ``report/sections/sharding.py``).
+Variants (each built afresh on every rank, so its memory after construction is its own):
+``none`` (plain model + AdamW: the single-GPU step), ``ddp`` (our bucketed DDP), ``zero1`` (the same +
+``ShardedOptimizer``), ``torch-zero`` (PyTorch DDP + ``ZeroRedundancyOptimizer``), ``fsdp`` (our
+FSDP), ``torch-fsdp2`` (``fully_shard`` per block and root); ``torch.optim.AdamW(foreach=True)``
+everywhere. Per variant: warm-up, timed steps synchronised only at their ends (``bench.harness``),
+then memory steps synchronised between phases to read the allocator, then one profiled step.
+``rounds`` repeats the variant list and ``pair_with_none`` times each variant in pairs with a plain
+single-GPU model, so host-speed drift cancels in the ratios. Memory counters are allocator values on
+GPUs and None on a CPU (nothing to ask); ``*_net_gib`` subtract what was allocated when the variant
+started. Method and history: docs/sharding.md ("Reproducing the measurements").
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
-import json
 import statistics
 import sys
-import tempfile
-import timeit
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,8 +29,9 @@ from tqdm import tqdm
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
-from cs336_systems.bench.ddp import _is_comm, _union_ms, align_ranks, median_ci95
+from cs336_systems.bench import harness
 from cs336_systems.bench.e2e import is_oom
+from cs336_systems.bench.harness import median_ci95
 from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
 from cs336_systems.parallel.strategies import WrapOptions, get_strategy
@@ -135,9 +42,7 @@ VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
 PRECISIONS = ("fp32", "bf16")
 GIB = 2**30
 LEFTOVER_WARN_GIB = 0.25  # more than this allocated (or retained) between variants is reported
-# How ``step_s`` was taken. "ends-synced" records (before 2026-11-22 08:40) had no barrier before a step and
-# took the partner's slowest rank; older records (no ``timing`` key) synchronised every phase.
-TIMING = "ends-synced-aligned"
+TIMING = "ends-synced-aligned"  # the records' ``timing``: synchronised at a step's ends, ranks aligned before it
 ABS_MEMORY_KEYS = ("init_alloc_gib", "init_peak_gib", "pre_step_alloc_gib", "pre_step_peak_gib",
                    "post_step_alloc_gib", "post_step_peak_gib")
 
@@ -174,8 +79,7 @@ class ShardBenchConfig:
             raise ValueError(f"shard-bench: unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"shard-bench: unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
-        if self.world_size < 2:
-            raise ValueError("shard-bench: world_size must be >= 2 (the single-GPU step is the 'none' variant)")
+        harness.check_world_and_device("shard-bench", self.world_size, self.device, min_world=2)
         if self.warmup < 1 or self.steps < 2:
             raise ValueError(f"shard-bench: need warmup >= 1 and steps >= 2, got {self.warmup}, {self.steps}")
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
@@ -201,7 +105,7 @@ class ShardBenchConfig:
 
 
 class _Memory:
-    """CUDA allocator counters (GiB); zeros on CPU, where there is no allocator to ask."""
+    """CUDA allocator counters (GiB); None on a CPU, where there is no allocator to ask (not measured)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -227,11 +131,16 @@ class _Memory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def allocated(self) -> float:
-        return torch.cuda.memory_allocated(self.device) / GIB if self.cuda else 0.0
+    def allocated(self) -> float | None:
+        return torch.cuda.memory_allocated(self.device) / GIB if self.cuda else None
 
-    def peak(self) -> float:
-        return torch.cuda.max_memory_allocated(self.device) / GIB if self.cuda else 0.0
+    def peak(self) -> float | None:
+        return torch.cuda.max_memory_allocated(self.device) / GIB if self.cuda else None
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    """a - b, or None where either was not measured."""
+    return None if a is None or b is None else a - b
 
 
 # shard-bench variant -> parallel strategy (``ddp`` is the bucketed strategy at its default 25 MiB buckets)
@@ -311,10 +220,11 @@ class _Step:
 
     def timed(self) -> tuple[float, float]:
         """(seconds, loss) of one step with a device synchronize at both ends and none inside, started on
-        every rank at once (``align_ranks``)."""
-        self.mem.sync()
-        align_ranks(self.mem.device)
-        t0 = timeit.default_timer()
+        every rank at once (``harness.timed``)."""
+        elapsed, loss = harness.timed(self._step, self.mem.device, sync=self.mem.sync)
+        return elapsed, loss.item()  # after the synchronize: reading the loss waits for nothing
+
+    def _step(self) -> torch.Tensor:
         self.wrapped.on_train_batch_start()
         with self.autocast():
             loss = cross_entropy(self.wrapped(self.x), self.y)
@@ -322,9 +232,7 @@ class _Step:
         self.finish()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        self.mem.sync()
-        elapsed = timeit.default_timer() - t0
-        return elapsed, loss.item()  # after the synchronize: reading the loss waits for nothing
+        return loss
 
     def measured(self, record: dict | None = None) -> None:
         """One step synchronised between phases, with the allocator counters read into ``record``."""
@@ -348,50 +256,9 @@ class _Step:
         self.opt.zero_grad(set_to_none=True)
         mem.sync()
         if record is not None:
-            record.update(forward_saved_gib=after_fwd - before_fwd,
+            record.update(forward_saved_gib=_minus(after_fwd, before_fwd),
                           pre_step_alloc_gib=pre_alloc, pre_step_peak_gib=pre_peak,
                           post_step_alloc_gib=post_alloc, post_step_peak_gib=post_peak)
-
-
-def _profile(step_fn, device: torch.device, trace_path: Path | None, cpu: bool = False) -> dict:
-    """Profile one call of ``step_fn``; metrics from the CUDA kernels (``cpu_op`` events on a CPU device).
-    ``cpu`` adds CPU activity to a CUDA profile (in the trace only)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if device.type == "cuda":
-        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cpu else [ProfilerActivity.CUDA]
-    else:
-        activities = [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        step_fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        text = path.read_text()
-    if trace_path is not None:
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        with gzip.open(trace_path, "wt") as f:
-            f.write(text)
-    events = json.loads(text).get("traceEvents", [])
-    wanted = "kernel" if device.type == "cuda" else "cpu_op"
-    kernels = sorted((e for e in events if e.get("cat") == wanted and "dur" in e), key=lambda e: e["ts"])
-    if not kernels:
-        return {}
-    comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if _is_comm(e["name"])]
-    compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if not _is_comm(e["name"])]
-    gathers = [e for e in kernels if "allgather" in e["name"].lower().replace("_", "")]
-    comm_ms, compute_ms = _union_ms(comm), _union_ms(compute)
-    t0 = kernels[0]["ts"]
-    return {
-        "comm_kernel_ms": comm_ms, "compute_kernel_ms": compute_ms,
-        "comm_hidden_ms": max(0.0, comm_ms + compute_ms - _union_ms(comm + compute)),
-        "allgather_kernel_ms": _union_ms([(e["ts"], e["ts"] + e["dur"]) for e in gathers]),
-        "allgather_kernels": len(gathers), "comm_kernels": len(comm),
-        # Compute stream idle time: the step's kernel span minus the time some compute kernel ran.
-        "compute_idle_ms": (kernels[-1]["ts"] + kernels[-1]["dur"] - t0) / 1e3 - compute_ms,
-        "timeline": {"start_us": [round(e["ts"] - t0, 1) for e in kernels],
-                     "dur_us": [round(e["dur"], 1) for e in kernels], "comm": [_is_comm(e["name"]) for e in kernels]},
-    }
 
 
 def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue: _Residue | None = None,
@@ -408,10 +275,11 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
     # leftover = start - what should be resident between variants, which is nothing of ours: 0.
     row: dict = {"variant": variant, "start_alloc_gib": start, "leftover_gib": start,
                  "retained_prev_gib": residue.alive_bytes() / GIB}
-    if max(row["leftover_gib"], row["retained_prev_gib"]) > LEFTOVER_WARN_GIB:
+    if max(row["leftover_gib"] or 0.0, row["retained_prev_gib"]) > LEFTOVER_WARN_GIB:
         where = f"rank {info.rank}" + ("" if first else f", round {round_index + 1}")
+        allocated = "n/a" if start is None else f"{start:.2f}"
         row["leftover_warning"] = (
-            f"shard-bench {where}: {row['leftover_gib']:.2f} GiB allocated and "
+            f"shard-bench {where}: {allocated} GiB allocated and "
             f"{row['retained_prev_gib']:.2f} GiB of {residue.variant!r}'s parameters/optimizer state still alive "
             f"before {variant!r} starts; its absolute memory counters include that (see the *_net_gib values)")
         print(f"WARNING: {row['leftover_warning']}", file=sys.stderr, flush=True)
@@ -468,7 +336,7 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
             for sample in samples:
                 step.measured(sample)
             for key in samples[0]:
-                row[key] = max(s[key] for s in samples)
+                row[key] = _largest(s[key] for s in samples)
             # What this rank holds, from the tensors themselves (bytes -> GiB).
             params = list(model.parameters())
             row.update(
@@ -482,7 +350,8 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
             if variant in cfg.profile:
                 trace = Path(cfg.trace_dir) / f"shard_trace_{variant}_{cfg.precision}_rank{info.rank}.json.gz" \
                     if cfg.trace_dir and (info.rank == 0 or cfg.profile_cpu) else None
-                row.update(_profile(step.measured, device, trace, cpu=cfg.profile_cpu))
+                row.update(harness.profile_comm(step.measured, device, cpu_activity=cfg.profile_cpu,
+                                                trace_path=trace, keep_timeline=True))
                 if trace is not None:
                     row["trace_file"] = trace.name
         row["status"] = "ok"
@@ -504,7 +373,7 @@ def _bench_variant(info: DistInfo, cfg: ShardBenchConfig, variant: str, residue:
         mem.release()
     for key in ABS_MEMORY_KEYS:
         if key in row:
-            row[net_key(key)] = row[key] - start
+            row[net_key(key)] = _minus(row[key], start)
     # A rank that ran out of memory must not leave the others waiting in a collective.
     statuses: list = [None] * info.world_size
     dist.all_gather_object(statuses, row["status"])
@@ -563,11 +432,11 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
         row = {**base, "backend": backend, "variant": r0["variant"], "status": r0["status"],
                "n_params": count_parameters(model_cfg), "timing": TIMING}
         for key in ("start_alloc_gib", "leftover_gib", "retained_prev_gib"):
-            row[key] = max(r[key] for r in results)
+            row[key] = _largest(r[key] for r in results)
             row[f"{key}_per_rank"] = [r[key] for r in results]
         for key in ("round_leftover_gib", "round_retained_prev_gib"):  # per round, the largest rank's
             if key in r0:
-                row[key] = [max(vals) for vals in zip(*(r[key] for r in results))]
+                row[key] = [_largest(vals) for vals in zip(*(r[key] for r in results))]
         warnings = [r["leftover_warning"] for r in results if r.get("leftover_warning")]
         if warnings:
             row["leftover_warning"] = "; ".join(warnings)
@@ -590,7 +459,7 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
                        pair_partner_losses_rank0=r0["pair_partner_losses"])
         for key in r0:
             if (key.endswith("_gib") or key in ("local_param_numel",)) and key not in row:
-                row[key] = max(r[key] for r in results)
+                row[key] = _largest(r[key] for r in results)
                 row[f"{key}_per_rank"] = [r[key] for r in results]
         for key in ("comm_kernel_ms", "compute_kernel_ms", "comm_hidden_ms", "allgather_kernel_ms",
                     "allgather_kernels", "comm_kernels", "compute_idle_ms", "timeline", "trace_file"):
@@ -603,6 +472,12 @@ def summarize(cfg: ShardBenchConfig, per_rank: list[list[dict]], backend: str) -
             row["saved_activations_gib"] = acts  # same forward for every variant
     _add_ratios_to_none(rows)
     return rows
+
+
+def _largest(values) -> float | None:
+    """The largest rank's value, or None where a rank did not measure it (a CPU has no allocator)."""
+    values = list(values)
+    return None if any(v is None for v in values) else max(values)
 
 
 def _add_ratios_to_none(rows: list[dict]) -> None:

@@ -5,20 +5,23 @@ ZeroRedundancyOptimizer and FSDP2 (optimizer_state_sharding_accounting, fsdp_acc
     torchrun --nproc-per-node 2 -m cs336_systems shard-bench --preset xl --precision bf16 --trace-dir out/
     torchrun --nproc-per-node 2 -m cs336_systems shard-bench --variants none fsdp --rounds 3   # drift-robust ratio
     torchrun --nproc-per-node 2 -m cs336_systems shard-bench --variants none fsdp --pair-with-none  # paired ratio
-    cs336-systems shard-bench --preset tiny --device cpu        # spawns 2 gloo processes itself
+    cs336-systems shard-bench --device cpu        # spawns 2 gloo processes itself (preset tiny on a CPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from cs336_systems.bench.ddp import render_timeline
+from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.shard import PRECISIONS, PROBLEM, VARIANTS, ShardBenchConfig, run_shard_bench
+from cs336_systems.commands.ddp_bench import CPU_CONTEXT_LENGTH, CPU_PRESET, GPU_PRESET, world_size_from
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
 
@@ -29,8 +32,9 @@ TABLE_COLUMNS = ["variant", "status", "step_ms", "ratio_to_none", "ratio_to_none
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="xl")
-    p.add_argument("--context-length", type=int, default=512)
+    p.add_argument("--preset", default=None, help=f"default: {GPU_PRESET} on GPUs, {CPU_PRESET} on a CPU")
+    p.add_argument("--context-length", type=int, default=None,
+                   help=f"default: 512 on GPUs, {CPU_CONTEXT_LENGTH} on a CPU")
     p.add_argument("--batch-size", type=int, default=4, help="per rank")
     p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -64,18 +68,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    world = args.world_size or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
-    cfg = ShardBenchConfig(preset=args.preset, context_length=args.context_length, batch_size=args.batch_size,
+    world = world_size_from(args)
+    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    preset = args.preset or (GPU_PRESET if on_gpu else CPU_PRESET)
+    context = args.context_length or (512 if on_gpu else CPU_CONTEXT_LENGTH)
+    cfg = ShardBenchConfig(preset=preset, context_length=context, batch_size=args.batch_size,
                            precision=args.precision, variants=tuple(args.variants), world_size=world,
                            warmup=args.warmup, steps=args.steps, memory_steps=args.memory_steps,
                            rounds=args.rounds, pair_with_none=args.pair_with_none,
                            profile=tuple(args.profile or ()), profile_cpu=args.profile_cpu, trace_dir=args.trace_dir,
                            attention=args.attention, device=args.device, timeout_s=args.timeout_s)
+    if not under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+        print(f"shard-bench: {len(cfg.variants)} variants x {cfg.rounds} round(s), {cfg.precision}, preset {preset}, "
+              f"context {context}, batch {args.batch_size}/rank on {world} "
+              f"{'GPUs (NCCL)' if on_gpu else 'CPU processes (gloo; memory counters n/a: no allocator)'}; each "
+              f"{args.warmup} warm-up, {args.steps} timed{' pairs' if cfg.pair_with_none else ''} and "
+              f"{args.memory_steps} memory steps", file=sys.stderr, flush=True)
     rows = run_shard_bench(cfg)
     if rows is None:  # not rank 0
         return 0
-    df = pd.DataFrame(rows)
-    print(df[[c for c in TABLE_COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".4g"))
+    print(markdown_table(rows, TABLE_COLUMNS))
     if cfg.rounds > 1:  # per round: median step and its ratio to 'none' of the same round
         per_round = pd.DataFrame([
             {"variant": r["variant"], **{f"round {k + 1} ms": ms for k, ms in enumerate(r["round_step_ms"])},
@@ -92,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"records: {write_records(PROBLEM, rows, args.results_dir, device=torch.device(cfg.device_type))}")
     if args.trace_dir:
         timeline_rows = [{**r, "label": r["variant"], "precision": cfg.precision} for r in rows if r.get("timeline")]
-        png = Path(args.trace_dir) / f"shard_timeline_{args.preset}_{cfg.precision}.png"
-        path = render_timeline(timeline_rows, png, f"{args.preset}, {world} ranks, batch {args.batch_size}/rank, "
-                               f"context {args.context_length}: one profiled step on rank 0")
+        png = Path(args.trace_dir) / f"shard_timeline_{preset}_{cfg.precision}.png"
+        path = render_timeline(timeline_rows, png, f"{preset}, {world} ranks, batch {args.batch_size}/rank, "
+                               f"context {context}: one profiled step on rank 0")
         if path:
             print(f"timeline: {path}")
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from cs336_systems.parallel import STRATEGIES
-from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES, TRANSPORTS
+from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.records import write_records
 from cs336_systems.train import PRECISIONS, TrainConfig, train
 
@@ -38,9 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-comm-dtype", choices=list(GRAD_COMM_DTYPES), default=None,
                    help="all-reduce gradients in this dtype (half the bytes of fp32; averages rounded to it) with "
                    "overlap, bucketed, zero1, torch-ddp, torch-zero (default: the gradients' fp32)")
-    p.add_argument("--transport", choices=list(TRANSPORTS), default="collective",
-                   help="how overlap / bucketed / zero1 average a bucket: 'collective' (the process group's "
-                   "all-reduce) or 'copy-engine' (GPUs of one node: NVLink copies, no SMs)")
     p.add_argument("--data", default=None, help="uint16 token file (np.memmap); default: synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=1)
@@ -56,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                       grad_clip=args.grad_clip or None, precision=args.precision, parallel=args.parallel,
                       bucket_size_mb=args.bucket_size_mb, grad_comm_dtype=args.grad_comm_dtype,
-                      transport=args.transport, data=args.data, seed=args.seed, log_every=args.log_every,
+                      data=args.data, seed=args.seed, log_every=args.log_every,
                       attention=args.attention, device=args.device)
     summary = train(cfg)
     import torch.distributed as dist

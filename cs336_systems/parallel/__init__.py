@@ -26,11 +26,10 @@ from cs336_systems.parallel.strategies import (
 
 def wrap_model(module: nn.Module, strategy: str, bucket_size_mb: float | None = None, *,
                compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-               grad_comm_dtype: torch.dtype | None = None, transport: str = "collective",
-               sm_carveout: int | None = None) -> nn.Module:
+               grad_comm_dtype: torch.dtype | None = None) -> nn.Module:
     """Wrap ``module`` with ``strategy`` (see ``STRATEGIES``)."""
     options = WrapOptions(bucket_size_mb=bucket_size_mb, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype,
-                          grad_comm_dtype=grad_comm_dtype, transport=transport, sm_carveout=sm_carveout)
+                          grad_comm_dtype=grad_comm_dtype)
     return get_strategy(strategy).wrap(module, options)
 
 

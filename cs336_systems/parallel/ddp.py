@@ -10,43 +10,15 @@
                    launched once the bucket's last gradient is ready (``ddp_overlap_bucketed``)
 =================  ==========================================================================
 
-All four share one API (``wrapper(x)`` runs the module; ``finish_gradient_synchronization()`` before
-``optimizer.step()``; ``no_sync()`` for gradient accumulation; ``.module``) and one contract:
-
-* at construction, every rank checks that all ranks hold the same parameter and buffer names,
-  shapes and dtypes (``ValueError`` listing the differences otherwise), then rank 0's parameters and
-  buffers are broadcast, so ranks seeded differently start identical;
-* gradients are averaged inside the collective (``ReduceOp.AVG``) on NCCL; other backends (gloo:
-  AVG only in recent torch) sum, and the reduced buffer is divided by the world size once;
-* parameters with ``requires_grad=False`` get no communication; a tied parameter (one tensor
-  reachable under several names) is reduced once;
-* a parameter that requires grad but has no gradient by ``finish_gradient_synchronization()``
-  raises ``RuntimeError`` naming it, instead of hanging in a collective or letting ranks diverge.
-
-Buckets (``OverlapDDP`` is ``BucketedDDP`` with one parameter per bucket, reduced in place) are filled
-in reverse ``module.parameters()`` order, the order in which backward produces gradients, and
-launched strictly in bucket order on every rank: a bucket that is complete before an earlier one
-waits for it, so all ranks issue the same sequence of collectives even if autograd finishes
-gradients in a slightly different order than predicted.
-
-Gradients as bucket views (as torch DDP's ``gradient_as_bucket_view``): after a synchronised
-backward, the gradients of a bucket of several parameters are views into one flat buffer, laid out
-back to back in bucket order, and the all-reduce averaged that buffer in place, so there is nothing
-to copy back. When a bucket is launched:
-
-* if its gradients already lie back to back in one buffer in bucket order (the previous step's views,
-  kept by ``zero_grad(set_to_none=False)``; autograd then accumulates into them in place), that
-  buffer is reduced as it is: no copy;
-* otherwise (the first backward, or after ``zero_grad(set_to_none=True)``, torch's default, which
-  makes autograd hand over fresh tensors) the gradients are concatenated into a new buffer (one
-  ``torch.cat``, as flattening always costs; on GPUs on a side stream, overlapping the rest of
-  backward: ``BucketedDDP``'s "Streams") and ``.grad`` is pointed at its views, freeing the fresh
-  tensors.
-
-The wrapper holds a bucket's buffer only from launch to ``finish_gradient_synchronization()``; after
-that the gradients own it, so ``zero_grad(set_to_none=True)`` frees it and nothing stays allocated
-between steps (torch DDP keeps its buckets for the whole run). Nothing in the hooks or in
-``finish_gradient_synchronization()`` waits for the device.
+All share one API (``wrapper(x)``; ``finish_gradient_synchronization()`` before ``optimizer.step()``;
+``no_sync()`` for gradient accumulation; ``.module``) and one contract: ranks are checked to wrap the
+same architecture (``ValueError`` listing the differences) and start from rank 0's parameters and
+buffers; gradients are averaged (``ReduceOp.AVG`` on NCCL, sum then one divide elsewhere); frozen
+parameters get no communication and a tied one is reduced once; a trainable parameter without a
+gradient raises ``RuntimeError`` naming it instead of hanging in a collective. Buckets launch strictly
+in bucket order on every rank, and after a synchronised backward a bucket's gradients are views of
+the buffer that was reduced in place (no copy back; nothing held between steps). The design, with
+the memory traffic of each path, is in docs/parallelism.md ("The wrappers").
 """
 
 from __future__ import annotations
@@ -61,11 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cs336_basics.model import Linear as BasicsLinear
-
-LINEAR_TYPES = (BasicsLinear, nn.Linear)  # modules whose weight autocast casts for its matmul
 MB = 1024 * 1024  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
-TRANSPORTS = ("collective", "copy-engine")  # how BucketedDDP moves a bucket (class docstring)
 GRAD_COMM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # command-line names of comm_dtype choices
 
 
@@ -238,7 +206,6 @@ class _Bucket:
     reduced: torch.Tensor | None = None  # the tensor it reduces (the flat buffer, or a one-parameter bucket's grad)
     wire: torch.Tensor | None = None  # with comm_dtype: the bucket's gradients packed and cast, all-reduced
     grads: list[torch.Tensor] | None = None  # with comm_dtype: the gradients ``wire`` is copied back into
-    flat: torch.Tensor | None = None  # or, when some came from compute_dtype copies: a new buffer of their views
     divide: bool = False  # whether ``reduced`` still has to be divided by the world size (no AVG)
 
     def __post_init__(self):
@@ -263,19 +230,13 @@ class _Bucket:
             return base
         return None
 
-    def point_grads_at(self, flat: torch.Tensor, indices: list[int], stream, copies: dict | None = None) -> None:
-        """Make ``.grad`` of the parameters at ``indices`` views of ``flat`` (their values were copied there
-        on ``stream``). The tensors they replace (and the gradients of their ``compute_dtype`` copies, in
-        ``copies``) are freed, so the caching allocator is told that ``stream`` still reads them (it reuses
-        their memory only once the copy is done)."""
-        for i in indices:
-            p, off = self.params[i], self.offsets[i]
-            copy = copies.get(id(p)) if copies else None
-            for t in (p, copy):
-                if t is not None and t.grad is not None:
-                    if stream is not None:
-                        t.grad.record_stream(stream)
-                    t.grad = None
+    def point_grads_at(self, flat: torch.Tensor, stream) -> None:
+        """Make every ``.grad`` of the bucket a view of ``flat`` (their values were copied there on
+        ``stream``). The tensors they replace are freed, so the caching allocator is told that ``stream``
+        still reads them (it reuses their memory only once the copy is done)."""
+        for p, off in zip(self.params, self.offsets):
+            if stream is not None:
+                p.grad.record_stream(stream)
             p.grad = flat[off:off + p.numel()].view(p.shape)
 
 
@@ -299,173 +260,29 @@ class BucketedDDP(_DataParallel):
 
     ``bucket_size_mb``: at most this many MiB of gradients per bucket (a larger tensor gets a bucket
     of its own); ``None``: one bucket per parameter, reduced in place without a copy (``OverlapDDP``).
-    A bucket also never mixes devices or dtypes. After each synchronised backward the gradients of a
-    bucket of several parameters are views of one flat buffer (module docstring).
+    A bucket never mixes devices or dtypes.
 
-    ``comm_dtype``: all-reduce the gradients in this dtype (e.g. ``torch.bfloat16``: half the bytes of
-    fp32, as PyTorch DDP's ``bf16_compress_hook`` and FSDP's ``reduce_dtype``): each bucket's gradients
-    are packed into one buffer of that dtype in a single pass (cast while copying; no flat fp32 copy, so
-    the gradients stay autograd's own tensors rather than bucket views), averaged, and copied back.
-    Every gradient is then rounded to bf16 (8 significant bits) before it is averaged and the average is
-    rounded again, so the result differs from the fp32 average by up to ~2^-8 relative; ``None``
-    (default) reduces in the gradients' dtype.
+    ``comm_dtype`` (e.g. ``torch.bfloat16``, as PyTorch DDP's ``bf16_compress_hook``): all-reduce in
+    this dtype, half the bytes of fp32; each bucket is packed and cast in one pass, averaged, and copied
+    back, so every gradient is rounded to it before averaging (relative error up to ~2^-8 for bf16).
 
-    ``transport``: ``"collective"`` (default) all-reduces each bucket with the process group (NCCL
-    kernels on GPUs); ``"copy-engine"`` averages it with :class:`~cs336_systems.parallel.copy_engine.
-    CopyEngineAllReduce` (GPUs of one node: bytes moved by the copy engines over NVLink, no SMs taken
-    from backward). The buckets then live in symmetric memory for the whole run (``extra_device_bytes``;
-    PyTorch's allocator does not count it), and after every synchronised backward the gradients are views
-    of them (fresh gradients are copied in at launch, one kernel per bucket).
-
-    Streams (CUDA). Whatever a launch copies (gradients into the flat buffer, the cast into ``comm_dtype``,
-    and the average back out of it) runs on a side stream that first waits for backward's stream, and the
-    collective is issued behind it; with ``comm_dtype`` the side stream also waits for the collective and
-    copies the average back at once. So none of these memory passes sits on backward's stream (torch DDP
-    copies gradients into its buckets on it): they overlap the rest of backward like the transfer does, and
-    ``finish_gradient_synchronization()`` only makes the compute stream wait. Gradients a copy replaces are
-    released with ``record_stream``, so their memory is reused only after the copy has read them.
-
-    ``compute_dtype`` (e.g. ``torch.bfloat16``; mixed precision under ``torch.autocast`` of that dtype, as torch
-    DDP's ``mixed_precision.param_dtype``): the weight of every ``Linear`` (the tensors autocast casts for its
-    matmuls) gets a persistent copy in that dtype, refreshed from the fp32 weight at the first forward after
-    each synchronised step (or after the weight changed in place), which the modules compute with inside such
-    an autocast region (an instance attribute shadowing ``weight`` during the wrapper's forward). Autocast
-    would cast the same weights to the same values, so the forward is unchanged; what changes is backward:
-    the weight gradient comes out in bf16 and goes straight into its bucket (cast into the fp32 bucket, or
-    packed into a ``comm_dtype`` bf16 one), instead of autocast's cast to fp32 then a pack that reads it
-    again; after the all-reduce the average is written as fp32 into a new buffer whose views become
-    ``.grad``. Inside ``no_sync()``, or when ``.grad`` already holds an accumulated gradient, the bf16
-    gradient is added into the fp32 ``.grad`` at once, as autocast's backward would. Results are those of
-    autocast with the same ``comm_dtype`` (tested bit for bit); the copies cost 2 bytes per weight element
-    for the run. Outside an autocast region of ``compute_dtype`` the module runs on its own weights as usual.
-    A weight also held by a module other than a ``Linear`` (e.g. tied to an embedding) is left to autocast.
-    Measured on two H200s (xl, bf16) it did not make the step faster than plain autocast
-    (docs/parallelism.md), so the training driver does not use it.
-
-    ``sm_carveout`` (CUDA; an experiment): from the first bucket's launch to the end of the synchronised
-    step, matrix multiplications leave this many SMs unused (``torch._C._set_sm_carveout_experimental``, the
-    knob PyTorch's async tensor parallelism uses), so that NCCL's thread blocks (cap them to the same number
-    with ``NCCL_MAX_CTAS``) run beside them instead of delaying the GEMMs' last wave. Steps inside
-    ``no_sync()`` and everything outside a synchronised backward keep every SM."""
+    On GPUs every copy a launch makes (packing, casting, copying the average back) runs on a side stream
+    behind backward's, so it overlaps the rest of backward as the transfer does, and
+    ``finish_gradient_synchronization()`` only makes the compute stream wait; the host never blocks."""
 
     def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
-                 process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None,
-                 transport: str = "collective", compute_dtype: torch.dtype | None = None,
-                 sm_carveout: int | None = None):
+                 process_group: dist.ProcessGroup | None = None, *, comm_dtype: torch.dtype | None = None):
         if bucket_size_mb is not None and not bucket_size_mb > 0:
             raise ValueError(f"{type(self).__name__}: bucket_size_mb must be > 0, got {bucket_size_mb!r}")
         _check_dtype_arg(type(self).__name__, comm_dtype)
-        _check_dtype_arg(type(self).__name__, compute_dtype, name="compute_dtype")
-        if sm_carveout is not None and (isinstance(sm_carveout, bool) or not isinstance(sm_carveout, int)
-                                        or sm_carveout < 1):
-            raise ValueError(f"{type(self).__name__}: sm_carveout must be a positive int or None, got {sm_carveout!r}")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"{type(self).__name__}: transport must be one of {', '.join(TRANSPORTS)}, "
-                             f"got {transport!r}")
-        if transport == "copy-engine" and (comm_dtype is not None or compute_dtype is not None):
-            raise ValueError(f"{type(self).__name__}: comm_dtype and compute_dtype are not supported with "
-                             "transport='copy-engine' (it moves the gradients' own dtype)")
         super().__init__(module, process_group)
         self.comm_dtype = comm_dtype
-        self.compute_dtype = compute_dtype
-        self.sm_carveout = sm_carveout
-        self._carveout_before: tuple | None = None  # (previous carveout,) while ours is set
         self.bucket_size_mb = bucket_size_mb
-        self.transport = transport
         self.buckets = self._assign_buckets()
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self._copy_engine = None
-        self.extra_device_bytes = 0
-        if transport == "copy-engine":
-            from cs336_systems.parallel.copy_engine import CopyEngineAllReduce
-
-            devices = {p.device for p in self.trainable}
-            dtypes = {p.dtype for p in self.trainable}
-            try:
-                if len(devices) != 1 or len(dtypes) != 1:
-                    raise ValueError(f"the parameters must share one device and dtype, got {sorted(map(str, devices))}"
-                                     f" and {sorted(map(str, dtypes))}")
-                self._copy_engine = CopyEngineAllReduce([b.numel for b in self.buckets], dtypes.pop(), devices.pop(),
-                                                        process_group)
-            except ValueError as e:
-                raise ValueError(f"{type(self).__name__}: transport='copy-engine' is not possible: {e}") from None
-            self.extra_device_bytes = self._copy_engine.nbytes
         self._side_streams: dict[torch.device, torch.cuda.Stream] = {}  # where buckets are packed (CUDA)
         self._next_to_launch = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.trainable]
-        # compute_dtype: a persistent copy per Linear weight, the modules that use it, and the weights' versions
-        self._copies: dict[int, torch.Tensor] = {}  # id(param) -> its copy (a leaf whose gradient autograd fills)
-        self._master_of: dict[int, nn.Parameter] = {}  # id(copy) -> param
-        self._users: list[tuple[nn.Module, torch.Tensor]] = []
-        self._copied_versions: list[int] | None = None  # None: refresh at the next forward
-        if compute_dtype is not None:
-            self._make_copies()
-
-    def _make_copies(self) -> None:
-        holders: dict[int, list[tuple[nn.Module, str]]] = {}
-        for m in self.module.modules():
-            for name, q in m._parameters.items():
-                if q is not None:
-                    holders.setdefault(id(q), []).append((m, name))
-        for p in self.trainable:
-            users = holders.get(id(p), [])
-            if (not p.is_floating_point() or p.dtype == self.compute_dtype or not users
-                    or not all(isinstance(m, LINEAR_TYPES) and name == "weight" for m, name in users)):
-                continue
-            copy = torch.empty_like(p, dtype=self.compute_dtype).requires_grad_()
-            self._copies[id(p)], self._master_of[id(copy)] = copy, p
-            self._users += [(m, copy) for m, _ in users]
-            self._handles.append(copy.register_post_accumulate_grad_hook(self._on_copy_grad))
-
-    # -- forward: the compute_dtype copies -----------------------------------------------------------
-    def forward(self, *args, **kwargs):
-        if not self._copies or not self._computes_in_copies():
-            return self.module(*args, **kwargs)
-        self._refresh_copies()
-        for m, copy in self._users:
-            m.__dict__["weight"] = copy  # found before nn.Module.__getattr__ looks into _parameters
-        try:
-            return self.module(*args, **kwargs)
-        finally:
-            for m, _ in self._users:
-                m.__dict__.pop("weight", None)
-
-    def _computes_in_copies(self) -> bool:
-        """Inside an autocast region of ``compute_dtype`` on the weights' device: where autocast would cast
-        the Linear weights to it, the copies stand in for them."""
-        device_type = next(iter(self._copies.values())).device.type
-        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.compute_dtype
-
-    @torch.no_grad()
-    def _refresh_copies(self) -> None:
-        """Copy the weights into the copies (one multi-tensor kernel) at the first forward after a
-        synchronised step, or when a weight changed in place since (its version counter moved; an update
-        through ``.data`` moves no counter: call :meth:`refresh_copies`)."""
-        masters = list(self._master_of.values())  # filled alongside _copies: the same order
-        versions = [p._version for p in masters]
-        if versions == self._copied_versions:
-            return
-        torch._foreach_copy_(list(self._copies.values()), masters)
-        self._copied_versions = versions
-
-    def refresh_copies(self) -> None:
-        """Re-copy the weights into the ``compute_dtype`` copies at the next forward (after changing weights
-        in a way their version counters do not see, e.g. through ``.data``)."""
-        self._copied_versions = None
-
-    def _on_copy_grad(self, copy: torch.Tensor) -> None:
-        """A copy's gradient arrived (in ``compute_dtype``). In a synchronised backward, with no fp32
-        gradient to add it to, it waits for its bucket as it is; otherwise it is added into ``.grad`` (cast to
-        fp32 first, as autocast's backward does) and released."""
-        p = self._master_of[id(copy)]
-        if not self._sync_enabled or p.grad is not None:
-            with torch.no_grad():
-                if p.grad is None:
-                    p.grad = copy.grad.to(p.dtype)
-                else:
-                    p.grad.add_(copy.grad)
-            copy.grad = None
-        self._on_grad_ready(p)
 
     def _assign_buckets(self) -> list[_Bucket]:
         cap = None if self.bucket_size_mb is None else self.bucket_size_mb * MB
@@ -519,39 +336,13 @@ class BucketedDDP(_DataParallel):
         # Buffers are allocated here, on the backward stream, before switching streams: they come from its
         # pool (a side-stream pool would keep a second set of gradient-sized blocks cached) and are only
         # written after the side stream has waited for backward.
-        grads = [p.grad if p.grad is not None else self._copies[id(p)].grad for p in bucket.params]
+        grads = [p.grad for p in bucket.params]
         device = grads[0].device
-        if self.sm_carveout is not None and device.type == "cuda" and self._carveout_before is None:
-            self._carveout_before = (torch._C._get_sm_carveout_experimental(),)
-            torch._C._set_sm_carveout_experimental(self.sm_carveout)
-        from_copies = any(g.dtype != p.dtype for g, p in zip(grads, bucket.params))  # compute_dtype gradients
-        if self._copy_engine is not None:
-            flat = self._copy_engine.view(bucket.index)
-            base, size = flat.data_ptr(), flat.element_size()
-            fresh = [i for i, (g, off) in enumerate(zip(grads, bucket.offsets)) if g.data_ptr() != base + off * size]
-            with self._packing_stream(device) as side:
-                if len(fresh) == len(grads):  # autograd's new tensors (zero_grad(set_to_none=True)): one kernel
-                    torch.cat([g.reshape(-1) for g in grads], out=flat)
-                elif fresh:  # some are views already (set_to_none=False, then one gradient set to None)
-                    torch._foreach_copy_([flat[bucket.offsets[i]:bucket.offsets[i] + grads[i].numel()]
-                                          for i in fresh], [grads[i].reshape(-1) for i in fresh])
-                t0 = time.perf_counter()
-                bucket.work = self._copy_engine.start(bucket.index)  # its stream waits for this one
-                self.stats.calls += 1
-                self.stats.bytes += bucket.numel * size
-                self.stats.seconds += time.perf_counter() - t0
-            bucket.point_grads_at(flat, fresh, side)
-            return
-        if self.comm_dtype is not None and (from_copies or grads[0].dtype != self.comm_dtype):
+        if self.comm_dtype is not None and grads[0].dtype != self.comm_dtype:
             # Pack and cast in one pass (no flat fp32 copy): the gradients stay autograd's own tensors and
-            # receive the average back, on the side stream as soon as it lands (on a CPU: in finish). Gradients
-            # of compute_dtype copies have no fp32 tensor to return to: the whole bucket's average goes into a
-            # new fp32 buffer instead, and .grad becomes its views.
+            # receive the average back, on the side stream as soon as it lands (on a CPU: in finish).
             bucket.wire = torch.empty(bucket.numel, dtype=self.comm_dtype, device=device)
-            if from_copies:
-                bucket.flat = torch.empty(bucket.numel, dtype=bucket.params[0].dtype, device=device)
-            else:
-                bucket.grads = grads
+            bucket.grads = grads
             with self._packing_stream(device) as side:
                 torch.cat([g.reshape(-1) for g in grads], out=bucket.wire)
                 bucket.work, bucket.divide = self._all_reduce_mean(bucket.wire, async_op=True)
@@ -559,38 +350,30 @@ class BucketedDDP(_DataParallel):
                     bucket.work.wait()  # the side stream waits for the collective, the host does not
                     self._unpack(bucket)
                     bucket.work = StreamWork(side)
-            if from_copies:
-                bucket.point_grads_at(bucket.flat, list(range(len(bucket.params))), side, self._copies)
             return
-        if len(grads) == 1 and not from_copies:  # reduced in place
+        if len(grads) == 1:  # reduced in place
             bucket.reduced = grads[0]
             bucket.work, bucket.divide = self._all_reduce_mean(bucket.reduced, async_op=True)
             return
-        flat = None if from_copies else bucket.lying_flat()
+        flat = bucket.lying_flat()
         if flat is not None:  # reduced as it lies: no copy
             bucket.reduced = flat
             bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
             return
-        # (compute_dtype gradients are cast to the parameters' dtype while copying)
         flat = torch.empty(bucket.numel, dtype=bucket.params[0].dtype, device=device)
         with self._packing_stream(device) as side:  # the copy overlaps backward; the collective follows it
             torch.cat([g.reshape(-1) for g in grads], out=flat)
             bucket.work, bucket.divide = self._all_reduce_mean(flat, async_op=True)
-        bucket.point_grads_at(flat, list(range(len(bucket.params))), side, self._copies)
+        bucket.point_grads_at(flat, side)
         bucket.reduced = flat
 
     def _unpack(self, bucket: _Bucket) -> None:
-        """``comm_dtype``: the averaged wire back into the gradients, or into the new buffer of their views
-        (cast while copying), then the divide in their dtype where the collective summed."""
-        if bucket.flat is not None:
-            bucket.flat.copy_(bucket.wire)
-            if bucket.divide:
-                bucket.flat.div_(self.world_size)
-        else:
-            torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
-                                                for g, o in zip(bucket.grads, bucket.offsets)])
-            if bucket.divide:
-                torch._foreach_div_(bucket.grads, self.world_size)
+        """``comm_dtype``: the averaged wire back into the gradients, then the divide in their dtype where the
+        collective summed."""
+        torch._foreach_copy_(bucket.grads, [bucket.wire[o:o + g.numel()].view(g.shape)
+                                            for g, o in zip(bucket.grads, bucket.offsets)])
+        if bucket.divide:
+            torch._foreach_div_(bucket.grads, self.world_size)
         bucket.divide = False
 
     # -- API --------------------------------------------------------------------------------
@@ -614,24 +397,17 @@ class BucketedDDP(_DataParallel):
                         "parameters with requires_grad_(False))")
             for bucket in self.buckets:
                 self._wait(bucket.work)
-                if bucket.wire is not None and not isinstance(bucket.work, StreamWork):  # not unpacked yet
+                if bucket.wire is not None and not isinstance(bucket.work, StreamWork):  # not unpacked yet (CPU)
                     self._unpack(bucket)
                 elif bucket.divide:  # no AVG on this backend: one divide of the whole reduced buffer
                     bucket.reduced.div_(self.world_size)
         finally:
             self._reset_step()
-            self._copied_versions = None  # the optimizer steps next: copy the weights again at the next forward
-
-    def _restore_carveout(self) -> None:
-        if self._carveout_before is not None:
-            torch._C._set_sm_carveout_experimental(self._carveout_before[0])
-            self._carveout_before = None
 
     def _reset_step(self) -> None:
-        self._restore_carveout()
         for bucket in self.buckets:
             bucket.ready.clear()
-            bucket.work = bucket.reduced = bucket.wire = bucket.grads = bucket.flat = None
+            bucket.work = bucket.reduced = bucket.wire = bucket.grads = None
             bucket.divide = False
         self._next_to_launch = 0
 
@@ -644,20 +420,14 @@ class BucketedDDP(_DataParallel):
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._copies.clear()  # without their hooks the copies' gradients would go nowhere: forward stops using them
-        self._restore_carveout()  # a step that never finished: give the matmuls their SMs back
-        self._master_of.clear()
-        self._users.clear()
 
 
 class OverlapDDP(BucketedDDP):
     """One async all-reduce per parameter, issued from its post-accumulate-grad hook during backward."""
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
-                 comm_dtype: torch.dtype | None = None, transport: str = "collective",
-                 compute_dtype: torch.dtype | None = None, sm_carveout: int | None = None):
-        super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype,
-                         transport=transport, compute_dtype=compute_dtype, sm_carveout=sm_carveout)
+                 comm_dtype: torch.dtype | None = None):
+        super().__init__(module, bucket_size_mb=None, process_group=process_group, comm_dtype=comm_dtype)
 
 
 class NothingToFinish:
@@ -710,13 +480,13 @@ class TorchDDP(NothingToFinish, nn.parallel.DistributedDataParallel):
         self.stats = CommStats()  # collectives run inside the reducer; not visible here
 
 
-def _check_dtype_arg(who: str, dtype: torch.dtype | None, hooks: bool = False, name: str = "comm_dtype") -> None:
-    """A dtype argument (``name``) must be None or floating; ``hooks``: PyTorch DDP's ``comm_dtype``, whose
-    compression hooks exist for bf16 and fp16 only."""
+def _check_dtype_arg(who: str, dtype: torch.dtype | None, hooks: bool = False) -> None:
+    """``comm_dtype`` must be None or floating; ``hooks``: PyTorch DDP's, whose compression hooks exist for
+    bf16 and fp16 only."""
     if hooks:
         ok, choices = dtype in (None, torch.bfloat16, torch.float16), "torch.bfloat16 or torch.float16"
     else:
         ok, choices = dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point), \
             "a floating torch.dtype"
     if not ok:
-        raise ValueError(f"{who}: {name} must be {choices} or None, got {dtype!r}")
+        raise ValueError(f"{who}: comm_dtype must be {choices} or None, got {dtype!r}")

@@ -1,78 +1,22 @@
 """Fully-sharded data parallelism (handout problem ``fsdp``; ZeRO stage 3 style).
 
 ``FSDP(module, compute_dtype=None)`` shards the weight of every ``Linear`` and ``Embedding`` (ours
-from ``cs336_basics.model`` and torch's) across the ranks; every other parameter (RMSNorm gains,
-biases) stays replicated and has its gradient all-reduced. Frozen weights (``requires_grad=False``)
-are left alone.
+and torch's) across the ranks; other parameters (norm gains, biases) stay replicated and have their
+gradients all-reduced; frozen weights are left alone. Communication is per unit, as FSDP2 groups a
+model (every ``TransformerBlock``, or each instance of ``unit_classes``; every sharded module outside
+one; tied modules merged): one all-gather in forward, one in backward and one reduce-scatter per unit,
+with the next unit's gather prefetched while the current one computes (at most two gathered at a
+time). The shards of a unit are slices of one flat fp32 buffer, each an ``nn.Parameter`` under the
+weight's own name, so a standard optimizer steps them in place; gathered weights are freed after a
+unit's forward (their storage, FSDP2's way, refilled when its backward starts). ``compute_dtype``
+casts shards before the all-gather (half the traffic); gradients are reduced in ``reduce_dtype``
+(default fp32) and accumulated in fp32.
 
-Units. Communication is per *unit*, as FSDP2 groups a model: every ``TransformerBlock`` (ours; for
-other models any instance of ``unit_classes``, by default the class repeated in an ``nn.ModuleList`` /
-``nn.Sequential`` of the model) is one unit holding all the sharded weights inside it, and every
-sharded module outside such a block (the embedding, the LM head) is a unit of its own. Modules that
-share (tie) a weight are merged into one unit. A unit costs one all-gather in forward, one in
-backward and one reduce-scatter, whatever the number of weights in it: the xl model (48 blocks of 7
-weights, embedding, head) issues 149 collectives per step instead of 1,014 with one unit per weight.
-
-Storage. A weight of ``N`` elements gets a shard of ``ceil(N / W)`` elements (``W`` ranks; the last
-rank's is zero-padded). The shards of a unit's weights are consecutive slices of ONE flat fp32 buffer
-per unit (``_Unit.flat_shard``); each slice is an ``nn.Parameter`` registered under the weight's
-original name, so ``module.named_parameters()`` lists the same names (with 1-D shard shapes) and a
-standard optimizer (our AdamW or torch's) steps the shards in place: master weights, gradients and
-optimizer state stay fp32. The gradient of a shard parameter is likewise a slice of one flat fp32
-gradient buffer per unit.
-
-Forward. Entering a unit (a forward pre-hook on its block, or on the module itself) waits for its
-all-gather (the whole flat shard, cast to ``compute_dtype`` first, gathered into one buffer laid out
-rank by rank), copies it out once into a new weight-by-weight buffer of which every full weight is a
-view (``as_strided`` with precomputed geometry), and starts the all-gather of the *next* unit in
-forward order. The gather of unit ``j`` thus starts when unit ``j-1`` starts, i.e. after unit ``j-2``
-has finished its forward, never earlier (the handout's limit on prefetching), and runs while unit
-``j-1`` computes: at most two units are gathered at a time. Entering also shadows the ``weight``
-parameter of every module of the unit with its full view (an instance attribute; the module code is
-not changed) and leaving removes them, so a block
-costs two hook calls whatever the number of weights in it (the modules inside carry no hooks). Leaving
-the unit frees the gathered buffer, except for the last unit of the forward, which backward needs
-first (as FSDP2 keeps its root unsharded).
-
-Backward (FSDP2's scheme). Autograd keeps the views of a gathered buffer that it saves (a matmul saves
-its weight), so dropping our reference would not free it: leaving a unit frees the buffer's *storage*
-instead (``untyped_storage().resize_(0)``; the saved views keep their geometry), and a hook on the
-unit's outputs, which autograd runs when their gradient arrives, i.e. right before any node of the
-unit runs backward, allocates the same storage again and gathers the weights into it (waiting for a
-prefetch issued when the previous unit in reverse order started its backward). Whether autograd saved
-a view is read from the storage's reference count when the unit is left: a unit whose backward needs
-no weight (an embedding lookup) is freed for good, gathers nothing in backward and gets no hook.
-(A single-weight unit is copied out of the all-gather's buffer in forward too, so that the count
-never includes a reference the collective may still hold: every rank must decide alike; with
-``unit_classes=()`` that is one device copy per weight and forward.) Nothing
-runs per saved tensor (the previous design's saved-tensor hooks cost a Python call per saved
-activation, ~2,400 per xl step). The gathered storage is freed again when the unit's backward is over
-(a later backward through a retained graph, or of a second forward, gathers it again). The gradients of
-a unit's full weights arrive together in ``_UnshardUnit.backward``; they are packed rank by rank
-(``torch._chunk_cat``, which also pads) into one buffer and reduce-scattered asynchronously (summed,
-then divided by ``W``) into the unit's flat gradient; at most ``_RS_IN_FLIGHT`` reduce-scatters are
-outstanding, so full-size gradients do not pile up. ``finish_gradient_synchronization()`` waits for
-the rest and all-reduces the replicated parameters' gradients.
-
-Mixed precision. With ``compute_dtype`` (e.g. bf16) each flat shard is cast *before* the all-gather
-(half the traffic) and floating inputs (and biases) of ``Linear`` modules are cast to it, by hooks
-registered only while forwards run outside an autocast region of that dtype (inside one, autocast
-casts the matmul operands itself, to the same values). Gradients are reduced in
-``reduce_dtype`` (default: fp32, the parameter dtype: the average is exact to fp32; pass
-``reduce_dtype=compute_dtype`` for half the reduce-scatter traffic, FSDP2's default policy), then
-accumulated in fp32. Under ``torch.autocast`` pass the same ``compute_dtype``: autocast's own cast of
-a gathered fp32 weight would be saved for backward in full.
-
-Not supported: ``no_sync`` gradient accumulation without communication (each backward reduces;
-gradients of several backwards do accumulate correctly in ``.grad``), data-dependent unit order
-across ranks, activation checkpointing that re-runs a unit's forward inside backward, a unit whose
-saved weights are read in backward by nodes that its outputs do not lead to (a side output of a
-block, or a use of ``weight.detach()``: such a node may find the storage freed, a ``RuntimeError``),
-``torch.compile`` of the wrapped module (hooks and collectives break graphs), modules that read a
-sharded weight without calling the module (e.g. ``nn.MultiheadAttention.out_proj``), calling a module
-of a block unit outside its block's forward, moving the
-wrapped model to another device or dtype, and ``nn.Embedding`` with ``max_norm`` or sparse gradients
-(``ValueError``).
+Not supported (``ValueError`` where it can be detected): ``no_sync``, unit order differing between
+ranks, activation checkpointing that re-runs a unit in backward, reading a unit's saved weights from
+nodes its outputs do not lead to, ``torch.compile`` of the wrapped module, modules that read a sharded
+weight without calling the module, moving the wrapped model to another device or dtype, and
+``nn.Embedding`` with ``max_norm`` or sparse gradients. The design in full: docs/sharding.md ("FSDP").
 """
 
 from __future__ import annotations
@@ -92,8 +36,8 @@ from torch.utils._pytree import tree_leaves
 from cs336_basics.model import Embedding as BasicsEmbedding
 from cs336_basics.model import Linear as BasicsLinear
 from cs336_basics.model import TransformerBlock
-from cs336_systems.parallel.ddp import LINEAR_TYPES
 
+LINEAR_TYPES = (BasicsLinear, nn.Linear)  # modules whose inputs are cast to compute_dtype outside autocast
 SHARDED_TYPES = (BasicsLinear, BasicsEmbedding, nn.Linear, nn.Embedding)
 _RS_IN_FLIGHT = 2
 

@@ -64,75 +64,6 @@ def default_backend(device_type: str | None = None) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
-HIGH_PRIORITY_ENV = "CS336_NCCL_HIGH_PRIORITY"
-
-
-def nccl_high_priority() -> bool:
-    """Whether NCCL collectives run on high-priority CUDA streams (``CS336_NCCL_HIGH_PRIORITY=1``)."""
-    value = os.environ.get(HIGH_PRIORITY_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{HIGH_PRIORITY_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-BIND_CPUS_ENV = "CS336_BIND_CPUS"
-
-
-def physical_cores() -> list[list[int]]:
-    """The CPUs this process may run on, grouped by physical core (hyperthread siblings together), in
-    order of their first CPU; from /sys (Linux). Without topology information every CPU is its own core."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cores: dict[tuple[str, str], list[int]] = {}
-    for cpu in allowed:
-        base = f"/sys/devices/system/cpu/cpu{cpu}/topology"
-        try:
-            with open(f"{base}/physical_package_id") as f:
-                package = f.read().strip()
-            with open(f"{base}/core_id") as f:
-                core = f.read().strip()
-        except OSError:
-            package, core = "?", str(cpu)
-        cores.setdefault((package, core), []).append(cpu)
-    return sorted(cores.values())
-
-
-def bind_cpus(local_rank: int, local_world_size: int) -> list[int]:
-    """Restrict this process (threads started from now on) to its share of the physical cores: the cores
-    are split into ``local_world_size`` contiguous groups, hyperthread siblings staying together, so no
-    two ranks of a node share a core. Returns the CPUs bound. ``ValueError`` if there are fewer physical
-    cores than local ranks."""
-    cores = physical_cores()
-    if len(cores) < local_world_size:
-        raise ValueError(f"bind_cpus: {len(cores)} physical core(s) for {local_world_size} local ranks")
-    per = len(cores) // local_world_size
-    mine = sorted(c for core in cores[local_rank * per:(local_rank + 1) * per] for c in core)
-    os.sched_setaffinity(0, mine)
-    return mine
-
-
-def bind_cpus_requested() -> bool:
-    """Whether ``init_distributed`` binds each rank to its own physical cores (``CS336_BIND_CPUS=1``)."""
-    value = os.environ.get(BIND_CPUS_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{BIND_CPUS_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-def configure_nccl(max_ctas: int | None = None, high_priority: bool = False) -> None:
-    """NCCL settings for the process groups this process will create (read when a communicator is made, so
-    call this before ``init_distributed``; ranks spawned afterwards inherit them): ``max_ctas`` caps NCCL's
-    thread blocks per collective (``NCCL_MAX_CTAS``, fewer SMs taken from compute kernels running beside it);
-    ``high_priority`` puts NCCL's kernels on high-priority streams (``CS336_NCCL_HIGH_PRIORITY``)."""
-    if max_ctas is not None:
-        if not 1 <= max_ctas <= 64:
-            raise ValueError(f"NCCL max_ctas must be in 1..64, got {max_ctas}")
-        os.environ["NCCL_MAX_CTAS"] = str(max_ctas)
-        if int(os.environ.get("NCCL_MIN_CTAS", "1")) > max_ctas:
-            os.environ["NCCL_MIN_CTAS"] = str(max_ctas)
-    if high_priority:
-        os.environ[HIGH_PRIORITY_ENV] = "1"
-
-
 def init_distributed(backend: str | None = None, device_type: str | None = None,
                      timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
     """Join the process group described by torchrun's environment variables; returns :class:`DistInfo`.
@@ -151,8 +82,6 @@ def init_distributed(backend: str | None = None, device_type: str | None = None,
         raise ValueError("the NCCL backend needs CUDA devices; use gloo on CPU")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if bind_cpus_requested():  # before CUDA and NCCL start their threads, which inherit the mask
-        bind_cpus(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     if device_type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise ValueError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible")
@@ -161,14 +90,8 @@ def init_distributed(backend: str | None = None, device_type: str | None = None,
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        options = None
-        if backend == "nccl" and nccl_high_priority():
-            # NCCL kernels on a high-priority stream: when backward's kernels fill the GPU, the block scheduler
-            # gives freed SMs to the gradient all-reduces first, so they progress during backward.
-            options = dist.ProcessGroupNCCL.Options()
-            options.is_high_priority_stream = True
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                timeout=_dt.timedelta(seconds=timeout_s), pg_options=options)
+                                timeout=_dt.timedelta(seconds=timeout_s))
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=device)
 
 

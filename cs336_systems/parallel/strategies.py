@@ -40,7 +40,6 @@ from torch import nn
 from cs336_basics.nn_utils import clip_gradient
 from cs336_systems.parallel.clip import clip_grad_norm_global
 from cs336_systems.parallel.ddp import (
-    TRANSPORTS,
     BucketedDDP,
     FlatDDP,
     LocalModule,
@@ -58,22 +57,14 @@ class WrapOptions:
     """Knobs a strategy may use; each strategy ignores the ones it has no use for."""
 
     bucket_size_mb: float | None = None  # bucketed / zero1 (None: 25 MiB), torch-ddp / torch-zero (None: torch's)
-    # fsdp / torch-fsdp2: dtype of gathered weights (None: fp32); overlap / bucketed / zero1: dtype of the Linear
-    # weight copies the module computes with under autocast of that dtype (BucketedDDP; None: autocast casts)
-    compute_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of gathered weights (None: fp32)
     reduce_dtype: torch.dtype | None = None  # fsdp / torch-fsdp2: dtype of the gradient reduction (None: compute)
     # overlap / bucketed / zero1 / torch-ddp / torch-zero: dtype of the gradient all-reduce (None: the gradients')
     grad_comm_dtype: torch.dtype | None = None
-    # overlap / bucketed / zero1: how a bucket is averaged ("collective" or "copy-engine"; BucketedDDP)
-    transport: str = "collective"
-    # overlap / bucketed / zero1 on CUDA: SMs matmuls leave free while buckets are in flight (BucketedDDP)
-    sm_carveout: int | None = None
 
     def __post_init__(self):
         if self.bucket_size_mb is not None and not self.bucket_size_mb > 0:
             raise ValueError(f"bucket_size_mb must be > 0 or None, got {self.bucket_size_mb!r}")
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
 
 
 class TorchFSDP2(NothingToFinish, nn.Module):
@@ -128,8 +119,7 @@ def _fsdp(module: nn.Module, o: WrapOptions) -> nn.Module:
 
 def _bucketed(module: nn.Module, o: WrapOptions) -> nn.Module:
     return BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB if o.bucket_size_mb is None else o.bucket_size_mb,
-                       comm_dtype=o.grad_comm_dtype, transport=o.transport, compute_dtype=o.compute_dtype,
-                       sm_carveout=o.sm_carveout)
+                       comm_dtype=o.grad_comm_dtype)
 
 
 def _local_optimizer(params, optimizer_cls, **kwargs) -> torch.optim.Optimizer:
@@ -158,7 +148,6 @@ class Strategy:
     uses_buckets: bool = False  # takes bucket_size_mb
     uses_dtypes: bool = False  # takes compute_dtype / reduce_dtype
     uses_grad_comm_dtype: bool = False  # takes grad_comm_dtype
-    uses_transport: bool = False  # takes transport
     shards_gradients: bool = False  # gradients are per-rank shards: clip by the global norm
 
     def wrap(self, module: nn.Module, options: WrapOptions | None = None) -> nn.Module:
@@ -192,16 +181,14 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy(name="naive", help="all-reduce each gradient after backward", wrap_fn=lambda m, o: NaiveDDP(m)),
     Strategy(name="flat", help="one all-reduce of all gradients flattened", wrap_fn=lambda m, o: FlatDDP(m)),
     Strategy(name="overlap", help="async all-reduce per gradient during backward",
-             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype, transport=o.transport,
-                                             compute_dtype=o.compute_dtype, sm_carveout=o.sm_carveout),
-             uses_grad_comm_dtype=True, uses_transport=True),
+             wrap_fn=lambda m, o: OverlapDDP(m, comm_dtype=o.grad_comm_dtype), uses_grad_comm_dtype=True),
     Strategy(name="bucketed", help="async all-reduce per bucket during backward", wrap_fn=_bucketed,
-             uses_buckets=True, uses_grad_comm_dtype=True, uses_transport=True),
+             uses_buckets=True, uses_grad_comm_dtype=True),
     Strategy(name="torch-ddp", help="PyTorch DistributedDataParallel",
              wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb, comm_dtype=o.grad_comm_dtype),
              uses_buckets=True, uses_grad_comm_dtype=True),
     Strategy(name="zero1", help="bucketed DDP + optimizer state sharded (ShardedOptimizer)", wrap_fn=_bucketed,
-             optimizer_fn=_sharded_optimizer, uses_buckets=True, uses_grad_comm_dtype=True, uses_transport=True),
+             optimizer_fn=_sharded_optimizer, uses_buckets=True, uses_grad_comm_dtype=True),
     Strategy(name="torch-zero", help="PyTorch DDP + ZeroRedundancyOptimizer",
              wrap_fn=lambda m, o: TorchDDP(m, bucket_size_mb=o.bucket_size_mb, comm_dtype=o.grad_comm_dtype),
              optimizer_fn=_torch_zero, uses_buckets=True, uses_grad_comm_dtype=True),

@@ -1,5 +1,6 @@
-"""Timing helpers: host timer with device synchronisation (the handout's method), CUDA events as a
-cross-check, summary statistics, and the measured matmul peak used as the MFU denominator."""
+"""The measured matmul peak used as the MFU denominator. The timing harness itself (synchronised host
+timer, CUDA-event cross-check, summaries) lives in ``cs336_systems.bench.harness``; its names are
+re-exported here for the modules that import them from this one."""
 
 from __future__ import annotations
 
@@ -7,57 +8,12 @@ import functools
 import statistics
 import timeit
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 
+from cs336_systems.bench.harness import PhaseTimer, summarize, synchronize
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def summarize(samples: list[float]) -> dict[str, float]:
-    """mean / std (sample) / median / min of ``samples`` (seconds), as milliseconds."""
-    if not samples:
-        return {"mean_ms": float("nan"), "std_ms": float("nan"), "median_ms": float("nan"), "min_ms": float("nan")}
-    ms = [s * 1e3 for s in samples]
-    return {
-        "mean_ms": statistics.fmean(ms),
-        "std_ms": statistics.stdev(ms) if len(ms) > 1 else 0.0,
-        "median_ms": statistics.median(ms),
-        "min_ms": min(ms),
-    }
-
-
-class PhaseTimer:
-    """Times named phases of a step: host clock (``timeit.default_timer``) after a device
-    synchronize, plus CUDA events recorded around the same region on GPUs."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.host: dict[str, list[float]] = {}
-        self._events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {}
-
-    @contextmanager
-    def phase(self, name: str, record: bool = True):
-        synchronize(self.device)
-        start_ev = end_ev = None
-        if record and self.device.type == "cuda":
-            start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start_ev.record()
-        t0 = timeit.default_timer()
-        yield
-        if end_ev is not None:
-            end_ev.record()
-        synchronize(self.device)
-        if record:
-            self.host.setdefault(name, []).append(timeit.default_timer() - t0)
-            if start_ev is not None:
-                self._events.setdefault(name, []).append((start_ev, end_ev))
-
-    def event_seconds(self, name: str) -> list[float]:
-        return [s.elapsed_time(e) / 1e3 for s, e in self._events.get(name, [])]
+__all__ = ["PhaseTimer", "matmul_peak_tflops", "summarize", "synchronize"]
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-# Sourced by the multi-GPU device scripts (ddp.sh, shard.sh, scaling.sh, x2.sh, x4.sh): the environment their
+# Sourced by the multi-GPU device scripts (ddp.sh, shard.sh, scaling.sh, x4.sh): the environment their
 # steps run in. PY may be set by the caller (e.g. PY=.venv/bin/python for a CPU dry run).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # NVLink multicast stays off (shared machine; KINDS.md).

@@ -5,6 +5,9 @@
 #
 #   device tool, kind nvidia-h200-x2:   CS336_GIT_COMMIT=<commit> bash scripts/device/x2.sh a
 #
+# Kept as the record of how those runs were made (see README.md here): it runs only from a checkout of a
+# commit that still had these flags and files (5b0e5a9 or earlier; there it lived at scripts/device/x2.sh).
+#
 # a: GPU tests of the parallel code; shard-bench bf16 (every variant, 10 timed steps); a diagnostic
 #    shard-bench of none + fsdp with CPU activity in the profile on both ranks (not saved as records);
 #    ddp-bench bf16 eager (single GPU, bucketed 25/100/1000 MB, torch DDP; 15 timed steps).

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from cs336_systems.parallel.ddp import StreamWork
+from cs336_systems.parallel.ddp import StreamWork  # the package does not import this file
 
 
 def _unavailable(device: torch.device) -> str | None:

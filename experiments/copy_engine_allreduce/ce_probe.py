@@ -1,6 +1,7 @@
 """Diagnostic: what an overlapped gradient average costs the compute it overlaps, NCCL vs copy engines.
 
-Run under torchrun with 2 processes on a 2-GPU machine (scripts/device/x2.sh plan g). Each rank:
+Run under torchrun with 2 processes on a 2-GPU machine (experiments/x2_run_plans/x2.sh plan g, at commit
+5b0e5a9; from this folder: ``PYTHONPATH=.:../.. torchrun --nproc-per-node 2 ce_probe.py``). Each rank:
 
 1. times a bf16 GEMM loop shaped like the xl backward's (4096 x 1600 x 6400, 200 launches) alone;
 2. the same loop while 2 GiB of fp32 "gradients" (8 buckets of 256 MiB) are averaged on a side stream
@@ -18,8 +19,7 @@ import statistics
 
 import torch
 import torch.distributed as dist
-
-from cs336_systems.parallel.copy_engine import CopyEngineAllReduce
+from copy_engine import CopyEngineAllReduce  # this folder (not part of the package)
 
 BUCKETS, BUCKET_ELEMS = 8, 64 * 2**20  # 8 x 256 MiB of fp32
 

@@ -1,4 +1,4 @@
-"""Summarise an nvidia-smi sampling log (x2.sh plan k writes one): for each GPU, over the samples in which it
+"""Summarise an nvidia-smi sampling log (x2.sh plan k wrote one): for each GPU, over the samples in which it
 was busy (power above ``--busy-watts``), how often the software power cap held its clocks (clock-event reason
 bit 0x4) and what SM clock it ran at. Answers whether a step slowed down because the GPU hit its power limit.
 

@@ -1,6 +1,6 @@
 """Diagnostic: does the eager single-GPU step get slower once NCCL is initialised in the process?
 
-Run under torchrun with 2 processes on a 2-GPU machine (scripts/device/x2.sh plan p). Each rank times
+Run under torchrun with 2 processes on a 2-GPU machine (experiments/x2_run_plans/x2.sh plan p). Each rank times
 the plain xl training step (bf16 autocast, our AdamW, no wrapper, no collectives inside the step) in
 phases: A before any NCCL communicator exists; B after one all-reduce created it (idle during the
 steps); C after destroying the process group; then prints medians per phase and the process' thread
