@@ -43,7 +43,7 @@ def test_cuda_on_a_machine_without_it_is_one_line(command, configs, capsys, monk
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert main([command, "--device", "cuda", "--no-save"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert configs == [] and len(err) == 1 and "no CUDA device" in err[0] and "--device cpu" in err[0]
+    assert configs == [] and len(err) == 1 and "no CUDA GPU" in err[0] and "allowed here: cpu" in err[0]
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -14,18 +14,18 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import os
-import re
 import statistics
-import sys
 import tempfile
 import timeit
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from cs336_systems.devices import resolve_device
+from cs336_systems.profiling.quiet import native_stderr_silenced, quiet_profile
 
 
 def synchronize(device: torch.device) -> None:
@@ -42,10 +42,8 @@ def check_world_and_device(who: str, world_size: int, device: str | None, min_wo
                          f"got {world_size!r}")
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"{who}: --device must be cpu or cuda (default: cuda if available), got {device!r}")
-    if device == "cuda" or (device is None and torch.cuda.is_available()):
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise ValueError(f"{who}: --device cuda, but this machine has no CUDA device; use --device cpu")
+    if resolve_device(device).type == "cuda":
+        n = torch.cuda.device_count()
         if n < world_size:
             raise ValueError(f"{who}: {world_size} ranks need {world_size} GPUs, found {n}; use --world-size <= {n}")
 
@@ -175,37 +173,6 @@ class PhaseTimer:
         return [s.elapsed_time(e) / 1e3 for s, e in self._events.get(name, [])]
 
 
-# Lines the profiler's native library (kineto's sync handler) writes to stderr on every start and stop.
-_PROFILER_LOG = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S+\.cpp:\d+\]")
-
-
-@contextlib.contextmanager
-def quiet_profiler_logs() -> Iterator[None]:
-    """Keep the profiler's native start/stop log lines out of the output: stderr (file descriptor 2, where
-    C++ writes) goes to a temporary file for the block, and every other line is written back after it."""
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # no real stderr (e.g. captured by a test runner)
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(fd)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), fd)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, fd)
-            os.close(saved)
-            tmp.seek(0)
-            kept = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
-                    if not _PROFILER_LOG.match(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
-
-
 def is_comm(name: str) -> bool:
     """Whether a kernel or op of a profile is a collective (NCCL kernels; gloo ops on a CPU)."""
     n = name.lower()
@@ -229,17 +196,17 @@ def profile_comm(step_fn: Callable[[], Any], device: torch.device, *, cpu_activi
     with compute (``comm_hidden_ms``); all-gathers apart (FSDP) and the compute stream's idle time. On a CPU
     device the numbers come from the profiler's CPU ops (coarse). ``cpu_activity`` adds host activity to a
     CUDA trace (``trace_path``: the Chrome trace, gzipped); ``keep_timeline``: the kernel intervals too."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
     if cpu_activity and device.type == "cuda":
         activities.insert(0, ProfilerActivity.CPU)
-    with quiet_profiler_logs(), profile(activities=activities) as prof:
+    with quiet_profile(activities=activities) as prof:
         step_fn()
         synchronize(device)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
-        with quiet_profiler_logs():
+        with native_stderr_silenced():
             prof.export_chrome_trace(str(path))
         text = path.read_text()
     if trace_path is not None:

@@ -17,7 +17,8 @@ import torch
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
+def native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null for the block (C++ logging included); keep blocks short."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -33,10 +34,10 @@ def _native_stderr_silenced() -> Iterator[None]:
 def quiet_profile(**kwargs) -> Iterator[torch.profiler.profile]:
     """``with quiet_profile(activities=..., profile_memory=True) as prof:`` like ``torch.profiler.profile``."""
     prof = torch.profiler.profile(**kwargs)
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         prof.start()
     try:
         yield prof
     finally:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.stop()
