@@ -9,6 +9,8 @@ import pandas as pd
 
 from cs336_systems.parallel import accounting as acc
 from cs336_systems.records import read_records
+from cs336_systems.records.schema import COMM_PROBLEM, DDP_PROBLEM
+from cs336_systems.report.plots import render_timeline
 from cs336_systems.report.sections._common import cpus_bound
 
 PROBLEM_IDS = (
@@ -16,8 +18,7 @@ PROBLEM_IDS = (
     "ddp_overlap_individual_parameters", "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed",
     "ddp_bucketed_benchmarking", "communication_accounting",
 )
-COMM = "distributed_communication_single_node"
-DDP = "ddp_bucketed_benchmarking"
+COMM, DDP = COMM_PROBLEM, DDP_PROBLEM
 # ddp-bench timings with no_sync() pairs, best first: "paired-aligned" starts every step with the ranks aligned;
 # "paired" (earlier) did not, which charged the comm step for the other rank's lateness after a no_sync() step.
 PAIRED = ("paired-aligned", "paired")
@@ -291,7 +292,6 @@ def _ddp_sections(ctx) -> dict[str, str]:
         "## minimal_ddp_flat_benchmarking\n\nOne all-reduce of all gradients flattened together vs one per tensor "
         f"(same run):\n\n{_md(_select(df, ['none', 'naive', 'flat']))}\n")
     png = None
-    from cs336_systems.bench.ddp import render_timeline
 
     timeline_rows = [r for r in rows if r.get("timeline")]
     if timeline_rows:

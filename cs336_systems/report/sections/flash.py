@@ -48,23 +48,17 @@ def _benchmarking(ctx) -> str | None:
     rows = load(ctx, "flash_benchmarking", keys=["impl", "seq_len", "head_dim", "dtype", "batch", "heads"])
     if not rows:
         return None
-    # FlexAttention timings taken before each shape got a fresh compile (records without
-    # ``flex_compile``) are not FlexAttention's: past dynamo's recompile limit of 8 shapes the compiled
-    # function silently ran flex_attention eagerly. They are shown as discarded, not as measurements.
-    stale_flex = [r for r in rows if r["impl"] == "flex" and "flex_compile" not in r
-                  and not r["status"].startswith("skipped")]
-    rows = [{**r, "status": "discarded (eager fallback)"} if r in stale_flex else r for r in rows]
+    discarded = [r for r in rows if r["status"].startswith("discarded")]
     df = pd.DataFrame(rows)
     parts = ["## flash_benchmarking\n",
              "Batch 1, one head, causal; median of `triton.testing.do_bench`. Forward+backward latency (ms) "
              "per implementation; `OOM` and skipped peers are marked (the reason is in the records). "
              "`torch_tiled` is our PyTorch version; `naive` materialises the score matrix.\n"]
-    if stale_flex:
-        parts.append(f"FlexAttention's {len(stale_flex)} sweep results from runs before the fix are left out (`–`): "
-                     "every `torch.compile(flex_attention)` shares dynamo's cache for `flex_attention`, and past its "
-                     "recompile limit (8 shapes) dynamo ran it eagerly, materialising the scores; `flash-bench` now "
-                     "compiles each shape from an empty cache and fails rather than fall back. FlexAttention's "
-                     "compiled timings at the leaderboard shapes are in `## leaderboard`; the sweep is to be re-run.\n")
+    if discarded:
+        parts.append(f"{len(discarded)} results are marked discarded in their records and left out (`–`): "
+                     + "; ".join(sorted({r["provenance"]["migrated"]["status"] for r in discarded
+                                         if (r["provenance"].get("migrated") or {}).get("status")}))
+                     + ".\n")
     for dtype in ("bf16", "fp32"):
         sub = df[df["dtype"] == dtype]
         if sub.empty:
