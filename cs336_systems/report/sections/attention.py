@@ -110,6 +110,14 @@ def _attention(ctx) -> str | None:
               "length quadruples it. To remove it, do not materialise the score matrix: compute attention in tiles "
               "with an online softmax and keep only the output and the T logsumexp values for backward, recomputing "
               "the scores tile by tile (FlashAttention-2).\n")
+    if acc:
+        ctx.answer("pytorch_attention", f"the reference saves {acc['saved_score_matrices']:.2f} score-sized tensors "
+                   f"for backward (grows as T^2); at d = {acc['head_dim']}, T = {acc['seq_len']}: "
+                   f"{acc['predicted_before_backward_gib']:.2f} GiB predicted before backward"
+                   + (f", {acc['measured_before_backward_gib']:.2f} GiB measured"
+                      if acc.get("measured_before_backward_gib") else ""))
+    ctx.answer("pytorch_attention", "out of memory: " + ", ".join(f"d={r['head_dim']} T={r['seq_len']}" for r in ooms)
+               if ooms else "no configuration ran out of memory")
     if ooms:
         parts.append("Out of memory: " + ", ".join(f"d={r['head_dim']} T={r['seq_len']}" for r in ooms) + ".\n")
     else:
@@ -181,6 +189,9 @@ def _compile(ctx) -> str | None:
             f"{big['bwd speedup'].max():.2f}x: Inductor fuses the scale, mask and softmax's elementwise passes into "
             f"fewer kernels, so the T x T matrix is read and written fewer times; it still materialises that matrix, "
             f"so time and memory keep growing as T^2.\n")
+        ctx.answer("torch_compile", f"compiled attention at T = {int(df['seq'].max())}: forward "
+                   f"{big['fwd speedup'].min():.2f}-{big['fwd speedup'].max():.2f}x, backward "
+                   f"{big['bwd speedup'].min():.2f}-{big['bwd speedup'].max():.2f}x faster")
         fig, ax = plt.subplots(figsize=(7, 3.8))
         for i, d in enumerate(sorted(df["d"].unique())):
             sub = df[df["d"] == d]
@@ -222,6 +233,8 @@ def _compile(ctx) -> str | None:
                            + _range(fwd["eager step ms"] / fwd["compiled step ms"]))
             if len(tr):
                 txt.append("the full training step (forward, backward, optimizer) by " + _range(tr["step speedup"]))
+                ctx.answer("torch_compile", "whole model compiled: train step " + _range(tr["step speedup"])
+                           + " faster")
             unpaired = [r for r in good if not r["compile"] and not any(
                 o["preset"] == r["preset"] and o["mode"] == r["mode"] for o in out)]
             if unpaired:

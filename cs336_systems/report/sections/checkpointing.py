@@ -82,6 +82,11 @@ def build(ctx) -> str | None:
                f"{nested['step_mean_ms'] / best['step_mean_ms']:.2f}x longer step than k = {k}" if nested else "")
             + f". The step time of k = {k} is {best['step_mean_ms']:.0f} ms; every k recomputes one forward, so "
               f"times differ little across k.\n")
+        ctx.answer("gradient_checkpointing",
+                   f"{r0['preset']}, context {r0['context_length']}: lowest peak {best['peak_memory_gib']:.2f} "
+                   f"GiB with one checkpoint per k = {k} block(s)"
+                   + (f" (no checkpointing: {none_text})" if none else "")
+                   + (f"; nested bisection {nested['peak_memory_gib']:.2f} GiB" if nested else ""))
         n_params = best["n_params"]
         per_block = ((neighbours[0]["peak_memory_gib"] - best["peak_memory_gib"])
                      / max(int(neighbours[0]["checkpoint"]) - k, 1)) if neighbours else float("nan")
