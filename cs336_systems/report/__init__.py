@@ -140,8 +140,8 @@ def _summary(ctx: ReportContext, present: set[str]) -> str:
     lines.append(f"\nThe 2026 handout's written calculations ({', '.join(f'`{p}`' for p in WRITTEN_PROBLEMS)}) "
                  "are not measured and not part of this report.\n")
     lines += ["### Versus PyTorch\n", "Every performance target: ours against the best PyTorch peer timed in the "
-              "same run (ratio = our time / the peer's; below 1 is faster).\n",
-              "| target | configuration | ours | best PyTorch peer (same run) | ratio | goal |",
+              "same run (ratio = our time / the peer's, or the inverse of throughput; below 1 is faster).\n",
+              "| target | configuration | ours | best PyTorch peer | ratio | goal |",
               "|:--|:--|:--|:--|--:|:--|"]
     for v in ctx.comparisons:
         ratio = f"{v.ratio:.2f}x" if v.ratio is not None else "–"

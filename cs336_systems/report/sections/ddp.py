@@ -93,6 +93,7 @@ def _comm_section(ctx) -> str | None:
         notes.append(f"gloo's largest-size latency grows from {lat.iloc[0]:.0f} ms ({lat.index[0]} processes) to "
                      f"{lat.iloc[-1]:.0f} ms ({lat.index[-1]} processes): the CPU processes share the machine's cores "
                      "and memory bandwidth, so more ranks add traffic without adding links")
+    ctx.answer(COMM, "; ".join(notes[:2]))
     return (f"## {COMM}\n\n`cs336-systems comm-bench` (5 warm-up iterations, barrier + synchronize around each timed "
             "all-reduce, latency = slowest rank; bus bandwidth = algbw x 2(n-1)/n as in nccl-tests).\n\n"
             f"![all-reduce]({ctx.link(path)})\n\n{_md(df)}\n\n" + "; ".join(notes) + ". Small all-reduces are "
@@ -286,6 +287,15 @@ def _ddp_sections(ctx) -> dict[str, str]:
                 "numbers come from `scripts/device/ddp.sh`.*" if rows[0]["backend"] != "nccl" else "")
     head = _setup(rows) + cpu_note
     out = {}
+    for pid, label in (("naive_ddp_benchmarking", "naive"), ("minimal_ddp_flat_benchmarking", "flat"),
+                       ("ddp_overlap_individual_parameters_benchmarking", "overlap")):
+        for r in (x for x in rows if x["label"] == label):
+            base = _reference(everything, r, "none")
+            if base:
+                ctx.answer(pid, f"{r['preset']}, {r['world_size']} ranks, {r['precision']}: {label} "
+                           f"{r['step_ms']:.1f} ms/step vs single-GPU {base['step_ms']:.1f} ms "
+                           f"({100 * (r['step_ms'] / base['step_ms'] - 1):+.1f}%), exposed communication "
+                           f"{r['exposed_comm_ms']:.1f} ms")
     out["naive_ddp_benchmarking"] = (f"## naive_ddp_benchmarking\n\n{head}\n\n"
                                      f"{_md(_select(df, ['none', 'naive']))}\n\n{prov}\n")
     out["minimal_ddp_flat_benchmarking"] = (
@@ -307,6 +317,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
         "in `naive` every all-reduce kernel starts after the last backward kernel; in the overlapped variants they "
         "run during backward." + (f"\n\n![timeline]({ctx.link(png)})" if png else "") + "\n")
     perf = []
+    shown = {"none", "naive", "flat", "overlap", "torch-ddp", *(f"bucketed-{mb}MB" for mb in (1, 10, 100, 1000))}
     for setting in sorted({_setting(r) for r in rows}):
         precision, compiled, comm, bound, weights = setting
         buckets = [r for r in rows if _setting(r) == setting and r["variant"] == "bucketed"]
@@ -380,9 +391,25 @@ def _ddp_sections(ctx) -> dict[str, str]:
             line += (f". The single-GPU step's kernels add up to {host:.0f} ms of its {none['step_ms']:.0f} ms "
                      f"({100 * (1 - host / none['step_ms']):.0f}% of the step the GPU waits for the host)")
         perf.append(line)
+        shown.add(best["label"])
+        what = (f"{best['preset']}, {best['world_size']} ranks, {precision}{', compiled blocks' if compiled else ''}"
+                f"{f', {comm} gradients' if comm != 'fp32' else ''}{f', {weights} weight copies' if weights else ''}"
+                f"{', CPUs bound' if bound else ''}")
+        if peer:
+            ctx.versus("ddp_bucketed_benchmarking", what, f"{best['label']} {best['step_ms']:.1f} ms"
+                       + (f" (paired overhead {_paired(best)})" if paired else ""),
+                       f"{peer['label']} {peer['step_ms']:.1f} ms"
+                       + (f" (paired overhead {_paired(peer)})" if peer.get("timing") in PAIRED else ""),
+                       best["step_ms"] / peer["step_ms"], "overhead vs 1 GPU <= 5%, at most the peer")
+        if not (compiled or bound or weights or comm != "fp32"):
+            overhead = (f"paired overhead {_paired(best)}" if paired else f"{100 * vs1:+.1f}% vs one GPU")
+            ctx.answer("ddp_bucketed_benchmarking", f"{precision}: best {best['label']} {best['step_ms']:.1f} ms/step, "
+                       f"{overhead}" + (f"; PyTorch DDP {peer['step_ms']:.1f} ms" if peer else ""))
     out["ddp_bucketed_benchmarking"] = (
         "## ddp_bucketed_benchmarking\n\n(a) Bucket sizes 1 / 10 / 100 / 1000 MiB next to the other wrappers and "
-        f"PyTorch DDP (default 25 MiB buckets), measured in the same run:\n\n{_md(_fmt_pct(df))}\n\n"
+        "PyTorch DDP (default 25 MiB buckets), measured in the same run (the handout's variants and the best "
+        f"bucketed configuration of each setting; all {len(df)} rows below):\n\n{_md(_select(df, sorted(shown)))}\n\n"
+        f"<details><summary>all {len(df)} variants</summary>\n\n{_md(_fmt_pct(df))}\n\n</details>\n\n"
         "Targets (issue #5):\n\n" + "\n".join(perf) + "\n\n" + _overhead_model(ctx, rows) + "\n")
     return out
 
@@ -431,6 +458,17 @@ where the model allows (Scaling Book, parts 5-6; Ultra-Scale Playbook).
 
 
 def build(ctx) -> str | None:
+    ctx.code("naive_ddp", "cs336_systems/parallel/ddp.py", "NaiveDDP", "one all-reduce per gradient after backward")
+    ctx.code("ddp_overlap_individual_parameters", "cs336_systems/parallel/ddp.py", "OverlapDDP",
+             "async all-reduce per parameter from gradient hooks")
+    ctx.code("ddp_overlap_bucketed", "cs336_systems/parallel/ddp.py", "BucketedDDP",
+             "async all-reduce per bucket as its last gradient arrives")
+    m, mesh = acc.FFNStack(), acc.Mesh()
+    ctx.answer("communication_accounting",
+               f"(a) {m.fp32_state_bytes / 1e12:.2f} TB of fp32 state, {m.activation_bytes_per_token / 1e6:.1f} MB "
+               f"of bf16 activations per token; (b) N_FSDP >= {acc.min_fsdp_degree(m, 95e9, tokens=0)}; (c) "
+               f"{math.ceil(acc.fsdp_tp_min_batch_per_device(m, mesh)) * mesh.x * mesh.y:,} tokens overall "
+               "(computed by cs336_systems.parallel.accounting)")
     parts = []
     comm = _comm_section(ctx)
     if comm:

@@ -62,6 +62,10 @@ def build(ctx) -> str | None:
         diffs = [(piv[(m, "bf16", c)] - piv[(m, "fp32", c)]) for m in ("forward", "train-step") for c in ctxs
                  if (m, "bf16", c) in piv and (m, "fp32", c) in piv]
         text = "; ".join(lines) + "."
+        if lines:
+            ctx.answer("memory_profiling", f"{good[0]['preset']}: " + "; ".join(lines)
+                       + (f"; bf16 autocast changes the peak by {min(diffs):+.2f} to {max(diffs):+.2f} GiB"
+                          if diffs else ""))
         if diffs:
             text += (f" bf16 autocast changes the peak by {min(diffs):+.2f} to {max(diffs):+.2f} GiB. It does not "
                      f"shrink the big terms: parameters, gradients and AdamW's two moments stay fp32 (16 bytes per "

@@ -265,6 +265,12 @@ def _config_section(ctx, config: tuple, selected: dict[Pair, dict[int, list[dict
             at_top = {p.method: p for p in ok if p.world_size == top}
             o, q = at_top.get(pair.ours), at_top.get(pair.peer)
             if o and q:
+                ctx.answer("data_parallel_scaling", f"{precision}, {top} GPUs: {pair.ours_name} "
+                           f"{o.efficiency:.1%} efficiency vs {pair.peer_name} {q.efficiency:.1%}")
+                ctx.versus("data_parallel_scaling", f"{preset}, {precision}, {top} GPUs: {pair.title}",
+                           f"{o.tokens_per_s:,.0f} tokens/s ({o.efficiency:.1%} efficiency)",
+                           f"{pair.peer_name} {q.tokens_per_s:,.0f} tokens/s ({q.efficiency:.1%})",
+                           q.tokens_per_s / o.tokens_per_s, "– (issue #7 measures, sets no target)")
                 notes.append(f"{pair.ours_name} at {top} GPUs: {o.tokens_per_s:,.0f} tokens/s, "
                              f"{o.efficiency:.1%} efficiency, against {q.tokens_per_s:,.0f} tokens/s "
                              f"({q.efficiency:.1%}) for {pair.peer_name} in the same run "

@@ -92,7 +92,7 @@ def _table(rows: list[dict]) -> str:
     return df[cols].rename(columns=COLUMNS).to_markdown(index=False, floatfmt=".3g")
 
 
-def _accounting(rows: list[dict], precision: str, note: str) -> str:
+def _accounting(ctx, rows: list[dict], precision: str, note: str) -> str:
     """The accounting of one run; ``rows`` with clean memory counters."""
     prov = rows[0]["provenance"]
     r0 = rows[0]
@@ -126,6 +126,17 @@ def _accounting(rows: list[dict], precision: str, note: str) -> str:
             f"before the step is the same ({zero1['init_peak_gib']:.2f} / {zero1['pre_step_peak_gib']:.2f} GiB): "
             "the moments only exist from the first step on, and parameters and gradients stay whole.")
         ratio, how = _ratio(zero1, ddp)
+        w = r0["world_size"]
+        ctx.answer("optimizer_state_sharding_accounting",
+                   f"{precision}, {w} ranks: peak in the step {saved:.2f} GiB lower "
+                   f"({saved / max(moved, 1e-12):.0%} of "
+                   f"the {moved:.2f} GiB of moments moved off the rank); step {ratio - 1:+.1%} vs unsharded")
+        if tz:
+            tz_ratio, _ = _ratio(zero1, tz)
+            ctx.versus("optimizer_state_sharding", f"{r0['preset']}, {w} ranks, {precision}: optimizer-state sharding",
+                       f"ShardedOptimizer {zero1['step_ms']:.0f} ms", f"ZeroRedundancyOptimizer {tz['step_ms']:.0f} ms",
+                       tz_ratio, "step within 10% of unsharded DDP "
+                       f"({ratio - 1:+.1%}: {'met' if ratio <= 1.1 else 'NOT met'})")
         parts.append(
             f"\n(b) Step time: {ddp['step_ms']:.0f} ms unsharded, {zero1['step_ms']:.0f} ms sharded "
             f"({ratio - 1:+.1%}, {how}; target within 10%: {'met' if ratio <= 1.1 else 'NOT met'})"
@@ -208,6 +219,14 @@ def _fsdp(ctx, rows: list[dict], precision: str) -> tuple[str, str]:
                      "a wrapper adds (hooks, collective calls) lands on the step, and each collective couples the "
                      "two ranks' host jitter; in fp32, where the step is GPU-bound, compare the fp32 line below. "
                      "docs/sharding.md has the analysis and docs/pending_device_runs.md what is left to try")
+    w = rows[0]["world_size"]
+    if fsdp2 and none:
+        ctx.answer("fsdp", f"{precision}, {w} ranks: {fsdp['step_ms']:.0f} ms/step ({ratio:.2f}x one GPU), peak "
+                   f"{_peak(fsdp):.2f} GiB vs FSDP2 {fsdp2['step_ms']:.0f} ms, {_peak(fsdp2):.2f} GiB")
+        ctx.versus("fsdp", f"{rows[0]['preset']}, {w} ranks, {precision}", f"FSDP {fsdp['step_ms']:.0f} ms, "
+                   f"peak {_peak(fsdp):.2f} GiB", f"FSDP2 {fsdp2['step_ms']:.0f} ms, peak {_peak(fsdp2):.2f} GiB",
+                   fsdp["step_ms"] / fsdp2["step_ms"], f"step <= 1.15x one GPU ({ratio:.2f}x), peak <= +10% of FSDP2 "
+                   f"({_peak(fsdp) / _peak(fsdp2) - 1:+.1%})")
     impl += ". The table above has the breakdown."
     acct = []
     base = zero1 or ddp
@@ -224,6 +243,8 @@ def _fsdp(ctx, rows: list[dict], precision: str) -> tuple[str, str]:
             f"we expect about {expected:.2f} GiB less at the peak, ignoring gather buffers "
             f"and activations, which stay. Measured: {fsdp_peak:.2f} GiB, {base_peak - fsdp_peak:.2f} GiB less. "
             "The activations (and, with bf16 compute, nothing else) dominate what remains.")
+        ctx.answer("fsdp_accounting", f"{precision}, {w} ranks: peak {fsdp_peak:.2f} GiB vs {base_peak:.2f} GiB "
+                   f"({base['variant']}), {base_peak - fsdp_peak:.2f} GiB less (about {expected:.2f} GiB expected)")
     if "allgather_kernel_ms" in fsdp:
         acct.append(
             f"\n(b) In the profiled step on rank 0 the all-gathers run {fsdp['allgather_kernel_ms']:.1f} ms "
@@ -249,6 +270,8 @@ def build(ctx) -> str | None:
     records = read_records(PROBLEM, ctx.results_dir)
     if not records:
         return None
+    ctx.code("optimizer_state_sharding", "cs336_systems/parallel/sharded_optimizer.py", "ShardedOptimizer",
+             "each rank keeps the optimizer state of its own whole tensors")
     out = ["## optimizer_state_sharding\n",
            "`cs336_systems.parallel.sharded_optimizer.ShardedOptimizer` (docs/sharding.md): whole tensors are "
            "assigned to ranks largest-first to the least-loaded rank; each rank's wrapped optimizer keeps state "
@@ -262,7 +285,7 @@ def build(ctx) -> str | None:
             continue
         rows, note = clean_memory(run)
         heading = f"### {precision}, {world_size} ranks\n\n"
-        acct.append(heading + _accounting(rows, precision, note))
+        acct.append(heading + _accounting(ctx, rows, precision, note))
         impl, a = _fsdp(ctx, rows, precision)
         if impl:
             fsdp_impl.append(f"{precision}, {world_size} ranks. {impl}{_bound_note(records, precision, world_size)}")
