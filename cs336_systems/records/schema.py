@@ -177,8 +177,8 @@ _FLASH_CONFIG = {**_f("impl dtype status", STR), **_f("batch heads head_dim seq_
 _FLASH_MEASURED = {**_f("forward_ms backward_ms forward_backward_ms forward_tflops backward_tflops "
                         "forward_backward_tflops", NUM), "flex_compile": STR, "error": STR}
 
-_DIST_CONFIG = {**_f("preset attention backend precision status", STR),
-                **_f("context_length batch_size world_size warmup steps", INT), "device": ANY}
+_DIST_CONFIG = {**_f("preset precision status", STR), **_f("context_length batch_size world_size", INT)}
+_DIST_SETUP = {**_f("attention backend", STR), **_f("warmup steps", INT), "device": ANY}
 
 _SHARD_MEM = [*ABS_MEMORY_KEYS, *map(net_key, ABS_MEMORY_KEYS), "forward_saved_gib", "grads_gib",
               "optimizer_state_gib", "params_gib", "saved_activations_gib", "leftover_gib", "retained_prev_gib",
@@ -228,7 +228,7 @@ _kind(COMM_PROBLEM, "cs336-systems comm-bench: one all-reduce size on one world 
        "bytes": INT, "per_rank_median_ms": LIST, "status": STR, "error": STR})
 _kind(DDP_PROBLEM, "cs336-systems ddp-bench: one DDP variant's training step",
       {**_DIST_CONFIG, **_f("variant label", STR)},
-      {"bucket_size_mb": NUM, **_f("compile profile", BOOL), "timeout_s": NUM,
+      {**_DIST_SETUP, "bucket_size_mb": NUM, **_f("compile profile", BOOL), "timeout_s": NUM,
        **_f("comm_bytes_per_step comm_calls_per_step comm_hidden_ms comm_host_ms comm_kernel_ms comm_kernels "
             "compute_kernel_ms exposed_comm_ms extra_device_gib fwd_bwd_ms nocomm_fwd_bwd_ms nocomm_optimizer_ms "
             "nocomm_step_ms optimizer_ms overhead overhead_vs_slowest peak_memory_gib step_min_ms step_ms "
@@ -240,7 +240,7 @@ _kind(DDP_PROBLEM, "cs336-systems ddp-bench: one DDP variant's training step",
        **_f("compute_dtype transport", STR), "nccl_high_priority": BOOL, **_f("nccl_max_ctas sm_carveout", INT)})
 _kind(SHARD_PROBLEM, "cs336-systems shard-bench: one sharding variant's training step and memory",
       {**_DIST_CONFIG, "variant": STR},
-      {**_f(" ".join(_SHARD_MEM), NUM), **_f(" ".join(k + "_per_rank" for k in _SHARD_MEM), LIST),
+      {**_DIST_SETUP, **_f(" ".join(_SHARD_MEM), NUM), **_f(" ".join(k + "_per_rank" for k in _SHARD_MEM), LIST),
        **_f("allgather_kernel_ms comm_hidden_ms comm_kernel_ms compute_idle_ms compute_kernel_ms pair_ratio "
             "partner_step_ms ratio_to_none ratio_to_none_round_median step_min_ms step_ms step_std_ms", NUM),
        **_f("allgather_kernels comm_kernels local_param_numel memory_steps n_params rounds", INT),
