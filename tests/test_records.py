@@ -44,7 +44,7 @@ def test_provenance_names_output_folders_relatively_and_keeps_only_nccl_variable
                                      "--trace-dir=/root/out/traces", "--steps", "3"])
     prov = records.provenance()
     assert prov["command"] == "cs336-systems ddp-bench --results-dir results --trace-dir=traces --steps 3"
-    assert prov["nccl_env"] == {"NCCL_ALGO": "Ring"}
+    assert prov["nccl_env"]["NCCL_ALGO"] == "Ring" and all(k.startswith("NCCL_") for k in prov["nccl_env"])
 
 
 def _migration():
@@ -93,6 +93,10 @@ def test_migration_derives_the_leftover_of_an_early_shard_run(tmp_path):
     assert [r["start_alloc_gib"] for r in out] == [0.0, 3.0, 3.0]  # init_alloc(ddp) - init_alloc(none)
     assert [r["pre_step_peak_net_gib"] for r in out] == [30.0, 31.0, 17.0]
     assert all("start_alloc_gib" in r["provenance"]["migrated"] for r in out)
+    # without a `none` variant nothing can be derived: the run stays as recorded
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    _migration().migrate(tmp_path)
+    assert all("start_alloc_gib" not in json.loads(line) for line in path.read_text().splitlines())
 
 
 def test_committed_records_fit_the_schema_with_commit_and_relative_paths():

@@ -30,7 +30,7 @@ from cs336_systems.commands import shard_bench
 from cs336_systems.configs import get_preset
 from cs336_systems.parallel.ddp import LocalModule
 from cs336_systems.parallel.process_group import spawn
-from cs336_systems.report.sections.sharding import _ratio, clean_memory, derive_leftover
+from cs336_systems.report.sections.sharding import _ratio, clean_memory
 
 CFG = dict(preset="tiny", context_length=19, batch_size=3, warmup=1, steps=2, profile=(), device="cpu",
            world_size=2, timeout_s=120.0)
@@ -124,7 +124,7 @@ def test_no_variant_outlives_itself(leaky):
 
 
 def _legacy_run(leftover: float) -> list[dict]:
-    """Rows as the old benchmark wrote them: every variant after 'none' carries ``leftover``."""
+    """Rows whose every variant after 'none' carries ``leftover`` (as the earliest runs did)."""
     prov = {"device": "NVIDIA H200", "date": "d"}
     base = {"none": (1.25, 9.5), "ddp": (1.25, 9.5), "zero1": (1.25, 7.0), "torch-zero": (2.0, 8.0),
             "fsdp": (0.75, 5.0), "torch-fsdp2": (0.5, 4.75)}
@@ -138,30 +138,11 @@ def _legacy_run(leftover: float) -> list[dict]:
     return rows
 
 
-def test_report_derives_and_subtracts_the_legacy_leftover():
-    raw = _legacy_run(3.375)
-    assert derive_leftover(raw) == (3.375, {"ddp": 3.375, "zero1": 3.375})
-    clean, corrected, note = clean_memory(raw)
-    assert corrected and "3.375 GiB" in note
-    assert clean[0]["init_alloc_gib"] == raw[0]["init_alloc_gib"]  # 'none' ran first: nothing to subtract
-    for r, c in zip(raw[1:], clean[1:]):
-        for key in sh.ABS_MEMORY_KEYS:
-            assert c[key] == pytest.approx(r[key] - 3.375)
-    assert clean[3]["init_alloc_gib"] == pytest.approx(2.0)  # torch-zero: its own buckets remain
-
-
-def test_report_without_none_cannot_derive():
-    raw = [r for r in _legacy_run(3.0) if r["variant"] != "none"]
-    clean, corrected, note = clean_memory(raw)
-    assert not corrected and clean == raw and "cannot be derived" in note
-
-
 def test_report_uses_net_values_of_new_records():
     rows = [{**r, "start_alloc_gib": 0.125, "retained_prev_gib": 0.0,
              **{sh.net_key(k): r[k] - 0.125 for k in sh.ABS_MEMORY_KEYS}} for r in _legacy_run(0.125)]
     rows[0] = {**rows[0], **{sh.net_key(k): rows[0][k] for k in sh.ABS_MEMORY_KEYS}, "start_alloc_gib": 0.0}
-    clean, corrected, _ = clean_memory(rows)
-    assert not corrected
+    clean, _ = clean_memory(rows)
     assert [c["pre_step_peak_gib"] for c in clean] == [9.5, 9.5, 7.0, 8.0, 5.0, 4.75]
 
 
