@@ -217,9 +217,8 @@ def _setup(rows: list[dict]) -> str:
             "spent in `finish_gradient_synchronization()`. `none` = the plain model, no wrapper (single-GPU step). "
             "*paired overhead*: in runs with paired timing every timed step is followed by the same step inside "
             "`no_sync()`; the median over pairs of their ratio, minus 1, with a bootstrap 95% interval; with "
-            "`paired-aligned` timing (the latest runs) the ranks pass a barrier before every step and the "
-            "no-communication half is the mean of the ranks' own steps (earlier paired runs charged a step for "
-            "the other rank's lateness after a `no_sync()` step). *vs slower rank*: the same pairs against the "
+            "`paired-aligned` timing the ranks pass a barrier before every step and the "
+            "no-communication half is the mean of the ranks' own steps. *vs slower rank*: the same pairs against the "
             "slower rank's own `no_sync()` step (newer records): a synchronised step cannot end "
             "before its slowest rank, so what the ranks' spread alone costs is left out. `@bf16-weights`: our "
             "wrapper computes with bf16 copies of the Linear weights (`BucketedDDP(compute_dtype=bf16)`; the "
@@ -376,16 +375,12 @@ def _ddp_sections(ctx) -> dict[str, str]:
                             and r["bucket_size_mb"] == best["bucket_size_mb"]}
             if len(by_transport) > 1:
                 line += (f". The same buckets moved by NCCL kernels: {_paired(by_transport['collective'])}; by the "
-                         f"copy engines (`@ce`, no SMs taken from backward): {_paired(by_transport['copy-engine'])}: "
-                         "whatever slows the step is not the SMs NCCL holds (docs/parallelism.md)")
+                         f"copy engines (`@ce`, no SMs taken from backward): {_paired(by_transport['copy-engine'])}")
         if compiled and best.get("comm_kernel_ms") is not None:
             line += (f". Compiled, the backward no longer hides the all-reduce: forward+backward grows from "
                      f"{none['fwd_bwd_ms']:.0f} ms to {best['fwd_bwd_ms']:.0f} ms while the collectives run "
                      f"{best['comm_kernel_ms']:.0f} ms, {best['comm_hidden_ms']:.0f} ms of it beside compute "
-                     "kernels (timeline above). Neither a CTA cap (`@ctas8`) nor high-priority NCCL streams "
-                     "(`@hiprio`) made the step faster by more than the run-to-run spread (± std), and moving the "
-                     "bytes with the copy engines instead of SM kernels (`@ce` rows) costs backward as much: what "
-                     "slows it is not the SMs NCCL holds (docs/parallelism.md)")
+                     "kernels (timeline above); docs/report/notes.md discusses the variants tried against it")
         host = none.get("compute_kernel_ms")
         if host:
             line += (f". The single-GPU step's kernels add up to {host:.0f} ms of its {none['step_ms']:.0f} ms "

@@ -176,18 +176,12 @@ def _leaderboard(ctx) -> str | None:
             f"{t['forward_backward_ms'] - c['forward_backward_ms']:+.3f} ms from cuDNN "
             f"({100 * (t['forward_backward_ms'] / c['forward_backward_ms'] - 1):+.0f}%). Forward: "
             f"{t['forward_ms']:.3f} vs cuDNN {c['forward_ms']:.3f} ms "
-            f"({100 * (t['forward_ms'] / c['forward_ms'] - 1):+.0f}%). What limits it: the backward. Our "
-            "no-atomics design recomputes P in both backward kernels, seven tile matmuls where cuDNN and "
-            "FlashAttention-2 do five (2.5x the forward's FLOPs), so at equal matmul efficiency it needs 7/5 "
-            "of their time, and the tile sweeps (docs/flash_tuning_notes.md) found no tile choice that closes "
-            "that. The tuned kernels load through TMA tensor descriptors (the sweep's winners for every kernel "
-            "at d=64 and d=128), but run without warp specialisation: Triton 3.6's warp-specialised loop "
-            "compiled for sm_90 but returned wrong results on the H100, so it is refused. cuDNN's Hopper kernels "
-            "use producer/consumer warpgroups and overlap the softmax of one tile with the matmuls of the next "
-            "(the FlashAttention-3 techniques, Shah et al. 2024), which keep the tensor cores busy."
-            + (f" At d=128 (16 x 4,096) fixed per-call costs dominate: the compiled apply's forward takes "
-               f"{d128['forward_ms']:.3f} ms here, well above the kernel's own time in the tile sweep "
-               "(docs/flash_tuning_notes.md)." if d128 is not None else "") + "\n")
+            f"({100 * (t['forward_ms'] / c['forward_ms'] - 1):+.0f}%). The backward recomputes P in both of its "
+            "kernels: seven tile matmuls where cuDNN and FlashAttention-2 do five (`flash_backward`). "
+            "docs/report/notes.md discusses what limits it and what was tried."
+            + (f" At d=128 (16 x 4,096) the compiled apply's forward takes {d128['forward_ms']:.3f} ms "
+               "(docs/flash_tuning_notes.md has the kernel's own time in the tile sweep)." if d128 is not None
+               else "") + "\n")
     parts.append(provenance(rows))
     return "\n".join(parts)
 

@@ -214,11 +214,7 @@ def _fsdp(ctx, rows: list[dict], precision: str) -> tuple[str, str]:
                      + (": the other wrappers pay as much or more" if all(r["pair_ratio"] >= ratio for _, r in peers)
                         else ": the other wrappers pay comparable amounts")
                      + f", whatever their traffic (FSDP's "
-                     f"{traffic / 1e9:.1f} GB of bf16 per rank per step). The eager bf16 step is host-bound (the "
-                     "single-GPU step's kernels fill only part of it: ddp_bucketed_benchmarking), so the host work "
-                     "a wrapper adds (hooks, collective calls) lands on the step, and each collective couples the "
-                     "two ranks' host jitter; in fp32, where the step is GPU-bound, compare the fp32 line below. "
-                     "docs/sharding.md has the analysis and docs/pending_device_runs.md what is left to try")
+                     f"{traffic / 1e9:.1f} GB of bf16 per rank per step; docs/sharding.md has the analysis)")
     w = rows[0]["world_size"]
     if fsdp2 and none:
         ctx.answer("fsdp", f"{precision}, {w} ranks: {fsdp['step_ms']:.0f} ms/step ({ratio:.2f}x one GPU), peak "
