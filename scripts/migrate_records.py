@@ -17,6 +17,10 @@ Idempotent: a second run changes nothing. Every changed field is named in the re
   configuration of a fresh process starts clean).
 * ddp-bench runs recorded before ``peak_memory_scope``: ``"process"`` (the peak was the running
   maximum since the processes started, an upper bound for every variant after the first).
+* options of experiments since moved out of the package (BucketedDDP's ``compute_dtype`` and
+  ``transport``, NCCL CTA caps ``nccl_max_ctas``, high-priority streams, SM carveout, and CPU binding,
+  which was an environment variable recorded in ``nccl_env``): gathered in one ``experiment`` object
+  per row, default values (None, False, "collective") left out; ``nccl_env`` keeps ``NCCL_*`` only.
 * FlexAttention sweep timings taken before each shape got a fresh compile (no ``flex_compile``):
   past dynamo's recompile limit they ran eagerly, so ``status`` becomes ``discarded: eager fallback``
   (the timings stay in the record).
@@ -143,6 +147,37 @@ def migrate_flash_rows(rows: list[dict]) -> None:
                                "flex_attention ran eagerly, so these are not FlexAttention's timings")
 
 
+EXPERIMENT_KEYS = ("compute_dtype", "transport", "nccl_high_priority", "nccl_max_ctas", "sm_carveout")
+EXPERIMENT_DEFAULTS = (None, False, "collective")
+ENV_EXPERIMENTS = {"CS336_BIND_CPUS": ("cpus_bound", lambda v: v == "1")}
+
+
+def migrate_experiments(row: dict) -> None:
+    found = [k for k in EXPERIMENT_KEYS if k in row]
+    env = row["provenance"].get("nccl_env") or {}
+    found_env = [k for k in env if not k.startswith("NCCL_")]
+    if not (found or found_env):
+        return
+    exp = row.setdefault("experiment", {})
+    for k in found:
+        v = row.pop(k)
+        if v not in EXPERIMENT_DEFAULTS:
+            exp[k] = v
+    for k in found_env:
+        v = env.pop(k)
+        if k in ENV_EXPERIMENTS:
+            name, convert = ENV_EXPERIMENTS[k]
+            exp[name] = convert(v)
+        else:
+            exp[k.lower()] = v
+    if not env:
+        row["provenance"].pop("nccl_env", None)
+    if not exp:
+        del row["experiment"]
+    _mark(row, "experiment", "options of experiments since moved to experiments/ gathered here (defaults left out); "
+                             "nccl_env keeps NCCL_* only")
+
+
 RUN_MIGRATIONS = {"optimizer_state_sharding_accounting": migrate_shard_run, "memory_profiling": migrate_memory_run,
                   "ddp_bucketed_benchmarking": migrate_ddp_run, "flash_benchmarking": migrate_flash_rows}
 
@@ -158,6 +193,7 @@ def migrate(results: Path) -> int:
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         for row in rows:
             migrate_provenance(problem, path, row)
+            migrate_experiments(row)
         if problem in RUN_MIGRATIONS:
             RUN_MIGRATIONS[problem](rows)
         new = "".join(json.dumps(r) + "\n" for r in rows)

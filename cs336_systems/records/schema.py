@@ -49,6 +49,9 @@ def net_key(key: str) -> str:
 ATTENTION_HEAD_DIMS = (16, 32, 64, 128)
 ATTENTION_SEQ_LENS = (256, 1024, 4096, 8192, 16384)
 
+# ``experiment``: the options of an experiment since moved to experiments/ that a run used (only in the
+# records of those runs; see docs/report/history.md).
+
 # JSON types, as Python types after ``json.loads``
 NUM = (int, float)
 INT, STR, BOOL, LIST, DICT = (int,), (str,), (bool,), (list,), (dict,)
@@ -235,9 +238,7 @@ _kind(DDP_PROBLEM, "cs336-systems ddp-bench: one DDP variant's training step",
             "step_std_ms sync_ms tokens_per_s", NUM),
        **_f("grad_bytes n_params", INT),
        **_f("nocomm_slowest_times_ms nocomm_times_ms overhead_ci95 overhead_vs_slowest_ci95 step_times_ms", LIST),
-       "timeline": DICT, **_f("timing peak_memory_scope grad_comm_dtype error", STR),
-       # measured-and-dropped BucketedDDP options (experiments/): only in records of those runs
-       **_f("compute_dtype transport", STR), "nccl_high_priority": BOOL, **_f("nccl_max_ctas sm_carveout", INT)})
+       "timeline": DICT, **_f("timing peak_memory_scope grad_comm_dtype error", STR), "experiment": DICT})
 _kind(SHARD_PROBLEM, "cs336-systems shard-bench: one sharding variant's training step and memory",
       {**_DIST_CONFIG, "variant": STR},
       {**_DIST_SETUP, **_f(" ".join(_SHARD_MEM), NUM), **_f(" ".join(k + "_per_rank" for k in _SHARD_MEM), LIST),
@@ -247,13 +248,13 @@ _kind(SHARD_PROBLEM, "cs336-systems shard-bench: one sharding variant's training
        "local_param_numel_per_rank": LIST,
        **_f("losses_rank0 pair_partner_losses_rank0 pair_ratio_ci95 pair_ratios round_leftover_gib "
             "round_ratio_to_none round_retained_prev_gib round_step_ms", LIST),
-       **_f("pair_with_none profile_cpu", BOOL), "timeline": DICT, **_f("timing trace_file leftover_warning error",
-                                                                        STR)})
+       **_f("pair_with_none profile_cpu", BOOL), "timeline": DICT,
+       **_f("timing trace_file leftover_warning error", STR), "experiment": DICT})
 _kind(TRAIN, "cs336-systems train: one logged step of a training run, with the run's configuration",
       {**_f("preset precision parallel attention", STR), **_f("step steps world_size", INT)},
       {**_f("context_length batch_size grad_accum warmup_steps seed log_every", INT),
        **_f("lr min_lr weight_decay grad_clip bucket_size_mb loss step_s tokens_per_s mfu peak_memory_gib", NUM),
-       **_f("data device grad_comm_dtype transport", STR)})
+       **_f("data device grad_comm_dtype", STR), "experiment": DICT})
 
 
 def kind_of(problem: str) -> RecordKind:

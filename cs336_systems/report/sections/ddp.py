@@ -147,17 +147,29 @@ def _ddp_rows(ctx) -> tuple[list[dict], list[dict]]:
     gpu = [r for r in gpu if r.get("world_size", 2) == smallest]
     # grad_comm_dtype: a run with bf16 gradients has its own `none` row (same label) that must not replace the
     # fp32 run's.
-    latest = _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype",
-                           "compute_dtype"))
+    latest = _latest([{**r, "compute_dtype": (r.get("experiment") or {}).get("compute_dtype")} for r in gpu],
+                     ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype",
+                      "compute_dtype"))
     shape = {(r["preset"], r["batch_size"], r["context_length"]) for r in latest}
     return latest, [r for r in gpu if (r["preset"], r["batch_size"], r["context_length"]) in shape]
+
+
+# Experiment options that make a setting of their own (compared with the single-GPU step and the peer of the
+# same setting); the others are variants within a setting.
+SETTING_EXPERIMENTS = ("cpus_bound", "compute_dtype")
 
 
 def _setting(r: dict) -> tuple[str, bool, str, bool, str]:
     """(precision, compiled, gradient all-reduce dtype, CPUs bound, dtype of our wrappers' Linear-weight copies):
     rows are compared with the single-GPU step and the peer of the same setting (measured in the same run)."""
+    exp = r.get("experiment") or {}
     return (r["precision"], bool(r.get("compile")), r.get("grad_comm_dtype") or "fp32",
-            cpus_bound(r), r.get("compute_dtype") or "")
+            cpus_bound(r), exp.get("compute_dtype") or "")
+
+
+def _row_experiment(r: dict) -> dict:
+    """The experiment options of ``r`` that vary within a setting."""
+    return {k: v for k, v in (r.get("experiment") or {}).items() if k not in SETTING_EXPERIMENTS}
 
 
 def _run(r: dict) -> str:
@@ -359,23 +371,19 @@ def _ddp_sections(ctx) -> dict[str, str]:
                 line += (f". Against the slower rank's own `no_sync()` step (a synchronised step cannot end before "
                          f"its slowest rank: the ranks' spread is not communication): "
                          f"{_paired(best, 'overhead_vs_slowest')}")
-            capped = sorted((r for r in paired if r.get("nccl_max_ctas") and r["variant"] == "bucketed"),
-                            key=lambda r: (r["nccl_max_ctas"], r.get("sm_carveout") or 0))
-            uncapped = [r for r in paired if not r.get("nccl_max_ctas")]
-            if capped:
-                free = min(uncapped, key=lambda r: r["overhead"]) if uncapped else None
-                line += (". With NCCL capped to fewer thread blocks per collective (fewer SMs taken from backward; "
-                         "`@smN`: and matmuls leaving N SMs free while buckets are in flight): "
+            tried = [r for r in paired if _row_experiment(r) and r["variant"] == "bucketed"]
+            if tried:
+                runs = {(_run(r), r["bucket_size_mb"]) for r in tried}
+                plain = [r for r in paired if not _row_experiment(r)]
+                free = min(plain, key=lambda r: r["overhead"]) if plain else None
+                same = [r for r in plain if (_run(r), r["bucket_size_mb"]) in runs and r is not free]
+                line += (". Rows with an experiment's options (each record's `experiment`; docs/report/notes.md): "
                          + "; ".join(f"`{r['label']}` {_paired(r)}, forward+backward "
                                      f"{r['fwd_bwd_ms']:.0f} ms then {r['sync_ms']:.0f} ms waiting for the gradients"
-                                     for r in capped)
-                         + (f"; uncapped (`{free['label']}`, its own run): {_paired(free)}, forward+backward "
+                                     for r in sorted(tried, key=lambda r: r["label"]))
+                         + "".join(f"; without (`{r['label']}`, the same run): {_paired(r)}" for r in same)
+                         + (f"; without, the best (`{free['label']}`, its own run): {_paired(free)}, forward+backward "
                             f"{free['fwd_bwd_ms']:.0f} ms then {free['sync_ms']:.0f} ms" if free else ""))
-            by_transport = {r.get("transport", "collective"): r for r in paired if _run(r) == _run(best)
-                            and r["bucket_size_mb"] == best["bucket_size_mb"]}
-            if len(by_transport) > 1:
-                line += (f". The same buckets moved by NCCL kernels: {_paired(by_transport['collective'])}; by the "
-                         f"copy engines (`@ce`, no SMs taken from backward): {_paired(by_transport['copy-engine'])}")
         if compiled and best.get("comm_kernel_ms") is not None:
             line += (f". Compiled, the backward no longer hides the all-reduce: forward+backward grows from "
                      f"{none['fwd_bwd_ms']:.0f} ms to {best['fwd_bwd_ms']:.0f} ms while the collectives run "

@@ -49,7 +49,8 @@ def _bound_note(records: list[dict], precision: str, world_size: int) -> str:
     if not (fsdp and none):
         return ""
     ratio, how = _ratio(fsdp, none)
-    return (f" With each rank bound to its own CPU cores (`CS336_BIND_CPUS=1`, run of {rows[0]['provenance']['date']}) "
+    return (f" With each rank bound to its own CPU cores (`experiment.cpus_bound`, run of "
+            f"{rows[0]['provenance']['date']}) "
             f"FSDP costs {ratio:.2f}x ({how}): binding does not change it.")
 
 
