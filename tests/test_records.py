@@ -66,15 +66,31 @@ def test_migration_is_idempotent_and_marks_what_it_changed(tmp_path):
     path = res / "memory_profiling" / "20261122-053040-x.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     mig = _migration()
+    mig.inferred_commit = lambda problem, date: "c0ffee123456"  # git history: test_inferred_commit_...
     assert mig.migrate(res) == 1 and mig.migrate(res) == 0
     out = [json.loads(line) for line in path.read_text().splitlines()]
     assert [round(r["start_alloc_gib"], 6) for r in out] == [0.0, 0.5, 1.25]
     p = out[0]["provenance"]
-    assert p["git_commit"] != "unknown" and p["migrated"]["git_commit"].startswith("inferred")
+    assert p["git_commit"] == "c0ffee123456" and p["migrated"]["git_commit"].startswith("inferred")
     assert p["command"] == "cs336-systems memory --results-dir results --snapshot-dir traces"
     assert out[0]["snapshot_dir"] == "traces" and p["output"] == "memory_profiling/20261122-053040-x.jsonl"
     assert "/root/" not in path.read_text()
     assert len(read_records("memory_profiling", res, strict=True)) == 3
+
+
+def test_inferred_commit_is_the_writers_last_commit_before_the_record():
+    import subprocess
+
+    log = subprocess.run(["git", "log", "--format=%h %cI", "--abbrev=12", "--", "cs336_systems/bench/memory.py"],
+                         cwd=ROOT, capture_output=True, text=True)
+    commits = [line.split() for line in log.stdout.splitlines()]
+    if log.returncode != 0 or len(commits) < 2:
+        pytest.skip("needs the git history of cs336_systems/bench/memory.py (a full clone)")
+    (new, new_date), (old, old_date) = commits[0], commits[-1]
+    mig = _migration()
+    mig.WRITERS = {"memory_profiling": ("cs336_systems/bench/memory.py",)}
+    assert mig.inferred_commit("memory_profiling", old_date) == old
+    assert mig.inferred_commit("memory_profiling", new_date) == new
 
 
 def test_migration_derives_the_leftover_of_an_early_shard_run(tmp_path):

@@ -300,13 +300,14 @@ def _ddp_sections(ctx) -> dict[str, str]:
     out = {}
     for pid, label in (("naive_ddp_benchmarking", "naive"), ("minimal_ddp_flat_benchmarking", "flat"),
                        ("ddp_overlap_individual_parameters_benchmarking", "overlap")):
-        for r in (x for x in rows if x["label"] == label):
+        for r in (x for x in rows if x["label"] == label and x.get("step_ms") is not None):
             base = _reference(everything, r, "none")
-            if base:
+            if base and base.get("step_ms"):
+                exposed = r.get("exposed_comm_ms")
                 ctx.answer(pid, f"{r['preset']}, {r['world_size']} ranks, {r['precision']}: {label} "
                            f"{r['step_ms']:.1f} ms/step vs single-GPU {base['step_ms']:.1f} ms "
-                           f"({100 * (r['step_ms'] / base['step_ms'] - 1):+.1f}%), exposed communication "
-                           f"{r['exposed_comm_ms']:.1f} ms")
+                           f"({100 * (r['step_ms'] / base['step_ms'] - 1):+.1f}%)"
+                           + (f", exposed communication {exposed:.1f} ms" if exposed is not None else ""))
     out["naive_ddp_benchmarking"] = (f"## naive_ddp_benchmarking\n\n{head}\n\n"
                                      f"{_md(_select(df, ['none', 'naive']))}\n\n{prov}\n")
     out["minimal_ddp_flat_benchmarking"] = (
