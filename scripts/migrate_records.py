@@ -57,11 +57,15 @@ WRITERS = {
     "ddp_bucketed_benchmarking": ("cs336_systems/commands/ddp_bench.py", "cs336_systems/bench/ddp.py"),
     "optimizer_state_sharding_accounting": ("cs336_systems/commands/shard_bench.py", "cs336_systems/bench/shard.py"),
     "train": ("cs336_systems/commands/train.py", "cs336_systems/train.py"),
+    "training_step": ("cs336_systems/commands/bench.py", "cs336_systems/bench/e2e.py", "scripts/device/ce_memory.py",
+                      "scripts/device/step_loss_check.py"),
 }
 DIR_FIELDS = {"trace_dir": "--trace-dir", "snapshot_dir": "--snapshot-dir"}
 
 
 def inferred_commit(problem: str, date: str) -> str:
+    if problem not in WRITERS:
+        raise SystemExit(f"{problem}: a record without a commit, and no writing modules listed in WRITERS")
     out = subprocess.run(["git", "log", "-1", f"--before={date}", "--format=%h", "--abbrev=12", "--",
                           *WRITERS[problem]], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     if not out:
@@ -187,8 +191,6 @@ def migrate(results: Path) -> int:
     changed = 0
     for path in sorted(results.glob("*/*.jsonl")):
         problem = path.parent.name
-        if problem not in WRITERS:
-            continue
         text = path.read_text()
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         for row in rows:

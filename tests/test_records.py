@@ -45,6 +45,9 @@ def test_provenance_names_output_folders_relatively_and_keeps_only_nccl_variable
     prov = records.provenance()
     assert prov["command"] == "cs336-systems ddp-bench --results-dir results --trace-dir=traces --steps 3"
     assert prov["nccl_env"]["NCCL_ALGO"] == "Ring" and all(k.startswith("NCCL_") for k in prov["nccl_env"])
+    # a script that takes its results directory as an argument, and other machine-local paths
+    assert records.relative_command(["scripts/x.py", "/root/out/r", "--data", "/data/tok.bin"], "/root/out/r") == \
+        "scripts/x.py results --data tok.bin"
 
 
 def _migration():

@@ -95,7 +95,7 @@ def test_report_opens_with_a_summary_linking_every_problem(tmp_path):
     assert "| [mixed_precision_accumulation](#mixed_precision_accumulation) | see the section |" in summary
     assert "| [benchmarking_script](#not-yet-measured) | not yet measured |" in summary
     assert "### Versus PyTorch" in summary
-    assert "- `leaderboard_training_step`" in text.split("## Not yet measured")[1]
+    assert "- `training_step`" in text.split("## Not yet measured")[1]
 
 
 def test_explicit_commit_overrides_git(monkeypatch):

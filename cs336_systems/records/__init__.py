@@ -43,8 +43,6 @@ __all__ = [
 ]
 
 RESULTS_DIR = Path("results")
-# Flags whose value is a machine-local output folder: recorded relative (the results directory as `results`).
-_PATH_FLAGS = ("--results-dir", "--trace-dir", "--snapshot-dir", "--checkpoint-dir")
 
 
 def _git_commit() -> str:
@@ -102,31 +100,31 @@ def _static_provenance() -> dict[str, Any]:
 
 
 def relative_command(argv: list[str], results_dir: str | Path | None = None) -> str:
-    """``argv`` as a shell line with the program named ``cs336-systems`` and every absolute output
-    folder made relative: the results directory becomes ``results``, another absolute folder its
-    last component, so that a record never carries a machine-local path."""
+    """``argv`` as a shell line with the program named ``cs336-systems`` and no machine-local path:
+    the results directory (``--results-dir``'s value, ``results_dir``, or any folder named
+    ``results``) becomes ``results``, another absolute path its last component."""
     argv = list(argv)
     if argv and argv[0].endswith(("__main__.py", "cs336-systems")):
         argv[0] = "cs336-systems"
+    results = str(Path(results_dir).resolve()) if results_dir is not None else None
     out = []
-    flag = None
-    for arg in argv:
+    prev = None
+    for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
-        if flag is not None:
-            out.append(_relative_dir(flag, arg))
-            flag = None
-        elif eq and name in _PATH_FLAGS:
-            out.append(f"{name}={_relative_dir(name, value)}")
+        if eq and name.startswith("--"):
+            out.append(f"{name}={_relative_path(value, name == '--results-dir', results)}")
         else:
-            out.append(arg)
-            flag = arg if arg in _PATH_FLAGS else None
+            out.append(arg if i == 0 else _relative_path(arg, prev == "--results-dir", results))
+        prev = arg
     return shlex.join(out)
 
 
-def _relative_dir(flag: str, value: str) -> str:
+def _relative_path(value: str, is_results: bool, results: str | None) -> str:
     if not os.path.isabs(value):
         return value
-    return "results" if flag == "--results-dir" else Path(value).name or "."
+    if is_results or value.rstrip("/") == results or Path(value).name == "results":
+        return "results"
+    return Path(value).name or "."
 
 
 def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
@@ -134,7 +132,7 @@ def provenance(device: torch.device | str | None = None) -> dict[str, Any]:
         "device": device_name(device),
         **_static_provenance(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": relative_command(sys.argv),
+        "command": relative_command(sys.argv),  # write_records names its results directory relatively too
         # NCCL tuning variables change communication timings: a run records the ones it ran under.
         **({"nccl_env": env} if (env := {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")})
            else {}),
@@ -167,7 +165,7 @@ def write_records(
     rows = _normalised(problem, rows)
     results_dir = Path(results_dir) if results_dir is not None else RESULTS_DIR
     prov = dict(provenance(device))
-    prov["command"] = prov.get("command", "").replace(str(results_dir.resolve()), "results")
+    prov["command"] = relative_command(shlex.split(prov.get("command", "")), results_dir)
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
     out_dir = results_dir / problem
     out_dir.mkdir(parents=True, exist_ok=True)

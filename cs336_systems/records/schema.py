@@ -32,6 +32,7 @@ COMM_PROBLEM = "distributed_communication_single_node"
 DDP_PROBLEM = "ddp_bucketed_benchmarking"  # every ddp-bench variant's records
 SHARD_PROBLEM = "optimizer_state_sharding_accounting"  # every shard-bench variant's records (FSDP's too)
 TRAIN = "train"
+TRAINING_STEP = "training_step"  # the 2026 leaderboard: one full training step, ours vs a PyTorch peer
 
 # ---- keys the report reads ----
 # shard-bench's absolute allocator counters; each has a ``*_net_gib`` twin: the counter minus
@@ -163,7 +164,8 @@ def _timing(prefix: str) -> dict[str, tuple[type, ...]]:
 # cs336-systems bench (e2e.py): one training-step configuration
 _STEP_CONFIG = {**_f("preset attention checkpoint mode precision optimizer study status", STR),
                 **_f("context_length batch_size warmup steps", INT), "compile": BOOL, "device": STR}
-_STEP_MEASURED = {**_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
+_STEP_MEASURED = {**_f("loss impl", STR), "peer_compiled": BOOL,  # the training-step benchmark's settings
+                  **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
                   **_f("compile_scope error", STR)}
@@ -199,6 +201,15 @@ for _p in (BENCHMARKING_SCRIPT, TORCH_COMPILE, GRADIENT_CHECKPOINTING, MFU_TARGE
           _STEP_CONFIG, _STEP_MEASURED)
 _kind(BENCHMARKING_MIXED_PRECISION, "cs336-systems precision (autocast dtypes) and bench --precision runs",
       {}, {"kind": STR, **_STEP_CONFIG, **_STEP_MEASURED, **_PRECISION_ROWS})
+_kind(TRAINING_STEP, "the 2026 leaderboard: bench --problem training_step rows (--impl ours or peer), and the "
+      "checks beside them (check=fused_ce_memory, check=loss)", {},
+      {**_STEP_CONFIG, **_STEP_MEASURED,
+       **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM),
+       **_f("check path", STR),
+       **_f("tokens d_model vocab seed", INT),
+       **_f("inputs_gib peak_gib peak_above_inputs_gib bf16_logits_gib fraction_of_bf16_logits ms tflops lr "
+            "first_loss final_loss_last10 relative_difference", NUM),
+       "losses": LIST, "within_1_percent": BOOL})
 _kind(MIXED_PRECISION_ACCUMULATION, "cs336-systems precision: one accumulation loop",
       _f("kind loop accumulator summand", STR), _f("abs_error exact result summand_as_stored", NUM))
 _kind(NSYS_PROFILE, "cs336-systems profile: kernel table of one configuration",
