@@ -235,7 +235,7 @@ _kind(PYTORCH_ATTENTION, "cs336-systems attention-bench: attention alone, or (ki
 _kind(FLASH_BENCHMARKING, "cs336-systems flash-bench --only sweep: one implementation at one shape",
       _FLASH_CONFIG, _FLASH_MEASURED)
 _kind(FLASH_LEADERBOARD, "cs336-systems flash-bench --only leaderboard: one implementation at a leaderboard shape",
-      {**_FLASH_CONFIG, "config": STR}, {**_FLASH_MEASURED, "matmul_peak_tflops": NUM})
+      {**_FLASH_CONFIG, "config": STR}, {**_FLASH_MEASURED, "matmul_peak_tflops": NUM, "suite": STR})
 _kind(COMM_PROBLEM, "cs336-systems comm-bench: one all-reduce size on one world size",
       {**_f("backend device_type", STR), "size_mb": NUM, **_f("world_size warmup iters", INT)},
       {**_f("algbw_gbps busbw_gbps latency_mean_ms latency_median_ms latency_min_ms latency_std_ms", NUM),
