@@ -1,11 +1,13 @@
-"""REPORT.md is rebuilt from records alone: run every command on tiny, then build the report."""
+"""REPORT.md is rebuilt from records alone: run every command on tiny, then build the report; the
+report refuses inputs that would make it smaller by accident and opens with its summary."""
 
 from __future__ import annotations
 
 import pytest
 
 from cs336_systems.cli import main
-from cs336_systems.report import SECTION_MODULES, build_report
+from cs336_systems.records import RecordFileError, read_records, write_records
+from cs336_systems.report import HANDOUT_PROBLEMS, build_report
 
 MINE = ("benchmarking_script", "nsys_profile", "mixed_precision_accumulation", "benchmarking_mixed_precision",
         "memory_profiling", "gradient_checkpointing", "pytorch_attention", "mfu_target")
@@ -43,28 +45,57 @@ def test_report_from_tiny_records(tmp_path):
     assert "- `torch_compile`" in text.split("## Not yet measured")[-1]
 
 
-def test_empty_results_list_everything_as_not_measured(tmp_path):
-    report = build_report(tmp_path / "none", tmp_path / "REPORT.md")
-    text = report.read_text()
-    registered = {pid for _module, ids in SECTION_MODULES for pid in ids}
-    for pid in MINE:
-        assert pid in registered and f"- `{pid}`" in text
+def _one_record(results):
+    row = {"kind": "accumulation", "loop": "fp32 += fp32", "accumulator": "fp32", "summand": "fp32",
+           "result": 10.0001, "exact": 10.0, "abs_error": 1e-4, "summand_as_stored": 0.01}
+    return write_records("mixed_precision_accumulation", [row], results, device="cpu")
 
 
-def test_memory_section_subtracts_leftover_from_earlier_configurations():
-    from cs336_systems.report.sections.memory import _leftover_gib, _net
+@pytest.mark.parametrize("results", ["missing", "empty"])
+def test_report_refuses_missing_or_empty_results_and_keeps_the_report(tmp_path, capsys, results):
+    (tmp_path / "empty").mkdir()
+    report = tmp_path / "REPORT.md"
+    report.write_text("the previous report\n")
+    assert main(["report", "--results-dir", str(tmp_path / results), "--output", str(report)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "results directory" in err and str(tmp_path / results) in err
+    assert report.read_text() == "the previous report\n"
 
-    prov = {"date": "2026-11-22T05:30:40Z"}
-    # A run whose later rows found memory left over from earlier ones (the excess grows 0 -> 0.5 -> 1.25).
-    rows = [{"status": "ok", "provenance": prov, "baseline_gib": 12.85 + extra, "params_and_optimizer_state_gib": 12.69,
-             "peak_memory_gib": 20.0 + extra} for extra in (0.0, 0.5, 1.25)]
-    rows.append({"status": "ok", "provenance": {"date": "later"}, "start_alloc_gib": 0.3, "baseline_gib": 9.0,
-                 "params_and_optimizer_state_gib": 1.0, "peak_memory_gib": 10.0})
-    leftover = _leftover_gib(rows)
-    assert [round(leftover[id(r)], 6) for r in rows] == [0.0, 0.5, 1.25, 0.3]
-    net = [_net(r, leftover[id(r)]) for r in rows]
-    assert [round(r["peak_memory_gib"], 6) for r in net[:3]] == [20.0, 20.0, 20.0]
-    assert net[3]["peak_memory_gib"] == pytest.approx(9.7) and net[3]["params_and_optimizer_state_gib"] == 1.0
+
+def test_report_refuses_an_output_in_a_missing_folder_before_any_work(tmp_path, capsys, monkeypatch):
+    res = tmp_path / "results"
+    _one_record(res)
+    monkeypatch.setattr("cs336_systems.report.SECTION_MODULES", [("no_such_section", ())])  # any work would fail
+    assert main(["report", "--results-dir", str(res), "--output", str(tmp_path / "nope" / "REPORT.md")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not exist" in err and "nope" in err
+
+
+def test_report_skips_a_bad_record_line_naming_file_and_line(tmp_path):
+    res = tmp_path / "results"
+    path = _one_record(res)
+    with path.open("a") as f:
+        f.write('{"kind": "accumulation", "loop": "cut off\n')
+    with pytest.warns(UserWarning, match=rf"{path.name}:2: not JSON"):
+        text = build_report(res, tmp_path / "REPORT.md").read_text()
+    assert "## mixed_precision_accumulation\n" in text and "10.0001" in text
+    with pytest.raises(RecordFileError, match=rf"{path.name}:2"):
+        read_records("mixed_precision_accumulation", res, strict=True)
+
+
+def test_report_opens_with_a_summary_linking_every_problem(tmp_path):
+    res = tmp_path / "results"
+    _one_record(res)
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    summary = text.split("## Summary\n")[1].split("\n## ")[0]
+    assert len(HANDOUT_PROBLEMS) == 26  # the 24 problems of the 2025 and 2026 handouts and both leaderboards
+    for anchor, label in HANDOUT_PROBLEMS:
+        target = anchor if f"## {anchor}\n" in text else "not-yet-measured"
+        assert f"[{label}](#{target})" in summary, label
+    assert "| [mixed_precision_accumulation](#mixed_precision_accumulation) | see the section |" in summary
+    assert "| [benchmarking_script](#not-yet-measured) | not yet measured |" in summary
+    assert "### Versus PyTorch" in summary
+    assert "- `training_step`" in text.split("## Not yet measured")[1]
 
 
 def test_explicit_commit_overrides_git(monkeypatch):

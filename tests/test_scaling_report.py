@@ -23,7 +23,7 @@ def fake_provenance(monkeypatch):
 
         def __call__(self, device=None):
             return {"device": self.device, "torch": "2.11", "date": f"2026-01-01T00:00:{next(clock):02d}Z",
-                    "command": "cs336-systems fake"}
+                    "command": "cs336-systems fake", "git_commit": "abc123"}
 
     fake = Fake()
     monkeypatch.setattr(records, "provenance", fake)

@@ -501,25 +501,3 @@ def test_cli_passes_pair_with_none(monkeypatch):
     assert shard_bench.run(_cli("--variants", "none", "fsdp", "--pair-with-none")) == 0
     assert shard_bench.run(_cli("--variants", "none", "fsdp")) == 0
     assert [c.pair_with_none for c in seen] == [True, False]
-
-
-def test_report_ratio_prefers_pairs():
-    from cs336_systems.report.sections.sharding import _ratio
-
-    rows = {v: {"variant": v, "step_ms": ms, "round_step_ms": rounds} for v, ms, rounds in
-            (("none", 300.0, [300.0, 330.0]), ("ddp", 360.0, [360.0, 390.0]), ("zero1", 390.0, [400.0, 400.0]),
-             ("fsdp", 345.0, [330.0, 360.0]))}
-    # Without pairs: the median of the per-round ratios.
-    ratio, how = _ratio(rows["fsdp"], rows["none"])
-    assert ratio == pytest.approx(statistics.median([1.1, 360.0 / 330.0])) and "rounds" in how
-    pairs = {"ddp": [1.2, 1.25, 1.3], "zero1": [1.25, 1.3, 1.4], "fsdp": [1.05, 1.1, 1.2]}
-    for v, ratios in pairs.items():
-        rows[v].update(pair_ratios=ratios, pair_ratio=statistics.median(ratios), pair_ratio_ci95=[ratios[0],
-                                                                                                  ratios[-1]])
-    ratio, how = _ratio(rows["fsdp"], rows["none"])
-    assert ratio == 1.1 and "3 pairs" in how and "plain single-GPU model" in how and "[1.050, 1.200]" in how
-    ratio, how = _ratio(rows["zero1"], rows["ddp"])
-    assert ratio == pytest.approx(1.3 / 1.25) and "ratio of the two paired ratios" in how
-    del rows["ddp"]["pair_ratio"]  # only one side paired: back to the rounds
-    ratio, how = _ratio(rows["zero1"], rows["ddp"])
-    assert ratio == pytest.approx(statistics.median([400.0 / 360.0, 400.0 / 390.0])) and "rounds" in how

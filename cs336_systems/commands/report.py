@@ -1,4 +1,8 @@
-"""``cs336-systems report``: rebuild REPORT.md from results/ alone."""
+"""``cs336-systems report``: rebuild REPORT.md from results/ alone.
+
+Refuses (one line, exit 2) before any work when the results directory is missing or holds no records,
+or when the output's folder does not exist; a record line that cannot be read is skipped with a warning
+naming its file and line. REPORT.md is replaced only by a complete new report."""
 
 from __future__ import annotations
 

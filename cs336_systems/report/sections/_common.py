@@ -27,9 +27,9 @@ def load(ctx, problem: str, keys: Iterable[str] | None = None, where: dict | Non
 
 
 def cpus_bound(r: dict) -> bool:
-    """Whether a distributed record ran with each rank bound to its own CPU cores (``CS336_BIND_CPUS=1``,
-    kept in the provenance's ``nccl_env``): a diagnostic setting, reported apart from the plain runs."""
-    return r.get("provenance", {}).get("nccl_env", {}).get("CS336_BIND_CPUS") == "1"
+    """Whether a distributed record ran with each rank bound to its own CPU cores (the record's
+    ``experiment.cpus_bound``): an experiment's setting, reported apart from the plain runs."""
+    return (r.get("experiment") or {}).get("cpus_bound") is True
 
 
 def provenance(rows: list[dict]) -> str:

@@ -8,26 +8,34 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from cs336_systems.bench.attention import (
-    HEAD_DIMS,
-    SEQ_LENS,
-    AttentionBenchConfig,
-    memory_accounting,
-    saved_bytes_model,
-)
+from cs336_systems.records.schema import ATTENTION_HEAD_DIMS as HEAD_DIMS
+from cs336_systems.records.schema import ATTENTION_SEQ_LENS as SEQ_LENS
 from cs336_systems.report.sections._common import load, ok, provenance, table
 
 PROBLEM_IDS = ("pytorch_attention", "torch_compile")
 KEYS = ("kind", "backend", "compile", "head_dim", "seq_len", "batch_size", "dtype", "causal")
 
 
+def memory_accounting(batch_size: int, seq_len: int, head_dim: int, dtype: str, model: dict) -> dict[str, float]:
+    """Predicted memory (GiB) of one attention call from the saved-bytes model that attention-bench
+    recorded (``bytes_per_score * T^2 + bytes_per_token * T`` saved per sequence): inputs, output,
+    what autograd saves for backward, and one score matrix."""
+    b, t, d = batch_size, seq_len, head_dim
+    elt = 4 if dtype == "fp32" else 2
+    qkv_out = 4 * b * t * d * elt
+    saved = b * (model["bytes_per_score"] * t * t + model["bytes_per_token"] * t)
+    return {"qkv_and_output_gib": qkv_out / 2**30, "saved_for_backward_gib": saved / 2**30,
+            "one_score_matrix_gib": b * t * t * elt / 2**30,
+            "saved_score_matrices": model["bytes_per_score"] / elt,
+            "predicted_before_backward_gib": (qkv_out + saved) / 2**30}
+
+
 def _predicted_gib(r: dict, acc: dict | None) -> str:
     if not acc:
         return ""
-    cfg = AttentionBenchConfig(backend=r["backend"], head_dim=r["head_dim"], seq_len=r["seq_len"],
-                               batch_size=r["batch_size"], dtype=r["dtype"], device="cpu")
     model = {"bytes_per_score": acc["bytes_per_score"], "bytes_per_token": acc["bytes_per_token"]}
-    return f"{memory_accounting(cfg, model)['predicted_before_backward_gib']:.2f}"
+    acc_gib = memory_accounting(r["batch_size"], r["seq_len"], r["head_dim"], r["dtype"], model)
+    return f"{acc_gib['predicted_before_backward_gib']:.2f}"
 
 
 def _grid(rows: list[dict], compiled: bool, acc: dict | None, backend: str = "reference") -> pd.DataFrame:
@@ -46,21 +54,18 @@ def _grid(rows: list[dict], compiled: bool, acc: dict | None, backend: str = "re
 
 def _eager_accounting(runs: list[dict], acc_record: dict | None) -> dict | None:
     """The accounting of the smallest eager OOM configuration (else the largest eager one that ran), computed
-    here with ``memory_accounting``; bytes per score from the run's record, or measured now with hooks."""
+    here with ``memory_accounting`` from the saved-bytes model in the run's records (None without one)."""
     eager = sorted((r for r in runs if not r.get("compile") and r.get("backend") == "reference"),
                    key=lambda r: (r["seq_len"], r["head_dim"]))
     if not eager:
         return None
     ooms = [r for r in eager if r["status"] == "OOM"]
     target = ooms[0] if ooms else [r for r in eager if r["status"] == "ok"][-1]
-    if acc_record:
-        model = {"bytes_per_score": acc_record["bytes_per_score"], "bytes_per_token": acc_record["bytes_per_token"]}
-    else:
-        model = saved_bytes_model("reference", target["causal"])
-    cfg = AttentionBenchConfig(head_dim=target["head_dim"], seq_len=target["seq_len"],
-                               batch_size=target["batch_size"], dtype=target["dtype"], causal=target["causal"],
-                               device="cpu")
-    return {**memory_accounting(cfg, model), **model, "status": target["status"], "head_dim": target["head_dim"],
+    if not acc_record:
+        return None
+    model = {"bytes_per_score": acc_record["bytes_per_score"], "bytes_per_token": acc_record["bytes_per_token"]}
+    return {**memory_accounting(target["batch_size"], target["seq_len"], target["head_dim"], target["dtype"], model),
+            **model, "status": target["status"], "head_dim": target["head_dim"],
             "seq_len": target["seq_len"], "batch_size": target["batch_size"],
             "measured_before_backward_gib": target.get("memory_before_backward_gib"),
             "device_memory_gib": (acc_record or {}).get("device_memory_gib")}
@@ -105,6 +110,14 @@ def _attention(ctx) -> str | None:
               "length quadruples it. To remove it, do not materialise the score matrix: compute attention in tiles "
               "with an online softmax and keep only the output and the T logsumexp values for backward, recomputing "
               "the scores tile by tile (FlashAttention-2).\n")
+    if acc:
+        ctx.answer("pytorch_attention", f"the reference saves {acc['saved_score_matrices']:.2f} score-sized tensors "
+                   f"for backward (grows as T^2); at d = {acc['head_dim']}, T = {acc['seq_len']}: "
+                   f"{acc['predicted_before_backward_gib']:.2f} GiB predicted before backward"
+                   + (f", {acc['measured_before_backward_gib']:.2f} GiB measured"
+                      if acc.get("measured_before_backward_gib") else ""))
+    ctx.answer("pytorch_attention", "out of memory: " + ", ".join(f"d={r['head_dim']} T={r['seq_len']}" for r in ooms)
+               if ooms else "no configuration ran out of memory")
     if ooms:
         parts.append("Out of memory: " + ", ".join(f"d={r['head_dim']} T={r['seq_len']}" for r in ooms) + ".\n")
     else:
@@ -176,6 +189,9 @@ def _compile(ctx) -> str | None:
             f"{big['bwd speedup'].max():.2f}x: Inductor fuses the scale, mask and softmax's elementwise passes into "
             f"fewer kernels, so the T x T matrix is read and written fewer times; it still materialises that matrix, "
             f"so time and memory keep growing as T^2.\n")
+        ctx.answer("torch_compile", f"compiled attention at T = {int(df['seq'].max())}: forward "
+                   f"{big['fwd speedup'].min():.2f}-{big['fwd speedup'].max():.2f}x, backward "
+                   f"{big['bwd speedup'].min():.2f}-{big['bwd speedup'].max():.2f}x faster")
         fig, ax = plt.subplots(figsize=(7, 3.8))
         for i, d in enumerate(sorted(df["d"].unique())):
             sub = df[df["d"] == d]
@@ -217,6 +233,8 @@ def _compile(ctx) -> str | None:
                            + _range(fwd["eager step ms"] / fwd["compiled step ms"]))
             if len(tr):
                 txt.append("the full training step (forward, backward, optimizer) by " + _range(tr["step speedup"]))
+                ctx.answer("torch_compile", "whole model compiled: train step " + _range(tr["step speedup"])
+                           + " faster")
             unpaired = [r for r in good if not r["compile"] and not any(
                 o["preset"] == r["preset"] and o["mode"] == r["mode"] for o in out)]
             if unpaired:

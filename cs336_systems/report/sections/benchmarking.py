@@ -71,6 +71,10 @@ def build(ctx) -> str | None:
             f"{biggest['optimizer_mean_ms']:.1f} ms. Variability is small: the standard deviation of a step is "
             f"{100 * statistics.median(cvs):.2f}% of its mean at the median over configurations "
             f"(at most {100 * max(cvs):.2f}%), and the CUDA-event times agree with the synchronised host clock.\n")
+        ctx.answer("benchmarking_script",
+                   f"fp32 train step: forward {smallest['forward_mean_ms']:.1f} ms ({smallest['preset']}) to "
+                   f"{biggest['forward_mean_ms']:.1f} ms ({biggest['preset']}); backward {min(ratios):.2f}-"
+                   f"{max(ratios):.2f}x the forward; step std {100 * statistics.median(cvs):.2f}% of the mean (median)")
     oom = [r for r in sweep if r["status"] == "OOM"]
     if oom:
         parts.append("Out of memory (recorded, the sweep went on): "
@@ -103,4 +107,6 @@ def build(ctx) -> str | None:
                 f"{cold['step_std_ms']:.1f} ms (vs {best['step_std_ms']:.2f}). The first step pays one-off costs: "
                 f"CUDA context and cuBLAS handle creation, loading kernels, and the caching allocator asking the "
                 f"driver for memory (cudaMalloc) before it can reuse blocks.{extra}\n")
+            ctx.answer("benchmarking_script", f"without warm-up the first step takes {cold['step_times_ms'][0]:.1f} ms "
+                       f"against a median of {best['step_median_ms']:.1f} ms after {max(w)} warm-up steps")
     return "\n".join(parts)

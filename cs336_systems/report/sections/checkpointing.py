@@ -82,6 +82,11 @@ def build(ctx) -> str | None:
                f"{nested['step_mean_ms'] / best['step_mean_ms']:.2f}x longer step than k = {k}" if nested else "")
             + f". The step time of k = {k} is {best['step_mean_ms']:.0f} ms; every k recomputes one forward, so "
               f"times differ little across k.\n")
+        ctx.answer("gradient_checkpointing",
+                   f"{r0['preset']}, context {r0['context_length']}: lowest peak {best['peak_memory_gib']:.2f} "
+                   f"GiB with one checkpoint per k = {k} block(s)"
+                   + (f" (no checkpointing: {none_text})" if none else "")
+                   + (f"; nested bisection {nested['peak_memory_gib']:.2f} GiB" if nested else ""))
         n_params = best["n_params"]
         per_block = ((neighbours[0]["peak_memory_gib"] - best["peak_memory_gib"])
                      / max(int(neighbours[0]["checkpoint"]) - k, 1)) if neighbours else float("nan")
@@ -92,11 +97,8 @@ def build(ctx) -> str | None:
             f"inputs are at most {cfg.num_layers} x {x_mib:.0f} MiB = {cfg.num_layers * x_mib / 1024:.2f} GiB (k = 1); "
             f"what changes with k is the k blocks' worth of residuals re-materialised at once (about "
             f"{per_block:.1f} GiB per extra block here, from the measured peaks). Nested bisection does not beat "
-            f"k = 1 on this peak, most likely because the peak is reached late in the backward (the "
-            f"`memory_profiling` timelines show gradients accumulating through it), when the parameter gradients "
-            f"({n_params * 4 / 2**30:.1f} GiB) are nearly all allocated and most segment inputs are already freed, "
-            f"so both hold one block's residuals and little else; nesting only pays off where the stored inputs "
-            f"(N |x|) are comparable to one block's residuals, e.g. many layers at short context.\n"
+            f"k = 1 on this peak (the parameter gradients alone are {n_params * 4 / 2**30:.1f} GiB; "
+            f"docs/report/notes.md discusses why).\n"
             if neighbours else "")
         fig, ax = plt.subplots(figsize=(6.5, 3.5))
         xs = [int(r["checkpoint"]) for r in flat]

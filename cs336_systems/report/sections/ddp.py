@@ -9,6 +9,8 @@ import pandas as pd
 
 from cs336_systems.parallel import accounting as acc
 from cs336_systems.records import read_records
+from cs336_systems.records.schema import COMM_PROBLEM, DDP_PROBLEM
+from cs336_systems.report.plots import render_timeline
 from cs336_systems.report.sections._common import cpus_bound
 
 PROBLEM_IDS = (
@@ -16,8 +18,7 @@ PROBLEM_IDS = (
     "ddp_overlap_individual_parameters", "ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_bucketed",
     "ddp_bucketed_benchmarking", "communication_accounting",
 )
-COMM = "distributed_communication_single_node"
-DDP = "ddp_bucketed_benchmarking"
+COMM, DDP = COMM_PROBLEM, DDP_PROBLEM
 # ddp-bench timings with no_sync() pairs, best first: "paired-aligned" starts every step with the ranks aligned;
 # "paired" (earlier) did not, which charged the comm step for the other rank's lateness after a no_sync() step.
 PAIRED = ("paired-aligned", "paired")
@@ -92,6 +93,7 @@ def _comm_section(ctx) -> str | None:
         notes.append(f"gloo's largest-size latency grows from {lat.iloc[0]:.0f} ms ({lat.index[0]} processes) to "
                      f"{lat.iloc[-1]:.0f} ms ({lat.index[-1]} processes): the CPU processes share the machine's cores "
                      "and memory bandwidth, so more ranks add traffic without adding links")
+    ctx.answer(COMM, "; ".join(notes[:2]))
     return (f"## {COMM}\n\n`cs336-systems comm-bench` (5 warm-up iterations, barrier + synchronize around each timed "
             "all-reduce, latency = slowest rank; bus bandwidth = algbw x 2(n-1)/n as in nccl-tests).\n\n"
             f"![all-reduce]({ctx.link(path)})\n\n{_md(df)}\n\n" + "; ".join(notes) + ". Small all-reduces are "
@@ -145,17 +147,29 @@ def _ddp_rows(ctx) -> tuple[list[dict], list[dict]]:
     gpu = [r for r in gpu if r.get("world_size", 2) == smallest]
     # grad_comm_dtype: a run with bf16 gradients has its own `none` row (same label) that must not replace the
     # fp32 run's.
-    latest = _latest(gpu, ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype",
-                           "compute_dtype"))
+    latest = _latest([{**r, "compute_dtype": (r.get("experiment") or {}).get("compute_dtype")} for r in gpu],
+                     ("preset", "precision", "label", "batch_size", "context_length", "grad_comm_dtype",
+                      "compute_dtype"))
     shape = {(r["preset"], r["batch_size"], r["context_length"]) for r in latest}
     return latest, [r for r in gpu if (r["preset"], r["batch_size"], r["context_length"]) in shape]
+
+
+# Experiment options that make a setting of their own (compared with the single-GPU step and the peer of the
+# same setting); the others are variants within a setting.
+SETTING_EXPERIMENTS = ("cpus_bound", "compute_dtype")
 
 
 def _setting(r: dict) -> tuple[str, bool, str, bool, str]:
     """(precision, compiled, gradient all-reduce dtype, CPUs bound, dtype of our wrappers' Linear-weight copies):
     rows are compared with the single-GPU step and the peer of the same setting (measured in the same run)."""
+    exp = r.get("experiment") or {}
     return (r["precision"], bool(r.get("compile")), r.get("grad_comm_dtype") or "fp32",
-            cpus_bound(r), r.get("compute_dtype") or "")
+            cpus_bound(r), exp.get("compute_dtype") or "")
+
+
+def _row_experiment(r: dict) -> dict:
+    """The experiment options of ``r`` that vary within a setting."""
+    return {k: v for k, v in (r.get("experiment") or {}).items() if k not in SETTING_EXPERIMENTS}
 
 
 def _run(r: dict) -> str:
@@ -215,9 +229,8 @@ def _setup(rows: list[dict]) -> str:
             "spent in `finish_gradient_synchronization()`. `none` = the plain model, no wrapper (single-GPU step). "
             "*paired overhead*: in runs with paired timing every timed step is followed by the same step inside "
             "`no_sync()`; the median over pairs of their ratio, minus 1, with a bootstrap 95% interval; with "
-            "`paired-aligned` timing (the latest runs) the ranks pass a barrier before every step and the "
-            "no-communication half is the mean of the ranks' own steps (earlier paired runs charged a step for "
-            "the other rank's lateness after a `no_sync()` step). *vs slower rank*: the same pairs against the "
+            "`paired-aligned` timing the ranks pass a barrier before every step and the "
+            "no-communication half is the mean of the ranks' own steps. *vs slower rank*: the same pairs against the "
             "slower rank's own `no_sync()` step (newer records): a synchronised step cannot end "
             "before its slowest rank, so what the ranks' spread alone costs is left out. `@bf16-weights`: our "
             "wrapper computes with bf16 copies of the Linear weights (`BucketedDDP(compute_dtype=bf16)`; the "
@@ -285,13 +298,22 @@ def _ddp_sections(ctx) -> dict[str, str]:
                 "numbers come from `scripts/device/ddp.sh`.*" if rows[0]["backend"] != "nccl" else "")
     head = _setup(rows) + cpu_note
     out = {}
+    for pid, label in (("naive_ddp_benchmarking", "naive"), ("minimal_ddp_flat_benchmarking", "flat"),
+                       ("ddp_overlap_individual_parameters_benchmarking", "overlap")):
+        for r in (x for x in rows if x["label"] == label and x.get("step_ms") is not None):
+            base = _reference(everything, r, "none")
+            if base and base.get("step_ms"):
+                exposed = r.get("exposed_comm_ms")
+                ctx.answer(pid, f"{r['preset']}, {r['world_size']} ranks, {r['precision']}: {label} "
+                           f"{r['step_ms']:.1f} ms/step vs single-GPU {base['step_ms']:.1f} ms "
+                           f"({100 * (r['step_ms'] / base['step_ms'] - 1):+.1f}%)"
+                           + (f", exposed communication {exposed:.1f} ms" if exposed is not None else ""))
     out["naive_ddp_benchmarking"] = (f"## naive_ddp_benchmarking\n\n{head}\n\n"
                                      f"{_md(_select(df, ['none', 'naive']))}\n\n{prov}\n")
     out["minimal_ddp_flat_benchmarking"] = (
         "## minimal_ddp_flat_benchmarking\n\nOne all-reduce of all gradients flattened together vs one per tensor "
         f"(same run):\n\n{_md(_select(df, ['none', 'naive', 'flat']))}\n")
     png = None
-    from cs336_systems.bench.ddp import render_timeline
 
     timeline_rows = [r for r in rows if r.get("timeline")]
     if timeline_rows:
@@ -307,6 +329,7 @@ def _ddp_sections(ctx) -> dict[str, str]:
         "in `naive` every all-reduce kernel starts after the last backward kernel; in the overlapped variants they "
         "run during backward." + (f"\n\n![timeline]({ctx.link(png)})" if png else "") + "\n")
     perf = []
+    shown = {"none", "naive", "flat", "overlap", "torch-ddp", *(f"bucketed-{mb}MB" for mb in (1, 10, 100, 1000))}
     for setting in sorted({_setting(r) for r in rows}):
         precision, compiled, comm, bound, weights = setting
         buckets = [r for r in rows if _setting(r) == setting and r["variant"] == "bucketed"]
@@ -349,40 +372,48 @@ def _ddp_sections(ctx) -> dict[str, str]:
                 line += (f". Against the slower rank's own `no_sync()` step (a synchronised step cannot end before "
                          f"its slowest rank: the ranks' spread is not communication): "
                          f"{_paired(best, 'overhead_vs_slowest')}")
-            capped = sorted((r for r in paired if r.get("nccl_max_ctas") and r["variant"] == "bucketed"),
-                            key=lambda r: (r["nccl_max_ctas"], r.get("sm_carveout") or 0))
-            uncapped = [r for r in paired if not r.get("nccl_max_ctas")]
-            if capped:
-                free = min(uncapped, key=lambda r: r["overhead"]) if uncapped else None
-                line += (". With NCCL capped to fewer thread blocks per collective (fewer SMs taken from backward; "
-                         "`@smN`: and matmuls leaving N SMs free while buckets are in flight): "
+            tried = [r for r in paired if _row_experiment(r) and r["variant"] == "bucketed"]
+            if tried:
+                runs = {(_run(r), r["bucket_size_mb"]) for r in tried}
+                plain = [r for r in paired if not _row_experiment(r)]
+                free = min(plain, key=lambda r: r["overhead"]) if plain else None
+                same = [r for r in plain if (_run(r), r["bucket_size_mb"]) in runs and r is not free]
+                line += (". Rows with an experiment's options (each record's `experiment`; docs/report/notes.md): "
                          + "; ".join(f"`{r['label']}` {_paired(r)}, forward+backward "
                                      f"{r['fwd_bwd_ms']:.0f} ms then {r['sync_ms']:.0f} ms waiting for the gradients"
-                                     for r in capped)
-                         + (f"; uncapped (`{free['label']}`, its own run): {_paired(free)}, forward+backward "
+                                     for r in sorted(tried, key=lambda r: r["label"]))
+                         + "".join(f"; without (`{r['label']}`, the same run): {_paired(r)}" for r in same)
+                         + (f"; without, the best (`{free['label']}`, its own run): {_paired(free)}, forward+backward "
                             f"{free['fwd_bwd_ms']:.0f} ms then {free['sync_ms']:.0f} ms" if free else ""))
-            by_transport = {r.get("transport", "collective"): r for r in paired if _run(r) == _run(best)
-                            and r["bucket_size_mb"] == best["bucket_size_mb"]}
-            if len(by_transport) > 1:
-                line += (f". The same buckets moved by NCCL kernels: {_paired(by_transport['collective'])}; by the "
-                         f"copy engines (`@ce`, no SMs taken from backward): {_paired(by_transport['copy-engine'])}: "
-                         "whatever slows the step is not the SMs NCCL holds (docs/parallelism.md)")
         if compiled and best.get("comm_kernel_ms") is not None:
             line += (f". Compiled, the backward no longer hides the all-reduce: forward+backward grows from "
                      f"{none['fwd_bwd_ms']:.0f} ms to {best['fwd_bwd_ms']:.0f} ms while the collectives run "
                      f"{best['comm_kernel_ms']:.0f} ms, {best['comm_hidden_ms']:.0f} ms of it beside compute "
-                     "kernels (timeline above). Neither a CTA cap (`@ctas8`) nor high-priority NCCL streams "
-                     "(`@hiprio`) made the step faster by more than the run-to-run spread (± std), and moving the "
-                     "bytes with the copy engines instead of SM kernels (`@ce` rows) costs backward as much: what "
-                     "slows it is not the SMs NCCL holds (docs/parallelism.md)")
+                     "kernels (timeline above); docs/report/notes.md discusses the variants tried against it")
         host = none.get("compute_kernel_ms")
         if host:
             line += (f". The single-GPU step's kernels add up to {host:.0f} ms of its {none['step_ms']:.0f} ms "
                      f"({100 * (1 - host / none['step_ms']):.0f}% of the step the GPU waits for the host)")
         perf.append(line)
+        shown.add(best["label"])
+        what = (f"{best['preset']}, {best['world_size']} ranks, {precision}{', compiled blocks' if compiled else ''}"
+                f"{f', {comm} gradients' if comm != 'fp32' else ''}{f', {weights} weight copies' if weights else ''}"
+                f"{', CPUs bound' if bound else ''}")
+        if peer:
+            ctx.versus("ddp_bucketed_benchmarking", what, f"{best['label']} {best['step_ms']:.1f} ms"
+                       + (f" (paired overhead {_paired(best)})" if paired else ""),
+                       f"{peer['label']} {peer['step_ms']:.1f} ms"
+                       + (f" (paired overhead {_paired(peer)})" if peer.get("timing") in PAIRED else ""),
+                       best["step_ms"] / peer["step_ms"], "overhead vs 1 GPU <= 5%, at most the peer")
+        if not (compiled or bound or weights or comm != "fp32"):
+            overhead = (f"paired overhead {_paired(best)}" if paired else f"{100 * vs1:+.1f}% vs one GPU")
+            ctx.answer("ddp_bucketed_benchmarking", f"{precision}: best {best['label']} {best['step_ms']:.1f} ms/step, "
+                       f"{overhead}" + (f"; PyTorch DDP {peer['step_ms']:.1f} ms" if peer else ""))
     out["ddp_bucketed_benchmarking"] = (
         "## ddp_bucketed_benchmarking\n\n(a) Bucket sizes 1 / 10 / 100 / 1000 MiB next to the other wrappers and "
-        f"PyTorch DDP (default 25 MiB buckets), measured in the same run:\n\n{_md(_fmt_pct(df))}\n\n"
+        "PyTorch DDP (default 25 MiB buckets), measured in the same run (the handout's variants and the best "
+        f"bucketed configuration of each setting; all {len(df)} rows below):\n\n{_md(_select(df, sorted(shown)))}\n\n"
+        f"<details><summary>all {len(df)} variants</summary>\n\n{_md(_fmt_pct(df))}\n\n</details>\n\n"
         "Targets (issue #5):\n\n" + "\n".join(perf) + "\n\n" + _overhead_model(ctx, rows) + "\n")
     return out
 
@@ -431,6 +462,17 @@ where the model allows (Scaling Book, parts 5-6; Ultra-Scale Playbook).
 
 
 def build(ctx) -> str | None:
+    ctx.code("naive_ddp", "cs336_systems/parallel/ddp.py", "NaiveDDP", "one all-reduce per gradient after backward")
+    ctx.code("ddp_overlap_individual_parameters", "cs336_systems/parallel/ddp.py", "OverlapDDP",
+             "async all-reduce per parameter from gradient hooks")
+    ctx.code("ddp_overlap_bucketed", "cs336_systems/parallel/ddp.py", "BucketedDDP",
+             "async all-reduce per bucket as its last gradient arrives")
+    m, mesh = acc.FFNStack(), acc.Mesh()
+    ctx.answer("communication_accounting",
+               f"(a) {m.fp32_state_bytes / 1e12:.2f} TB of fp32 state, {m.activation_bytes_per_token / 1e6:.1f} MB "
+               f"of bf16 activations per token; (b) N_FSDP >= {acc.min_fsdp_degree(m, 95e9, tokens=0)}; (c) "
+               f"{math.ceil(acc.fsdp_tp_min_batch_per_device(m, mesh)) * mesh.x * mesh.y:,} tokens overall "
+               "(computed by cs336_systems.parallel.accounting)")
     parts = []
     comm = _comm_section(ctx)
     if comm:

@@ -12,30 +12,6 @@ from cs336_systems.report.sections._common import load, ok, provenance, table
 PROBLEM_IDS = ("memory_profiling",)
 
 
-def _leftover_gib(rows: list[dict]) -> dict[int, float]:
-    """Memory a configuration found allocated at its start (by ``id`` of its row).
-
-    Newer records carry ``start_alloc_gib``. For older ones it is derived per run (one command, one
-    provenance date) as the excess of "allocated before the step" over parameters + optimizer state,
-    minus the smallest such excess in that run: the first configuration of a fresh process has no
-    leftover, and the rest of the excess (RoPE tables, the batch, workspaces) is the same in each row.
-    """
-    out: dict[int, float] = {}
-    runs: dict[str, list[dict]] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
-        if "start_alloc_gib" in r:
-            out[id(r)] = r["start_alloc_gib"]
-        elif r.get("baseline_gib") is not None and r.get("params_and_optimizer_state_gib") is not None:
-            runs.setdefault(r["provenance"]["date"], []).append(r)
-    for run in runs.values():
-        excess = {id(r): r["baseline_gib"] - r["params_and_optimizer_state_gib"] for r in run}
-        floor = min(excess.values())
-        out.update({k: v - floor for k, v in excess.items()})
-    return out
-
-
 _NOT_RESIDENT = ("params_and_optimizer_state_gib", "start_alloc_gib")  # counted from tensors, not the allocator
 
 
@@ -54,18 +30,16 @@ def build(ctx) -> str | None:
              "`torch.cuda.memory._record_memory_history`; the snapshot pickle loads in pytorch.org/memory_viz, and "
              "the same snapshot is drawn offline below (live allocated bytes at every allocator event of the step, "
              "on top of what was allocated before it).\n", provenance(rows) + "\n"]
-    leftover = _leftover_gib(rows)
+    leftover = {id(r): r.get("start_alloc_gib") or 0.0 for r in rows if r.get("status") == "ok"}
     if any(v > 0.05 for v in leftover.values()):
         worst = max(leftover.values())
+        derived = any("start_alloc_gib" in (r["provenance"].get("migrated") or {}) for r in rows)
         parts.append(
             f"**Leftover memory.** Some configurations started with memory still allocated by an earlier one in "
-            f"the same process (up to {worst:.2f} GiB): the forward that counts one block's saved tensors used an "
-            "identity pack hook, and a saved output then referenced its own graph node, a cycle through C++ that "
-            "`gc` cannot free (fixed: `cs336_systems.profiling.saved_tensors`). "
-            + ("For these records the leftover is derived as each row's (allocated before the step - parameters "
-               "- optimizer state) minus the smallest such excess of its run (the first configuration of a fresh "
-               "process, which had nothing left over); " if any("start_alloc_gib" not in r for r in rows) else "")
-            + "the *net* column subtracts it, and the text below uses net values.\n")
+            f"the same process (up to {worst:.2f} GiB, the records' `start_alloc_gib`"
+            + ("; derived for the earliest run by scripts/migrate_records.py" if derived else "")
+            + "): the *net* columns subtract it, and the text below uses net values "
+            "(docs/report/history.md says where it came from).\n")
     rows = [_net(r, leftover.get(id(r), 0.0)) for r in rows]
     good = ok(rows)
     df = pd.DataFrame([{"preset": r["preset"], "context": r["context_length"], "mode": r["mode"],
@@ -88,6 +62,10 @@ def build(ctx) -> str | None:
         diffs = [(piv[(m, "bf16", c)] - piv[(m, "fp32", c)]) for m in ("forward", "train-step") for c in ctxs
                  if (m, "bf16", c) in piv and (m, "fp32", c) in piv]
         text = "; ".join(lines) + "."
+        if lines:
+            ctx.answer("memory_profiling", f"{good[0]['preset']}: " + "; ".join(lines)
+                       + (f"; bf16 autocast changes the peak by {min(diffs):+.2f} to {max(diffs):+.2f} GiB"
+                          if diffs else ""))
         if diffs:
             text += (f" bf16 autocast changes the peak by {min(diffs):+.2f} to {max(diffs):+.2f} GiB. It does not "
                      f"shrink the big terms: parameters, gradients and AdamW's two moments stay fp32 (16 bytes per "

@@ -55,4 +55,10 @@ def build(ctx) -> str | None:
             f"{best['batch_size'] * best['context_length']} rows fill the GPU less well than the 8192^3 product "
             f"that sets the peak), autocast's per-step casts of the fp32 weights to bf16, and the remaining "
             f"memory-bound elementwise kernels.\n")
+        ctx.answer("mfu_target", f"best {100 * best['mfu']:.1f}% MFU ({best['attention']}, "
+                   f"{'compiled' if best['compile'] else 'eager'}, {best.get('optimizer', 'ours')} AdamW, "
+                   f"{best['step_mean_ms']:.1f} ms/step): target 50% {'met' if best['mfu'] >= TARGET else 'NOT met'}")
+        ctx.versus("mfu_target", f"{best['preset']} train step, bf16, context {best['context_length']}",
+                   f"MFU {100 * best['mfu']:.1f}% ({best['step_mean_ms']:.1f} ms)", "– (no PyTorch peer)", None,
+                   "MFU >= 50%")
     return "\n".join(parts)

@@ -31,6 +31,9 @@ def _accumulation(ctx) -> str | None:
                 f"the result is {mixed['result']:.5f}: the only error left is fp16's representation of 0.01 "
                 f"({mixed['summand_as_stored']:.8f}) times 1000, whether the upcast is implicit or explicit. "
                 f"Hence low-precision inputs are fine, but accumulations must be kept in fp32.")
+        ctx.answer("mixed_precision_accumulation",
+                   f"1000 x 0.01: fp32 {f32['result']:.6f}, fp16 accumulator {f16['result']:.4f}, fp32 accumulator "
+                   f"with fp16 summands {mixed['result']:.5f}: accumulate in fp32")
     return "\n".join(["## mixed_precision_accumulation\n", provenance(rows) + "\n", table(df, ".8g") + "\n",
                       text + "\n"])
 
@@ -58,6 +61,10 @@ def _mixed(ctx) -> str | None:
                          f"{fp16['fc1 output']}, LayerNorm's output is {fp16['layernorm output']} (autocast runs "
                          f"layer_norm in fp32), the logits are {fp16['logits']}, the loss {fp16['loss']} and the "
                          f"gradients {fp16['gradients']} (gradients take the dtype of the fp32 parameters).\n")
+            ctx.answer("benchmarking_mixed_precision",
+                       f"under fp16 autocast: parameters {fp16['parameters (inside autocast)']}, fc1 output "
+                       f"{fp16['fc1 output']}, LayerNorm output {fp16['layernorm output']}, logits {fp16['logits']}, "
+                       f"loss {fp16['loss']}, gradients {fp16['gradients']}")
     if ln:
         by = {r["dtype"]: r for r in ln}
         parts += ["### (b) LayerNorm in low precision\n", provenance(ln) + "\n",
@@ -116,6 +123,8 @@ def _mixed(ctx) -> str | None:
                     f"of the step in matmuls, which run on bf16 tensor cores, while small models are dominated by "
                     f"elementwise kernels, casts (autocast re-casts the fp32 weights every forward) and launch "
                     f"overhead that bf16 does not shorten; the optimizer step stays fp32 either way.\n")
+                ctx.answer("benchmarking_mixed_precision", f"bf16 autocast speeds a train step up {s.min():.2f}x "
+                           f"({s.idxmin()}) to {s.max():.2f}x ({s.idxmax()})")
     return "\n".join(parts)
 
 

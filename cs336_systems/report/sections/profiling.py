@@ -71,7 +71,7 @@ def build(ctx) -> str | None:
                 r = scopes[scope]
                 parts.append(f"**{scope}**: {r['kernel_ms_per_step']:.2f} ms of kernels per step, "
                              f"{100 * r['gemm_share']:.1f}% of it in GEMM kernels.\n")
-                parts.append(_kernels(r) + "\n")
+                parts.append(f"<details><summary>{scope} kernels</summary>\n\n{_kernels(r)}\n\n</details>\n")
                 if r.get("trace"):
                     parts.append(f"Chrome trace (Perfetto / chrome://tracing): "
                                  f"`results/nsys_profile/traces/{r['trace']}`.\n")
@@ -118,4 +118,12 @@ def build(ctx) -> str | None:
                 f"for the matmuls). The softmax is memory-bound: it reads and writes the full T x T score matrix "
                 f"several times at a few FLOPs per byte, while each matmul does 2d FLOPs per score element from "
                 f"on-chip tiles and is compute-bound.\n")
+    fwd = [r for r in rows if r["scope"] == "forward"]
+    if fwd:
+        shares = [100 * r["gemm_share"] for r in fwd]
+        soft = [r["attention_ms_per_step"]["softmax"]
+                / (r["attention_ms_per_step"]["scores"] + r["attention_ms_per_step"]["final_matmul"]) for r in fwd]
+        ctx.answer("nsys_profile", f"GEMMs take {min(shares):.1f}-{max(shares):.1f}% of forward kernel time "
+                   f"({len(fwd)} configurations, torch.profiler); the attention softmax takes {min(soft):.2f}-"
+                   f"{max(soft):.2f}x the time of its two matmuls")
     return "\n\n".join(parts)

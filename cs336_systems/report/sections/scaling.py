@@ -15,8 +15,7 @@ model on one GPU at the same per-GPU batch, in the same processes. So per run:
   are no measure of it, so for the sharded methods the overhead column is the closest measure;
 * peak memory per GPU: the largest rank's allocator peak in the step (ddp-bench: ``peak_memory_gib``;
   shard-bench: the larger of the peaks before and in the optimizer step, net of what was allocated when
-  the variant started; for runs recorded before that convention, with the leftover that
-  ``sharding.clean_memory`` derives from the records subtracted, flagged in the text).
+  the variant started; where scripts/migrate_records.py derived that, the text says so).
 
 Runs are chosen per (benchmark, configuration, world size): the newest run holding ``none`` and at least
 one method of the pair, on the newest GPU device that has records (CPU records only when there is no
@@ -30,12 +29,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from cs336_systems.bench.ddp import PROBLEM as DDP_PROBLEM
-from cs336_systems.bench.shard import PROBLEM as SHARD_PROBLEM
-from cs336_systems.bench.shard import net_key
 from cs336_systems.records import read_records
+from cs336_systems.records.schema import DDP_PROBLEM, SHARD_PROBLEM, net_key
 from cs336_systems.report.sections._common import provenance
-from cs336_systems.report.sections.sharding import clean_memory
 
 PROBLEM_IDS = ("data_parallel_scaling",)
 TARGET_WORLD_SIZES = (2, 4, 8)  # what issue #7 asks for (4 and 8 need nvidia-h200-x4 / -x8)
@@ -116,27 +112,20 @@ def select_runs(rows: list[dict], pair: Pair) -> dict[tuple, dict[int, list[dict
 
 
 def _peak_gib(r: dict, run: list[dict]) -> tuple[float | None, str | None]:
-    """(peak memory per GPU, caveat) of one record; None where the record cannot give a clean value."""
+    """(peak memory per GPU, caveat) of one record; None where the record gives no clean value."""
     if "peak_memory_gib" in r:  # ddp-bench
         v = r.get("peak_memory_gib")
-        legacy = r.get("peak_memory_scope") != "variant" and _label(r) != _label(run[0])
+        running_max = r.get("peak_memory_scope") == "process" and _label(r) != _label(run[0])
         return (v or None), ("running maximum over the variants measured before it in the same processes, an "
-                             "upper bound" if legacy and v else None)
-    # shard-bench: net of what was allocated when the variant started; for runs recorded before that
-    # convention, the sharding section's correction (a leftover derived from the records) is applied.
-    keys = ("pre_step_peak_gib", "post_step_peak_gib")
-    if "start_alloc_gib" in r:
-        vals = [r[net_key(k)] for k in keys if r.get(net_key(k)) is not None]
-        return (max(vals) or None) if vals else None, None
-    clean, corrected, _ = clean_memory(run)
-    c = next(x for x, raw in zip(clean, run) if raw is r)
-    legacy = "start_alloc_gib" not in r and not corrected and r is not run[0]
-    vals = [c.get(k) for k in keys if c.get(k) is not None]
-    if legacy or not vals:
-        return None, ("recorded before shard-bench subtracted what earlier variants left allocated, and no "
-                      "correction could be derived" if legacy else None)
-    note = (f"{c['subtracted_gib']:.1f} GiB left allocated by an earlier variant subtracted (derived from the "
-            "records; see the sharding section)") if corrected and c.get("subtracted_gib") else None
+                             "upper bound" if running_max and v else None)
+    # shard-bench: the larger of the peaks before and in the step, net of what was allocated at the variant's start
+    vals = [r[net_key(k)] for k in ("pre_step_peak_gib", "post_step_peak_gib") if r.get(net_key(k)) is not None]
+    if not vals:
+        return None, ("recorded before shard-bench measured what earlier variants left allocated"
+                      if r is not run[0] else None)
+    derived = "start_alloc_gib" in (r["provenance"].get("migrated") or {})
+    note = (f"{r['start_alloc_gib']:.1f} GiB left allocated by an earlier variant subtracted (derived from the "
+            "run's records by scripts/migrate_records.py)") if derived and r.get("start_alloc_gib") else None
     return (max(vals) or None), note
 
 
@@ -276,6 +265,12 @@ def _config_section(ctx, config: tuple, selected: dict[Pair, dict[int, list[dict
             at_top = {p.method: p for p in ok if p.world_size == top}
             o, q = at_top.get(pair.ours), at_top.get(pair.peer)
             if o and q:
+                ctx.answer("data_parallel_scaling", f"{precision}, {top} GPUs: {pair.ours_name} "
+                           f"{o.efficiency:.1%} efficiency vs {pair.peer_name} {q.efficiency:.1%}")
+                ctx.versus("data_parallel_scaling", f"{preset}, {precision}, {top} GPUs: {pair.title}",
+                           f"{o.tokens_per_s:,.0f} tokens/s ({o.efficiency:.1%} efficiency)",
+                           f"{pair.peer_name} {q.tokens_per_s:,.0f} tokens/s ({q.efficiency:.1%})",
+                           q.tokens_per_s / o.tokens_per_s, "– (issue #7 measures, sets no target)")
                 notes.append(f"{pair.ours_name} at {top} GPUs: {o.tokens_per_s:,.0f} tokens/s, "
                              f"{o.efficiency:.1%} efficiency, against {q.tokens_per_s:,.0f} tokens/s "
                              f"({q.efficiency:.1%}) for {pair.peer_name} in the same run "

@@ -1,11 +1,9 @@
 """Optimizer-state sharding and FSDP (optimizer_state_sharding, optimizer_state_sharding_accounting,
 fsdp, fsdp_accounting): from ``shard-bench`` records only.
 
-Absolute memory counters are shown clean (see ``bench/shard.py``'s docstring): for records with
-``start_alloc_gib`` the ``*_net_gib`` values; for older records the leftover that the ``none`` variant
-left behind is derived from the records (:func:`derive_leftover`) and subtracted from every variant
-measured after it. Verdicts on memory are computed on the clean values and checked against the raw
-ones; the text says whether they agree."""
+Absolute memory counters are shown net of what was allocated when each variant started (the
+records' ``*_net_gib`` values; for the earliest runs derived once by ``scripts/migrate_records.py``),
+and the memory verdicts are computed on them."""
 
 from __future__ import annotations
 
@@ -15,9 +13,10 @@ import statistics
 import pandas as pd
 import torch
 
-from cs336_systems.bench.ddp import render_timeline
-from cs336_systems.bench.shard import ABS_MEMORY_KEYS, PROBLEM, net_key
 from cs336_systems.records import read_records
+from cs336_systems.records.schema import ABS_MEMORY_KEYS, net_key
+from cs336_systems.records.schema import SHARD_PROBLEM as PROBLEM
+from cs336_systems.report.plots import render_timeline
 from cs336_systems.report.sections._common import cpus_bound
 
 PROBLEM_IDS = ("optimizer_state_sharding", "optimizer_state_sharding_accounting", "fsdp", "fsdp_accounting")
@@ -50,7 +49,8 @@ def _bound_note(records: list[dict], precision: str, world_size: int) -> str:
     if not (fsdp and none):
         return ""
     ratio, how = _ratio(fsdp, none)
-    return (f" With each rank bound to its own CPU cores (`CS336_BIND_CPUS=1`, run of {rows[0]['provenance']['date']}) "
+    return (f" With each rank bound to its own CPU cores (`experiment.cpus_bound`, run of "
+            f"{rows[0]['provenance']['date']}) "
             f"FSDP costs {ratio:.2f}x ({how}): binding does not change it.")
 
 
@@ -58,81 +58,33 @@ def _ok(rows, variant):
     return next((r for r in rows if r["variant"] == variant and r.get("status") == "ok"), None)
 
 
-def derive_leftover(rows: list[dict]) -> tuple[float | None, dict[str, float]]:
-    """For a run recorded without ``start_alloc_gib``: the memory still allocated from ``none`` while
-    the variants after it ran, ``init_alloc(ddp) - init_alloc(none)``.
-
-    Exact under one assumption: our bucketed DDP's constructor (and ShardedOptimizer's, which holds no
-    state before its first step) allocates nothing beyond the model that ``none`` also builds: it
-    broadcasts the parameters in place and groups them into buckets (Python lists); its gradient
-    buckets are flattened during backward. Returns (leftover or None, the estimate from each of
-    ``ddp`` / ``zero1`` that ran after ``none``)."""
-    names = [r["variant"] for r in rows]
-    none = _ok(rows, "none")
-    if none is None or "init_alloc_gib" not in none:
-        return None, {}
-    after = rows[names.index("none") + 1:]
-    estimates = {r["variant"]: r["init_alloc_gib"] - none["init_alloc_gib"]
-                 for r in (_ok(after, "ddp"), _ok(after, "zero1")) if r and "init_alloc_gib" in r}
-    if not estimates:
-        return None, {}
-    return estimates.get("ddp", estimates.get("zero1")), estimates
-
-
-def clean_memory(rows: list[dict]) -> tuple[list[dict], bool, str]:
-    """(rows with the absolute memory counters replaced by clean values, whether the raw counters were
-    off by a derived constant, a paragraph saying what was done)."""
-    if all("start_alloc_gib" in r for r in rows):
-        clean = [{**r, **{k: r[net_key(k)] for k in ABS_MEMORY_KEYS if net_key(k) in r},
-                  "subtracted_gib": r["start_alloc_gib"]} for r in rows]
-        warned = [r for r in rows if r.get("leftover_warning")]
+def clean_memory(rows: list[dict]) -> tuple[list[dict], str]:
+    """(rows with the absolute memory counters replaced by their ``*_net_gib`` values, a sentence saying
+    so), for runs that recorded ``start_alloc_gib``; other runs as recorded, with a caveat."""
+    if not all("start_alloc_gib" in r for r in rows):
+        return rows, ("Without `start_alloc_gib` in these records, absolute memory counters of variants after the "
+                      "first may include memory an earlier variant left allocated; only differences between "
+                      "variants measured after the same one are reliable.")
+    clean = [{**r, **{k: r[net_key(k)] for k in ABS_MEMORY_KEYS if net_key(k) in r},
+              "subtracted_gib": r["start_alloc_gib"]} for r in rows]
+    derived = [r for r in rows if "start_alloc_gib" in (r["provenance"].get("migrated") or {})]
+    if derived:
+        note = (f"Memory counters are net of what was allocated when each variant started "
+                f"({max(r['start_alloc_gib'] for r in rows):.3f} GiB at most; derived for this run "
+                "by scripts/migrate_records.py, "
+                "see the records' `provenance.migrated`).")
+    else:
         note = (f"Memory counters are net of what was allocated when each variant started (at most "
                 f"{max(r['start_alloc_gib'] for r in rows):.3f} GiB; parameters or optimizer state of a previous "
                 f"variant still alive: at most {max(r.get('retained_prev_gib', 0.0) for r in rows):.3f} GiB).")
-        if warned:
-            note += " Leftover warnings: " + "; ".join(f"{r['variant']}: {r['leftover_warning']}" for r in warned) + "."
-        return clean, False, note
-    leftover, estimates = derive_leftover(rows)
-    if leftover is None:
-        return rows, False, ("These records predate the leftover check, and without a `none` and a `ddp`/`zero1` "
-                             "variant after it the leftover cannot be derived: absolute memory counters of "
-                             "variants after the first may include memory an earlier variant left allocated; "
-                             "only differences between variants measured after the same one are reliable.")
-    start = [r["variant"] for r in rows].index("none") + 1
-    clean = [{**r, **({k: r[k] - leftover for k in ABS_MEMORY_KEYS if k in r} if i >= start else {}),
-              "subtracted_gib": leftover if i >= start else 0.0} for i, r in enumerate(rows)]
-    none = _ok(rows, "none")
-    est = ", ".join(f"{v}: {e:.3f} GiB" for v, e in estimates.items())
-    held = none["params_gib"] + none.get("saved_activations_gib", 0.0)
-    note = (f"These records predate the leftover check (no `start_alloc_gib`). The benchmark then left the autograd "
-            "graph of its activation count on `none` allocated (an identity saved-tensor hook made it a reference "
-            "cycle `gc` cannot collect; fixed), so every variant measured after `none` carried a constant extra "
-            "allocation. Derived from the records as init_alloc(variant) - init_alloc(none) for the variants whose "
-            f"construction allocates nothing of its own ({est}), assuming our DDP wrapper and ShardedOptimizer "
-            f"allocate nothing at construction: **{leftover:.3f} GiB**. That is about what the graph held, `none`'s "
-            f"fp32 parameters plus the activations it saved ({held:.3f} GiB). The absolute memory columns below have "
-            f"it subtracted for those variants (column 'leftover subtracted'); 'kept by forward' (a difference) and "
-            "params / grads / optimizer state (counted from tensors) needed no correction, and differences between "
-            "two variants measured after `none` are the same either way.")
-    tz, ddp = _ok(clean[start:], "torch-zero"), _ok(clean[start:], "ddp")
-    if ddp:
-        note += (f" Cross-check: corrected, `ddp` (the same model and step plus communication) peaks at "
-                 f"{ddp['pre_step_peak_gib']:.2f} GiB before the step, `none` at {none['pre_step_peak_gib']:.2f} GiB.")
-    if tz and ddp:
-        note += (f" Corrected, PyTorch DDP's construction allocates "
-                 f"{tz['init_alloc_gib'] - none['init_alloc_gib']:.3f} GiB beyond the model, its gradient "
-                 f"buckets (gradients: {tz['grads_gib']:.3f} GiB).")
-    return clean, True, note
+    warned = [r for r in rows if r.get("leftover_warning")]
+    if warned:
+        note += " Leftover warnings: " + "; ".join(f"{r['variant']}: {r['leftover_warning']}" for r in warned) + "."
+    return clean, note
 
 
-def _verdict(clean: bool, raw: bool | None) -> str:
-    """'met' / 'NOT met' from the clean numbers; with ``raw`` (a corrected legacy run), whether the
-    uncorrected numbers agree."""
-    text = "met" if clean else "NOT met"
-    if raw is None:
-        return text
-    return text + ("; the same on the uncorrected numbers" if raw == clean
-                   else f"; the uncorrected numbers would wrongly say {'met' if raw else 'NOT met'}")
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
 
 
 def _table(rows: list[dict]) -> str:
@@ -141,8 +93,8 @@ def _table(rows: list[dict]) -> str:
     return df[cols].rename(columns=COLUMNS).to_markdown(index=False, floatfmt=".3g")
 
 
-def _accounting(rows: list[dict], raw: list[dict] | None, precision: str, note: str) -> str:
-    """``rows``: clean memory; ``raw``: the rows as recorded when a derived leftover was subtracted."""
+def _accounting(ctx, rows: list[dict], precision: str, note: str) -> str:
+    """The accounting of one run; ``rows`` with clean memory counters."""
     prov = rows[0]["provenance"]
     r0 = rows[0]
     parts = [f"`{r0['preset']}`, {precision}, {r0['world_size']} ranks x batch {r0['batch_size']} x context "
@@ -156,8 +108,6 @@ def _accounting(rows: list[dict], raw: list[dict] | None, precision: str, note: 
     if ddp and zero1:
         moved = ddp["optimizer_state_gib"] - zero1["optimizer_state_gib"]
         saved = ddp["post_step_peak_gib"] - zero1["post_step_peak_gib"]
-        raw_saved = (_ok(raw, "ddp")["post_step_peak_gib"] - _ok(raw, "zero1")["post_step_peak_gib"]) if raw else None
-        raw_ok = None if raw_saved is None else raw_saved >= 0.9 * moved
         saved_alloc = ddp["post_step_alloc_gib"] - zero1["post_step_alloc_gib"]
         pre = ddp["params_gib"] + ddp["grads_gib"]
         acts = ddp.get("saved_activations_gib")
@@ -172,19 +122,28 @@ def _accounting(rows: list[dict], raw: list[dict] | None, precision: str, note: 
             f"With the sharded optimizer the moments shrink to {zero1['optimizer_state_gib']:.2f} GiB "
             f"per rank ({moved:.2f} GiB moved off the rank); memory after the step drops by {saved_alloc:.2f} GiB "
             f"and the peak in the step by {saved:.2f} GiB, {saved / max(moved, 1e-12):.0%} of the moved state "
-            f"(target: at least 90%: {_verdict(saved >= 0.9 * moved, raw_ok)}"
-            + ("; a difference of two variants that carry the same leftover" if raw else "") + "). "
+            f"(target: at least 90%: {_verdict(saved >= 0.9 * moved)}). "
             "Memory after construction and "
             f"before the step is the same ({zero1['init_peak_gib']:.2f} / {zero1['pre_step_peak_gib']:.2f} GiB): "
             "the moments only exist from the first step on, and parameters and gradients stay whole.")
         ratio, how = _ratio(zero1, ddp)
+        w = r0["world_size"]
+        ctx.answer("optimizer_state_sharding_accounting",
+                   f"{precision}, {w} ranks: peak in the step {saved:.2f} GiB lower "
+                   f"({saved / max(moved, 1e-12):.0%} of "
+                   f"the {moved:.2f} GiB of moments moved off the rank); step {ratio - 1:+.1%} vs unsharded")
+        if tz:
+            tz_ratio, _ = _ratio(zero1, tz)
+            ctx.versus("optimizer_state_sharding", f"{r0['preset']}, {w} ranks, {precision}: optimizer-state sharding",
+                       f"ShardedOptimizer {zero1['step_ms']:.0f} ms", f"ZeroRedundancyOptimizer {tz['step_ms']:.0f} ms",
+                       tz_ratio, "step within 10% of unsharded DDP "
+                       f"({ratio - 1:+.1%}: {'met' if ratio <= 1.1 else 'NOT met'})")
         parts.append(
             f"\n(b) Step time: {ddp['step_ms']:.0f} ms unsharded, {zero1['step_ms']:.0f} ms sharded "
             f"({ratio - 1:+.1%}, {how}; target within 10%: {'met' if ratio <= 1.1 else 'NOT met'})"
             + (f", PyTorch's ZeroRedundancyOptimizer {tz['step_ms']:.0f} ms" if tz else "")
             + (f"; the single-GPU step (no communication) takes {none['step_ms']:.0f} ms" if none else "")
-            + ". The sharded step runs AdamW on half the tensors and adds a broadcast of every parameter."
-            + (" Step times need no correction: the leftover was memory that no step touched." if raw else ""))
+            + ". The sharded step runs AdamW on half the tensors and adds a broadcast of every parameter.")
         n = r0["n_params"]
         w = r0["world_size"]
         gb = 1e9
@@ -231,7 +190,7 @@ def _peak(r: dict) -> float:
     return max(r["pre_step_peak_gib"], r["post_step_peak_gib"])
 
 
-def _fsdp(ctx, rows: list[dict], raw: list[dict] | None, precision: str) -> tuple[str, str]:
+def _fsdp(ctx, rows: list[dict], precision: str) -> tuple[str, str]:
     fsdp, fsdp2, none = _ok(rows, "fsdp"), _ok(rows, "torch-fsdp2"), _ok(rows, "none")
     ddp, zero1 = _ok(rows, "ddp"), _ok(rows, "zero1")
     if not fsdp:
@@ -240,9 +199,8 @@ def _fsdp(ctx, rows: list[dict], raw: list[dict] | None, precision: str) -> tupl
             f"{max(fsdp['pre_step_peak_gib'], fsdp['post_step_peak_gib']):.2f} GiB per rank")
     if fsdp2:
         peak, peak2 = _peak(fsdp), _peak(fsdp2)
-        raw_ok = (_peak(_ok(raw, "fsdp")) <= 1.1 * _peak(_ok(raw, "torch-fsdp2"))) if raw else None
         impl += (f"; PyTorch FSDP2 {fsdp2['step_ms']:.0f} ms and {peak2:.2f} GiB (peak target: at most +10%: "
-                 f"{peak / peak2 - 1:+.1%}, {_verdict(peak <= 1.1 * peak2, raw_ok)})")
+                 f"{peak / peak2 - 1:+.1%}, {_verdict(peak <= 1.1 * peak2)})")
     if none:
         ratio, how = _ratio(fsdp, none)
         impl += (f"; the single-GPU step at the same batch takes {none['step_ms']:.0f} ms, so FSDP costs "
@@ -257,11 +215,15 @@ def _fsdp(ctx, rows: list[dict], raw: list[dict] | None, precision: str) -> tupl
                      + (": the other wrappers pay as much or more" if all(r["pair_ratio"] >= ratio for _, r in peers)
                         else ": the other wrappers pay comparable amounts")
                      + f", whatever their traffic (FSDP's "
-                     f"{traffic / 1e9:.1f} GB of bf16 per rank per step). The eager bf16 step is host-bound (the "
-                     "single-GPU step's kernels fill only part of it: ddp_bucketed_benchmarking), so the host work "
-                     "a wrapper adds (hooks, collective calls) lands on the step, and each collective couples the "
-                     "two ranks' host jitter; in fp32, where the step is GPU-bound, compare the fp32 line below. "
-                     "docs/sharding.md has the analysis and docs/pending_device_runs.md what is left to try")
+                     f"{traffic / 1e9:.1f} GB of bf16 per rank per step; docs/sharding.md has the analysis)")
+    w = rows[0]["world_size"]
+    if fsdp2 and none:
+        ctx.answer("fsdp", f"{precision}, {w} ranks: {fsdp['step_ms']:.0f} ms/step ({ratio:.2f}x one GPU), peak "
+                   f"{_peak(fsdp):.2f} GiB vs FSDP2 {fsdp2['step_ms']:.0f} ms, {_peak(fsdp2):.2f} GiB")
+        ctx.versus("fsdp", f"{rows[0]['preset']}, {w} ranks, {precision}", f"FSDP {fsdp['step_ms']:.0f} ms, "
+                   f"peak {_peak(fsdp):.2f} GiB", f"FSDP2 {fsdp2['step_ms']:.0f} ms, peak {_peak(fsdp2):.2f} GiB",
+                   fsdp["step_ms"] / fsdp2["step_ms"], f"step <= 1.15x one GPU ({ratio:.2f}x), peak <= +10% of FSDP2 "
+                   f"({_peak(fsdp) / _peak(fsdp2) - 1:+.1%})")
     impl += ". The table above has the breakdown."
     acct = []
     base = zero1 or ddp
@@ -278,6 +240,8 @@ def _fsdp(ctx, rows: list[dict], raw: list[dict] | None, precision: str) -> tupl
             f"we expect about {expected:.2f} GiB less at the peak, ignoring gather buffers "
             f"and activations, which stay. Measured: {fsdp_peak:.2f} GiB, {base_peak - fsdp_peak:.2f} GiB less. "
             "The activations (and, with bf16 compute, nothing else) dominate what remains.")
+        ctx.answer("fsdp_accounting", f"{precision}, {w} ranks: peak {fsdp_peak:.2f} GiB vs {base_peak:.2f} GiB "
+                   f"({base['variant']}), {base_peak - fsdp_peak:.2f} GiB less (about {expected:.2f} GiB expected)")
     if "allgather_kernel_ms" in fsdp:
         acct.append(
             f"\n(b) In the profiled step on rank 0 the all-gathers run {fsdp['allgather_kernel_ms']:.1f} ms "
@@ -303,6 +267,8 @@ def build(ctx) -> str | None:
     records = read_records(PROBLEM, ctx.results_dir)
     if not records:
         return None
+    ctx.code("optimizer_state_sharding", "cs336_systems/parallel/sharded_optimizer.py", "ShardedOptimizer",
+             "each rank keeps the optimizer state of its own whole tensors")
     out = ["## optimizer_state_sharding\n",
            "`cs336_systems.parallel.sharded_optimizer.ShardedOptimizer` (docs/sharding.md): whole tensors are "
            "assigned to ranks largest-first to the least-loaded rank; each rank's wrapped optimizer keeps state "
@@ -311,14 +277,13 @@ def build(ctx) -> str | None:
     acct, fsdp_impl, fsdp_acct = [], [], []
     # The issue's targets are stated for 2 ranks; runs on more ranks follow as their own tables.
     for precision, world_size in itertools.product(("bf16", "fp32"), sorted({r["world_size"] for r in records})):
-        raw = _latest_run([r for r in records if not cpus_bound(r)], precision, world_size)
-        if not raw:
+        run = _latest_run([r for r in records if not cpus_bound(r)], precision, world_size)
+        if not run:
             continue
-        rows, corrected, note = clean_memory(raw)
-        raw = raw if corrected else None
+        rows, note = clean_memory(run)
         heading = f"### {precision}, {world_size} ranks\n\n"
-        acct.append(heading + _accounting(rows, raw, precision, note))
-        impl, a = _fsdp(ctx, rows, raw, precision)
+        acct.append(heading + _accounting(ctx, rows, precision, note))
+        impl, a = _fsdp(ctx, rows, precision)
         if impl:
             fsdp_impl.append(f"{precision}, {world_size} ranks. {impl}{_bound_note(records, precision, world_size)}")
         if a:
