@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from cs336_systems.parallel.process_group import BACKENDS, DistInfo, run_distributed
+from cs336_systems.records.schema import COMM_PROBLEM
 
-PROBLEM = "distributed_communication_single_node"
+PROBLEM = COMM_PROBLEM
 DEFAULT_SIZES_MB = (1.0, 10.0, 100.0, 1000.0)
 
 

@@ -19,7 +19,6 @@ import gc
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -33,13 +32,14 @@ from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel import wrap_model
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
+from cs336_systems.records.schema import DDP_PROBLEM
 
-PROBLEM = "ddp_bucketed_benchmarking"  # records of every variant live under one problem id
+PROBLEM = DDP_PROBLEM  # records of every variant live under one problem id
 VARIANTS = ("none", "naive", "flat", "overlap", "bucketed", "torch-ddp")
 PRECISIONS = ("fp32", "bf16")
 TIMING = "paired-aligned"  # the records' ``timing``: pairs, ranks aligned before every timed step
 
-__all__ = ["PRECISIONS", "PROBLEM", "TIMING", "VARIANTS", "DDPBenchConfig", "median_ci95", "render_timeline",
+__all__ = ["PRECISIONS", "PROBLEM", "TIMING", "VARIANTS", "DDPBenchConfig", "median_ci95",
            "run_ddp_bench", "summarize", "variant_label"]
 
 
@@ -254,34 +254,3 @@ def run_ddp_bench(cfg: DDPBenchConfig) -> list[dict] | None:
     if per_rank is None:
         return None
     return summarize(cfg, per_rank, "nccl" if device_type == "cuda" else "gloo")
-
-
-def render_timeline(rows: list[dict], path: Path, title: str = "") -> Path | None:
-    """Kernel timeline (one profiled step, rank 0) of each row that carries one: compute vs communication."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in rows if r.get("timeline")]
-    if not rows:
-        return None
-    fig, axes = plt.subplots(len(rows), 1, figsize=(13, 1.9 * len(rows) + 0.6), squeeze=False)
-    for ax, r in zip(axes[:, 0], rows):
-        tl = r["timeline"]
-        for is_comm, y, color in ((False, 1, "tab:blue"), (True, 0, "tab:red")):
-            bars = [(s / 1e3, d / 1e3) for s, d, c in zip(tl["start_us"], tl["dur_us"], tl["comm"]) if c == is_comm]
-            ax.broken_barh(bars, (y - 0.4, 0.8), color=color, linewidth=0)
-        ax.set_yticks([0, 1], ["communication", "compute"])
-        hidden = r.get("comm_hidden_ms", 0.0)
-        total = r.get("comm_kernel_ms", 0.0)
-        ax.set_title(f"{r['label']} ({r['precision']}): step {r['step_ms']:.0f} ms; communication "
-                     f"{total:.0f} ms, of which {hidden:.0f} ms overlapped with compute", fontsize=9, loc="left")
-        ax.set_xlabel("ms since the step's first kernel")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

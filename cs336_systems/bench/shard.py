@@ -36,22 +36,14 @@ from cs336_systems.configs import count_parameters, get_preset
 from cs336_systems.parallel.process_group import DistInfo, run_distributed
 from cs336_systems.parallel.strategies import WrapOptions, get_strategy
 from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
+from cs336_systems.records.schema import ABS_MEMORY_KEYS, SHARD_PROBLEM, net_key
 
-PROBLEM = "optimizer_state_sharding_accounting"  # records of every variant (FSDP's too) live here
+PROBLEM = SHARD_PROBLEM  # records of every variant (FSDP's too) live here
 VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
 PRECISIONS = ("fp32", "bf16")
 GIB = 2**30
 LEFTOVER_WARN_GIB = 0.25  # more than this allocated (or retained) between variants is reported
 TIMING = "ends-synced-aligned"  # the records' ``timing``: synchronised at a step's ends, ranks aligned before it
-ABS_MEMORY_KEYS = ("init_alloc_gib", "init_peak_gib", "pre_step_alloc_gib", "pre_step_peak_gib",
-                   "post_step_alloc_gib", "post_step_peak_gib")
-
-
-def net_key(key: str) -> str:
-    """``init_alloc_gib`` -> ``init_alloc_net_gib``: the counter minus ``start_alloc_gib``."""
-    return key.removesuffix("_gib") + "_net_gib"
-
-
 @dataclass(kw_only=True)
 class ShardBenchConfig:
     preset: str = "xl"

@@ -20,13 +20,13 @@ from cs336_systems.bench.ddp import (
     PROBLEM,
     VARIANTS,
     DDPBenchConfig,
-    render_timeline,
     run_ddp_bench,
 )
 from cs336_systems.bench.harness import markdown_table
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
+from cs336_systems.report.plots import render_timeline
 
 TABLE_COLUMNS = ["precision", "label", "step_ms", "step_std_ms", "nocomm_step_ms", "exposed_comm_ms", "fwd_bwd_ms",
                  "sync_ms", "comm_kernel_ms", "comm_hidden_ms", "compute_kernel_ms", "comm_calls_per_step",

@@ -18,12 +18,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cs336_systems.bench.ddp import render_timeline
 from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.shard import PRECISIONS, PROBLEM, VARIANTS, ShardBenchConfig, run_shard_bench
 from cs336_systems.commands.ddp_bench import CPU_CONTEXT_LENGTH, CPU_PRESET, GPU_PRESET, world_size_from
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
+from cs336_systems.report.plots import render_timeline
 
 TABLE_COLUMNS = ["variant", "status", "step_ms", "ratio_to_none", "ratio_to_none_round_median", "pair_ratio",
                  "init_peak_gib",
