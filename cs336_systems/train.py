@@ -463,6 +463,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         if resume_from is not None:
             log(f"resuming from {resume_from} (step {start_step} of {cfg.steps})"
                 + (f"; changed since: {'; '.join(notes)}" if notes else ""))
+            if start_step >= cfg.steps:
+                log(f"nothing to train: the checkpoint is at step {start_step}, --steps is {cfg.steps}")
         elif cfg.resume:
             log(f"resume: no complete checkpoint in {ckpt_dir}; starting from step 0")
         if metrics_path is not None or cfg.tensorboard:
