@@ -552,6 +552,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                    else "no --checkpoint-dir, the weights are in the returned summary only"))
         elif ckpt_dir is None:
             log("final weights: returned by train() only (no --checkpoint-dir)")
+        else:
+            log(f"final weights: {last_saved} (train further with --resume --checkpoint-dir {ckpt_dir} --steps N)")
     return {"config": asdict(cfg), "world_size": world, "rows": rows, "final_state": final_state,
             "start_step": start_step, "checkpoint": str(last_saved) if last_saved else None,
             "checkpoint_dir": ckpt_dir, "stopped": stopped}
