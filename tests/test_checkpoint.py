@@ -72,8 +72,7 @@ def test_a_killed_save_is_never_resumed_from(tmp_path, monkeypatch):
 
 
 def test_metrics_are_written_as_training_runs(tmp_path):
-    """Each logged step is on disk (JSON lines, flushed) before the next step starts, with every field; TensorBoard
-    event files get the same scalars."""
+    """Each logged step is on disk (JSON lines, flushed) before the next step starts, with every field."""
     seen = []
     metrics = tmp_path / "m" / "log.jsonl"
 
@@ -81,18 +80,22 @@ def test_metrics_are_written_as_training_runs(tmp_path):
         if line.startswith("step "):
             seen.append(len(metrics.read_text().splitlines()))
 
-    tb = tmp_path / "tb"
-    tensorboard = pytest.importorskip("tensorboard")  # a dependency of the project (pyproject.toml)
-    train(TrainConfig(**{**SMALL, "steps": 3}, batch_size=2, metrics=str(metrics), tensorboard=str(tb)), log=log)
+    train(TrainConfig(**{**SMALL, "steps": 3}, batch_size=2, metrics=str(metrics)), log=log)
     assert seen == [1, 2, 3]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_memory_gib", "step_s"} <= set(rows[0])
+
+
+def test_tensorboard_gets_the_same_scalars(tmp_path):
+    pytest.importorskip("tensorboard")  # a dependency of the project (pyproject.toml)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tb))
+    out = train(TrainConfig(**{**SMALL, "steps": 2}, batch_size=2, tensorboard=str(tmp_path / "tb")), log=QUIET)
+    events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
-    assert tensorboard is not None and [e.value for e in events.Scalars("train/loss")] == pytest.approx(
-        [r["loss"] for r in rows])
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+        assert [e.value for e in events.Scalars(f"train/{key}")] == pytest.approx([r[key] for r in out["rows"]])
 
 
 # -- several ranks ---------------------------------------------------------------------------------------------

@@ -198,11 +198,15 @@ def test_bad_input(tmp_path):
         train(TrainConfig(data=str(bad), context_length=8, steps=1))
 
 
-def test_cli_one_process(capsys, tmp_path):
-    assert main(["train", "--steps", "2", "--context-length", "16", "--batch-size", "2",
-                 "--checkpoint-dir", str(tmp_path)]) == 0
+def test_cli_one_process(capsys, tmp_path, monkeypatch):
+    """Without --checkpoint-dir the final weights still land on disk: runs/train-<start time>/step-NNNNNN."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--steps", "2", "--context-length", "16", "--batch-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "step     1" in out and "tok/s" in out and "MFU" in out
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("train-") and (run / "step-000002" / ".metadata").is_file()
+    assert f"final weights: runs/{run.name}/step-000002" in out and (run / "metrics.jsonl").is_file()
     assert main(["train", "--parallel", "flat", "--steps", "1"]) == 2  # needs torchrun: a clear error
 
 
