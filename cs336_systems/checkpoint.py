@@ -21,7 +21,7 @@ on load cuts this rank's shard out of the full tensors (``FSDP.shard_of``).
 
 Atomicity: every rank writes into ``DIR/.tmp-step-000300``; after all ranks finished (DCP's final collective)
 rank 0 adds ``train_state.json`` and renames the directory into place. A kill during a save leaves only the
-``.tmp-`` directory, which :func:`latest_checkpoint` never picks (and the next save replaces).
+``.tmp-`` directory, which :func:`latest_checkpoint` never picks (and the next save removes).
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ def save(root: str | Path, step: int, wrapped: nn.Module, optimizer: torch.optim
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{final.name}"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        for stale in root.glob(".tmp-step-*"):  # left by saves that were killed
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     if distributed:
         dist.barrier()
