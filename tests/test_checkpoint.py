@@ -156,3 +156,39 @@ def test_resume_under_another_strategy_and_world_size_and_preemption(tmp_path):
         optim = {k: v for k, v in want.items() if k.startswith(("optim.", "model."))}
         assert set(optim) <= set(got), p
         _close({k: got[k] for k in optim}, optim)
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_ranks_stop_and_save_together_on_sigterm(tmp_path):
+    """The command as users run it: torchrun with 2 ranks; a SIGTERM to ONE worker (as a scheduler or a kill
+    would send it) makes both finish the step in flight, write one checkpoint together and exit 0, so torchrun
+    exits 0 too; the step log on disk ends at the checkpoint's step."""
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cs336_systems", "train",
+           "--parallel", "zero1", "--steps", "100000", "--context-length", "16", "--batch-size", "2",
+           "--checkpoint-dir", str(root)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        metrics = root / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else ""
+            time.sleep(0.2)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            workers = [int(pid) for pid in f.read().split()]
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    (saved,) = checkpoint.list_checkpoints(root)
+    step = int(saved.name.removeprefix("step-"))
+    assert "stopped by" in out and f"checkpoint {saved}" in out, out
+    assert json.loads(metrics.read_text().splitlines()[-1])["step"] == step - 1
