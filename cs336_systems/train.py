@@ -7,16 +7,27 @@ Data: synthetic tokens by default, or a flat ``uint16`` token file read through 
 way step ``s`` draws one *global* batch of ``batch_size * world_size`` sequences from an RNG seeded by
 ``(seed, s)`` and rank ``r`` takes rows ``[r * batch_size, (r + 1) * batch_size)``: ranks see disjoint
 data, and a run on N ranks sees exactly the batches a one-process run with N times the batch size
-sees (tests check the two train the same weights).
+sees (tests check the two train the same weights). The data position of a run is therefore its step.
 
 Each logged step prints the loss (averaged over ranks), tokens/s over all ranks, MFU (model FLOPs
-per second per device over the device's measured matmul peak) and peak memory.
+per second per device over the device's measured matmul peak) and peak memory, and appends the same
+record to a JSON-lines file (and TensorBoard) as it happens.
+
+Checkpoints (``cs336_systems.checkpoint``, DCP): every ``checkpoint_every`` steps, at the end, and when
+SIGTERM / SIGINT arrives (the current step finishes, every rank stops after the same step and saves, the
+run returns normally). ``resume`` continues from the highest complete checkpoint, under any strategy and
+world size. Settings are validated before anything is allocated (:func:`preflight`). docs/training.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import json
 import math
+import os
+import signal
+import threading
 import timeit
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,13 +39,16 @@ import torch.distributed as dist
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
-from cs336_systems.configs import get_preset, training_flops_per_token
+from cs336_systems import checkpoint
+from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import DistInfo, init_distributed, under_torchrun
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
 PRECISIONS = ("fp32", "bf16")
+TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
+METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(kw_only=True)
@@ -58,6 +72,12 @@ class TrainConfig:
     log_every: int = 1
     attention: str = "reference"
     device: str | None = None  # None: cuda if available
+    checkpoint_dir: str | None = None  # None: no checkpoints (train() still returns the final weights)
+    checkpoint_every: int | None = None  # steps between checkpoints; None: only at the end (and on SIGTERM)
+    resume: bool = False  # continue from the highest complete checkpoint in checkpoint_dir
+    export: str | None = None  # also write the final weights as one consolidated state dict (torch.save)
+    metrics: str | None = None  # JSON-lines step log; None: <checkpoint_dir>/metrics.jsonl (none without a dir)
+    tensorboard: str | None = None  # TensorBoard event directory; None: none
 
     def __post_init__(self):
         get_preset(self.preset)
@@ -67,12 +87,21 @@ class TrainConfig:
             raise ValueError(f"train: unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         for name in ("steps", "grad_accum", "log_every"):
             if getattr(self, name) < 1:
-                raise ValueError(f"train: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("context_length", "batch_size"):
+                raise ValueError(f"train: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("context_length", "batch_size", "checkpoint_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"train: {name} must be >= 1, got {getattr(self, name)}")
-        if self.data is not None and not Path(self.data).is_file():
-            raise ValueError(f"train: token file {self.data!r} does not exist")
+                raise ValueError(f"train: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"train: --lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"train: --min-lr must be a finite number in [0, --lr = {self.lr}], got {self.min_lr}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"train: --warmup-steps must be in [0, --steps = {self.steps}], got {self.warmup_steps}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"train: --weight-decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ValueError(f"train: --grad-clip must be a finite number > 0 (0 on the command line: off), "
+                             f"got {self.grad_clip}")
         if self.bucket_size_mb is not None:
             if not STRATEGIES[self.parallel].uses_buckets:
                 bucketed = ", ".join(n for n, s in STRATEGIES.items() if s.uses_buckets)
@@ -82,13 +111,177 @@ class TrainConfig:
                 raise ValueError(f"train: bucket_size_mb must be > 0, got {self.bucket_size_mb}")
         if self.grad_comm_dtype is not None and not STRATEGIES[self.parallel].uses_grad_comm_dtype:
             users = ", ".join(n for n, s in STRATEGIES.items() if s.uses_grad_comm_dtype)
-            raise ValueError(f"train: --grad-comm-dtype has no effect with --parallel {self.parallel}; it applies to "
-                             f"{users}")
+            raise ValueError(f"train: --grad-comm-dtype has no effect with --parallel {self.parallel}; "
+                             f"it applies to {users}")
         if self.grad_comm_dtype is not None and self.grad_comm_dtype not in GRAD_COMM_DTYPES:
             raise ValueError(f"train: grad_comm_dtype must be one of {', '.join(GRAD_COMM_DTYPES)} or None, "
                              f"got {self.grad_comm_dtype!r}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"train: grad_clip must be > 0 or None, got {self.grad_clip}")
+        if self.device is not None:
+            try:
+                kind = torch.device(self.device).type
+            except RuntimeError:
+                kind = None
+            if kind not in ("cpu", "cuda"):
+                raise ValueError(f"train: --device {self.device!r} is not a device; use cpu, cuda or cuda:N")
+        if self.resume and (self.checkpoint_dir is None or TIME_FIELD in self.checkpoint_dir):
+            raise ValueError("train: --resume needs --checkpoint-dir DIR (the directory of the run to continue)")
+        if self.checkpoint_every is not None and self.checkpoint_dir is None:
+            raise ValueError("train: --checkpoint-every needs --checkpoint-dir DIR")
+
+
+# -- pre-flight: every check that needs the machine or the files, before anything is allocated ---------------
+
+def _planned_device(cfg: TrainConfig, info: DistInfo | None) -> torch.device:
+    if info is not None:
+        return info.device
+    kind = torch.device(cfg.device).type if cfg.device else ("cuda" if torch.cuda.is_available() else "cpu")
+    if under_torchrun():
+        return torch.device(kind, int(os.environ.get("LOCAL_RANK", "0"))) if kind == "cuda" else torch.device("cpu")
+    return torch.device(cfg.device) if cfg.device else torch.device(kind)
+
+
+def _check_device(cfg: TrainConfig, device: torch.device) -> None:
+    if device.type != "cuda":
+        return
+    flag = f"--device {cfg.device}" if cfg.device else "the default device cuda"
+    if not torch.cuda.is_available():
+        raise ValueError(f"train: {flag}: no CUDA device is visible on this machine; use --device cpu")
+    if under_torchrun() and cfg.device and torch.device(cfg.device).index is not None:
+        raise ValueError(f"train: --device {cfg.device}: under torchrun give a device type (cuda or cpu); "
+                         "each rank uses cuda:LOCAL_RANK")
+    count = torch.cuda.device_count()
+    if (device.index or 0) >= count:
+        raise ValueError(f"train: {flag}: this machine has {count} CUDA device(s); choose from "
+                         f"{', '.join(f'cuda:{i}' for i in range(count))}")
+
+
+def _world(info: DistInfo | None) -> tuple[int, int]:
+    """(world size, ranks on this host)."""
+    if info is not None:
+        return info.world_size, int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    if not under_torchrun():
+        return 1, 1
+    try:
+        world = int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    except ValueError as err:
+        raise ValueError(f"train: WORLD_SIZE / LOCAL_WORLD_SIZE must be integers >= 1 ({err})") from None
+    if world < 1 or local < 1:
+        raise ValueError(f"train: the world size must be >= 1, got WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local}")
+    return world, local
+
+
+def check_token_file(path: str, vocab_size: int, context_length: int, chunk: int = 1 << 26) -> int:
+    """A flat ``uint16`` token file usable for ``context_length``: returns its length in tokens."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"train: --data {path}: no such file")
+    if p.is_dir():
+        raise ValueError(f"train: --data {path} is a directory; give a flat uint16 token file")
+    size = p.stat().st_size
+    if size == 0:
+        raise ValueError(f"train: --data {path} is empty; give a flat uint16 token file")
+    if size % 2:
+        raise ValueError(f"train: --data {path} has {size} bytes, not a whole number of uint16 tokens (2 bytes)")
+    n = size // 2
+    if n < context_length + 1:
+        raise ValueError(f"train: --data {path} has {n} tokens, fewer than --context-length + 1 = "
+                         f"{context_length + 1}; give a longer file or a shorter --context-length")
+    tokens = np.memmap(p, dtype=np.uint16, mode="r")
+    for lo in range(0, n, chunk):  # the whole file: one bad id anywhere would stop training later
+        top = int(tokens[lo:lo + chunk].max())
+        if top >= vocab_size:
+            where = lo + int(np.argmax(np.asarray(tokens[lo:lo + chunk]) >= vocab_size))
+            raise ValueError(f"train: --data {path} holds token id {top} (first bad id at token {where}), "
+                             f"outside the vocabulary of the preset (ids 0..{vocab_size - 1})")
+    return n
+
+
+def check_writable(path: str | Path, flag: str, *, directory: bool) -> None:
+    """``path`` (a directory, or a file's folder) exists and is writable, or can be created: its nearest existing
+    ancestor is a writable directory. Creates nothing."""
+    p = Path(path)
+    if p.exists() and directory != p.is_dir():
+        raise ValueError(f"train: {flag} {path} is {'a file' if directory else 'a directory'}; give "
+                         f"{'a directory' if directory else 'a file path'}")
+    target = p if directory else p.parent
+    probe = target
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"train: {flag} {path}: {probe} is a file, so the folder cannot be created")
+    if not os.access(probe, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"train: {flag} {path}: {probe if probe != p else p} is not writable")
+
+
+def _available_bytes(device: torch.device, local_world: int) -> tuple[float, str]:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free), f"{device} has"
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        avail = float(info["MemAvailable"])
+    except (OSError, KeyError, ValueError):
+        avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return avail / local_world, "this machine has" + (f" (1/{local_world} of its RAM per rank)" if local_world > 1
+                                                      else "")
+
+
+def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int, world: int) -> int:
+    """Bytes a rank needs at least: fp32 weights, gradients and AdamW moments (sharded as the strategy shards
+    them), the attention probabilities the reference backend saves for backward (B * H * T^2 per layer), a
+    little of every layer's other activations (4 * B * T * d_model) and the fp32 logits (B * T * vocab). A
+    lower bound: a configuration above it cannot fit; one below it may still not."""
+    n = count_parameters(model_cfg)
+    strategy = get_strategy(cfg.parallel)
+    if strategy.shards_gradients:
+        state = 16 * n / world
+    elif cfg.parallel in ("zero1", "torch-zero"):
+        state = 8 * n + 8 * n / world
+    else:
+        state = 16 * n
+    elt = 2 if cfg.precision == "bf16" else 4
+    per_layer = 4 * B * T * model_cfg.d_model * elt
+    if cfg.attention == "reference":
+        per_layer += B * model_cfg.num_heads * T * T * elt
+    return int(state + model_cfg.num_layers * per_layer + 4 * B * T * model_cfg.vocab_size)
+
+
+def preflight(cfg: TrainConfig, info: DistInfo | None = None) -> None:
+    """Every check of the machine and the files, before any allocation (one-line ``ValueError`` each)."""
+    device = _planned_device(cfg, info)
+    _check_device(cfg, device)
+    world, local_world = _world(info)
+    model_cfg = get_preset(cfg.preset)
+    T = cfg.context_length or model_cfg.context_length
+    B = cfg.batch_size or model_cfg.batch_size
+    if cfg.data is not None:
+        check_token_file(cfg.data, model_cfg.vocab_size, T)
+    if cfg.checkpoint_dir is not None:
+        check_writable(cfg.checkpoint_dir, "--checkpoint-dir", directory=True)
+        if not cfg.resume and TIME_FIELD not in cfg.checkpoint_dir:
+            found = checkpoint.latest_checkpoint(cfg.checkpoint_dir)
+            if found is not None:
+                raise ValueError(f"train: --checkpoint-dir {cfg.checkpoint_dir} already holds {found.name}; add "
+                                 "--resume to continue from it, or choose another directory")
+    if cfg.metrics is not None:
+        check_writable(cfg.metrics, "--metrics", directory=False)
+    if cfg.export is not None:
+        check_writable(cfg.export, "--export", directory=False)
+    if cfg.tensorboard is not None:
+        check_writable(cfg.tensorboard, "--tensorboard", directory=True)
+        try:
+            import tensorboard  # noqa: F401 - torch.utils.tensorboard needs it
+        except ImportError:
+            raise ValueError("train: --tensorboard needs the tensorboard package (pip install tensorboard)") from None
+    need = memory_lower_bound(cfg, model_cfg.replace(context_length=max(T, model_cfg.context_length)), T, B, world)
+    avail, where = _available_bytes(device, local_world)
+    if need > avail:
+        raise ValueError(f"train: --context-length {T} x --batch-size {B} ({cfg.preset}, {cfg.precision}, "
+                         f"--attention {cfg.attention}, --parallel {cfg.parallel}) needs at least "
+                         f"{need / 2**30:,.1f} GiB per rank, but {where} {avail / 2**30:,.1f} GiB free; choose a "
+                         "smaller --context-length or --batch-size")
 
 
 class TokenBatches:
@@ -98,13 +291,7 @@ class TokenBatches:
                  world_size: int, device: torch.device):
         self.seed, self.vocab, self.T, self.B = cfg.seed, vocab_size, context_length, batch_size
         self.rank, self.world, self.device, self.micro = rank, world_size, device, cfg.grad_accum
-        self.tokens = np.memmap(cfg.data, dtype=np.uint16, mode="r") if cfg.data else None
-        if self.tokens is not None:
-            if len(self.tokens) < context_length + 1:
-                raise ValueError(f"train: {cfg.data} has {len(self.tokens)} tokens, fewer than context_length + 1")
-            top = int(self.tokens[: min(len(self.tokens), 1 << 20)].max())
-            if top >= vocab_size:
-                raise ValueError(f"train: {cfg.data} holds token id {top} >= vocab_size {vocab_size}")
+        self.tokens = np.memmap(cfg.data, dtype=np.uint16, mode="r") if cfg.data else None  # checked by preflight
 
     def get(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank's share of micro-batch ``micro`` of step ``step``: inputs and targets, ``(B, T)`` int64."""
@@ -120,21 +307,99 @@ class TokenBatches:
         return mine[:, :-1], mine[:, 1:]
 
 
+class StopSignal:
+    """SIGTERM / SIGINT set a flag that the loop reads after each step (a second one acts as usual: the
+    previous handler is restored after the first). Only the main thread can install handlers."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class MetricsLog:
+    """Rank 0's step records, appended to a JSON-lines file (flushed per line) and TensorBoard as they come."""
+
+    def __init__(self, path: Path | None, tensorboard: str | None, start_step: int):
+        self.file = self.writer = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            kept = []
+            if start_step > 0 and path.exists():  # a resumed run: drop the records of steps it will redo
+                for line in path.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        if json.loads(line)["step"] < start_step:
+                            kept.append(line + "\n")
+            self.file = open(path, "w")  # noqa: SIM115 - open for the whole run, closed by close()
+            self.file.writelines(kept)
+            self.file.flush()
+        if tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(tensorboard, purge_step=start_step if start_step > 0 else None)
+
+    def write(self, row: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.writer.add_scalar(f"train/{k}", v, row["step"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def _agree(value, rank: int, distributed: bool):
+    """Rank 0's ``value`` on every rank."""
+    if not distributed:
+        return value
+    box = [value if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+MODEL_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+
+
 def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
-    """Run ``cfg``; returns a summary (per-step log rows and the final model on the CPU)."""
+    """Run ``cfg``; returns a summary (per-step log rows of this run, the final model on the CPU, where the
+    last checkpoint went, and the signal that stopped the run early, if any)."""
+    preflight(cfg, info)
     distributed = info is not None or under_torchrun() or needs_process_group(cfg.parallel)
     if distributed and info is None:
         if not under_torchrun():
             raise ValueError(f"train: --parallel {cfg.parallel} needs several processes; run it under "
                              "`torchrun --nproc-per-node N -m cs336_systems train ...`")
-        info = init_distributed(device_type=cfg.device)
+        info = init_distributed(device_type=torch.device(cfg.device).type if cfg.device else None)
     rank, world = (info.rank, info.world_size) if info else (0, 1)
-    device = info.device if info else torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = info.device if info else _planned_device(cfg, None)
     if world > 1 and not needs_process_group(cfg.parallel):
         raise ValueError(f"train: {world} processes but --parallel {cfg.parallel}: ranks would train apart")
 
@@ -142,6 +407,27 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     T = cfg.context_length or model_cfg.context_length
     B = cfg.batch_size or model_cfg.batch_size
     model_cfg = model_cfg.replace(context_length=max(T, model_cfg.context_length))
+    ckpt_dir = cfg.checkpoint_dir
+    if ckpt_dir is not None and TIME_FIELD in ckpt_dir:
+        ckpt_dir = _agree(ckpt_dir.replace(TIME_FIELD, _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")),
+                          rank, distributed)
+    resume_from = _agree(checkpoint.latest_checkpoint(ckpt_dir) if cfg.resume else None, rank, distributed)
+    start_step, notes = 0, []
+    if resume_from is not None:
+        saved = checkpoint.read_train_state(resume_from)
+        start_step = saved["step"]
+        mine = {k: getattr(model_cfg, k) for k in MODEL_FIELDS}
+        if saved["model"] != mine:
+            diff = ", ".join(f"{k} {saved['model'].get(k)} there, {v} here" for k, v in mine.items()
+                             if saved["model"].get(k) != v)
+            raise ValueError(f"train: checkpoint {resume_from} is of another model ({diff}); resume with "
+                             f"--preset {saved['config']['preset']}")
+        for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
+            if saved["config"].get(k) != getattr(cfg, k):
+                notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
+        if saved["global_batch"] != B * cfg.grad_accum * world:
+            notes.append(f"global batch {saved['global_batch']} -> {B * cfg.grad_accum * world} sequences")
+
     torch.manual_seed(cfg.seed)  # every rank builds the same init; the wrapper broadcasts rank 0's anyway
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                 check_inputs=cfg.data is not None, device=device)
@@ -150,13 +436,16 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     bf16 = cfg.precision == "bf16"
     # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)
     # and reduce gradients in fp32: the average is exact to fp32, at twice the bf16 traffic. The DDP wrappers
-    # leave the casts to autocast (bf16 weight copies were not faster on 2 H200s: experiments/bf16_weight_copies).
+    # leave the casts to autocast (BucketedDDP's compute_dtype copies were not faster on 2 H200s and cost 2 bytes
+    # per weight: docs/parallelism.md).
     wrapped = strategy.wrap(model, WrapOptions(bucket_size_mb=cfg.bucket_size_mb,
                                                compute_dtype=torch.bfloat16 if bf16 and strategy.shards_gradients
                                                else None,
                                                reduce_dtype=torch.float32 if bf16 else None,
                                                grad_comm_dtype=GRAD_COMM_DTYPES.get(cfg.grad_comm_dtype)))
     optimizer = strategy.make_optimizer(model.parameters(), AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if resume_from is not None:
+        checkpoint.load(resume_from, wrapped, optimizer, rank, distributed)
     # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
     no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)
     data = TokenBatches(cfg, model_cfg.vocab_size, T, B, rank, world, device)
@@ -165,51 +454,106 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     tokens_per_step = B * T * cfg.grad_accum * world
     flops_per_step_per_device = training_flops_per_token(model_cfg, T) * B * T * cfg.grad_accum
     peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+    metrics_path = Path(cfg.metrics) if cfg.metrics else (Path(ckpt_dir) / METRICS_FILE if ckpt_dir else None)
+    train_state = {"model": {k: getattr(model_cfg, k) for k in MODEL_FIELDS}, "config": asdict(cfg),
+                   "global_batch": B * cfg.grad_accum * world}
     if rank == 0:
         log(f"train: {cfg.preset} ({n_params / 1e6:.1f}M params), {world} rank(s) x batch {B} x {cfg.grad_accum} "
             f"micro x context {T}, parallel={cfg.parallel}, {cfg.precision}, device {device}")
+        if resume_from is not None:
+            log(f"resuming from {resume_from} (step {start_step} of {cfg.steps})"
+                + (f"; changed since: {'; '.join(notes)}" if notes else ""))
+            if start_step >= cfg.steps:
+                log(f"nothing to train: the checkpoint is at step {start_step}, --steps is {cfg.steps}")
+        elif cfg.resume:
+            log(f"resume: no complete checkpoint in {ckpt_dir}; starting from step 0")
+        if metrics_path is not None or cfg.tensorboard:
+            log("metrics: " + ", ".join(str(p) for p in (metrics_path, cfg.tensorboard) if p))
+    metrics = MetricsLog(metrics_path, cfg.tensorboard, start_step) if rank == 0 else None
 
-    rows = []
-    for step in range(cfg.steps):
-        _sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        t0 = timeit.default_timer()
-        lr = get_cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        wrapped.on_train_batch_start()
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(cfg.grad_accum):
-            x, y = data.get(step, micro)
-            last = micro == cfg.grad_accum - 1
-            with (contextlib.nullcontext() if last else no_sync()):
-                with autocast():
-                    loss = cross_entropy(wrapped(x), y) / cfg.grad_accum
-                loss.backward()
-            loss_sum += loss.detach()
-        wrapped.finish_gradient_synchronization()
-        if cfg.grad_clip is not None:
-            strategy.clip_gradients(wrapped, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        dt = timeit.default_timer() - t0
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            if world > 1:  # a logging-only collective, outside the timed step
-                dist.all_reduce(loss_sum)
-                loss_sum /= world
-            memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-            row = {"step": step, "loss": loss_sum.item(), "lr": lr, "step_s": dt,
-                   "tokens_per_s": tokens_per_step / dt, "mfu": flops_per_step_per_device / dt / 1e12 / peak,
-                   "peak_memory_gib": memory}
-            rows.append(row)
-            if rank == 0:
-                mem = f" | mem {row['peak_memory_gib']:.2f} GiB" if row["peak_memory_gib"] is not None else ""
-                log(f"step {step:5d} | loss {row['loss']:.4f} | lr {lr:.2e} | {dt * 1e3:8.1f} ms | "
-                    f"{row['tokens_per_s']:,.0f} tok/s | MFU {row['mfu']:.1%}{mem}")
-        if not math.isfinite(loss_sum.item()):
-            raise RuntimeError(f"train: loss became {loss_sum.item()} at step {step}")
+    def save(step: int) -> Path | None:
+        if ckpt_dir is None:
+            return None
+        path = checkpoint.save(ckpt_dir, step, wrapped, optimizer, train_state, rank, world, distributed)
+        if rank == 0:
+            log(f"checkpoint: {path}")
+        return path
+
+    rows, last_saved, stopped, done = [], resume_from, None, start_step
+    try:
+        with StopSignal() as stop:
+            for step in range(start_step, cfg.steps):
+                _sync(device)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                t0 = timeit.default_timer()
+                lr = get_cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                wrapped.on_train_batch_start()
+                loss_sum = torch.zeros((), device=device)
+                for micro in range(cfg.grad_accum):
+                    x, y = data.get(step, micro)
+                    last = micro == cfg.grad_accum - 1
+                    with (contextlib.nullcontext() if last else no_sync()):
+                        with autocast():
+                            loss = cross_entropy(wrapped(x), y) / cfg.grad_accum
+                        loss.backward()
+                    loss_sum += loss.detach()
+                wrapped.finish_gradient_synchronization()
+                grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                _sync(device)
+                dt = timeit.default_timer() - t0
+                # Outside the timed step: the mean loss over ranks and whether any rank got a stop signal
+                # (all ranks must stop after the same step to save one checkpoint together).
+                flags = torch.stack([loss_sum, torch.tensor(float(stop.received is not None), device=device)])
+                if world > 1:
+                    dist.all_reduce(flags)
+                loss_value, stop_now = flags[0].item() / world, flags[1].item() > 0
+                if step % cfg.log_every == 0 or step == cfg.steps - 1 or stop_now:
+                    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+                    row = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(), "step_s": dt,
+                           "tokens_per_s": tokens_per_step / dt, "mfu": flops_per_step_per_device / dt / 1e12 / peak,
+                           "peak_memory_gib": memory}
+                    rows.append(row)
+                    if rank == 0:
+                        metrics.write({**row, "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
+                        mem = f" | mem {memory:.2f} GiB" if memory is not None else ""
+                        log(f"step {step:5d}/{cfg.steps} | loss {loss_value:.4f} | lr {lr:.2e} | "
+                            f"grad norm {row['grad_norm']:.3f} | {dt * 1e3:8.1f} ms | "
+                            f"{row['tokens_per_s']:,.0f} tok/s | MFU {row['mfu']:.1%}{mem}")
+                if not math.isfinite(loss_value):
+                    raise RuntimeError(f"train: loss became {loss_value} at step {step}")
+                done = step + 1
+                if stop_now:
+                    stopped = signal.Signals(stop.received).name if stop.received is not None else "a peer's signal"
+                    break
+                if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                    last_saved = save(done)
+            else:
+                done = max(start_step, cfg.steps)
+            if ckpt_dir is not None and (last_saved is None or last_saved.name != checkpoint.step_dir_name(done)):
+                last_saved = save(done)
+    finally:
+        if metrics is not None:
+            metrics.close()
     final_state = {k: v.cpu() for k, v in full_state_dict(wrapped).items()}  # a collective under sharding
     wrapped.close()
-    return {"config": asdict(cfg), "world_size": world, "rows": rows, "final_state": final_state}
+    if cfg.export and rank == 0:
+        checkpoint.export_state_dict(final_state, cfg.export, model_cfg.model_kwargs())
+        log(f"export: {cfg.export} (BasicsTransformerLM(**json.load(open('{cfg.export}.json'))).load_state_dict"
+            f"(torch.load('{cfg.export}')))")
+    if rank == 0:
+        if stopped:
+            log(f"stopped by {stopped} after step {done - 1}: "
+                + (f"checkpoint {last_saved}; continue with --resume --checkpoint-dir {ckpt_dir}" if last_saved
+                   else "no --checkpoint-dir, the weights are in the returned summary only"))
+        elif ckpt_dir is None:
+            log("final weights: returned by train() only (no --checkpoint-dir)")
+        else:
+            log(f"final weights: {last_saved} (train further with --resume --checkpoint-dir {ckpt_dir} --steps N)")
+    return {"config": asdict(cfg), "world_size": world, "rows": rows, "final_state": final_state,
+            "start_step": start_step, "checkpoint": str(last_saved) if last_saved else None,
+            "checkpoint_dir": ckpt_dir, "stopped": stopped}

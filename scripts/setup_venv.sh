@@ -47,7 +47,8 @@ fi
 missing=$("$VENV/bin/python" - <<'PY'
 import importlib.util
 wanted = {"einops": "einops", "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib",
-          "tqdm": "tqdm", "tabulate": "tabulate", "pytest": "pytest", "pytest_timeout": "pytest-timeout",
+          "tqdm": "tqdm", "tabulate": "tabulate", "tensorboard": "tensorboard", "pytest": "pytest",
+          "pytest_timeout": "pytest-timeout",
           "xdist": "pytest-xdist"}
 print(" ".join(pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None))
 PY

@@ -190,16 +190,86 @@ def test_bad_input(tmp_path):
         train(TrainConfig(parallel="naive", steps=1))
     with pytest.raises(ValueError, match="unknown --parallel"):
         TrainConfig(parallel="zero7")
-    with pytest.raises(ValueError, match="does not exist"):
-        TrainConfig(data=str(tmp_path / "nope.bin"))
+    with pytest.raises(ValueError, match="no such file"):
+        train(TrainConfig(data=str(tmp_path / "nope.bin")))
     bad = tmp_path / "bad.bin"
     np.full(1000, 60000, dtype=np.uint16).tofile(bad)
-    with pytest.raises(ValueError, match="vocab_size"):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
         train(TrainConfig(data=str(bad), context_length=8, steps=1))
 
 
-def test_cli_one_process(capsys):
+def test_cli_one_process(capsys, tmp_path, monkeypatch):
+    """Without --checkpoint-dir the final weights still land on disk: runs/train-<start time>/step-NNNNNN."""
+    monkeypatch.chdir(tmp_path)
     assert main(["train", "--steps", "2", "--context-length", "16", "--batch-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "step     1" in out and "tok/s" in out and "MFU" in out
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("train-") and (run / "step-000002" / ".metadata").is_file()
+    assert f"final weights: runs/{run.name}/step-000002" in out and (run / "metrics.jsonl").is_file()
     assert main(["train", "--parallel", "flat", "--steps", "1"]) == 2  # needs torchrun: a clear error
+
+
+def _refused(capsys, *argv: str) -> str:
+    """The CLI's answer to bad settings: exit code 2 and one line on stderr naming the setting, no traceback."""
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_settings_are_checked_before_any_work(capsys, tmp_path, monkeypatch):
+    for argv, needle in ((["--lr", "nan"], "--lr must be a finite number > 0"), (["--lr", "0"], "--lr must be"),
+                         (["--lr", "inf"], "--lr must be"), (["--min-lr", "1", "--lr", "1e-4"], "--min-lr must be"),
+                         (["--min-lr", "-1"], "--min-lr must be"), (["--warmup-steps", "30"], "--warmup-steps"),
+                         (["--weight-decay", "nan"], "--weight-decay"), (["--grad-clip", "nan"], "--grad-clip"),
+                         (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+                         (["--checkpoint-every", "-3"], "--checkpoint-every must be >= 1"),
+                         (["--resume"], "--resume needs --checkpoint-dir"), (["--device", "tpu"], "use cpu, cuda")):
+        assert needle in _refused(capsys, *argv), argv
+    # Devices that are not there (a GPU machine is made to look like a CPU-only / one-GPU one).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "no CUDA device is visible" in _refused(capsys, "--device", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert "has 1 CUDA device(s); choose from cuda:0" in _refused(capsys, "--device", "cuda:7")
+    monkeypatch.undo()
+    # Token files: each refusal names the file.
+    files = {"missing": None, "dir": "dir", "empty": b"", "odd": b"\x01\x00\x02", "short": np.zeros(8, np.uint16),
+             "bad-id": np.r_[np.zeros(5000, np.uint16), [512]].astype(np.uint16)}
+    expect = {"missing": "no such file", "dir": "is a directory", "empty": "is empty",
+              "odd": "not a whole number of uint16 tokens", "short": "fewer than --context-length + 1",
+              "bad-id": "holds token id 512 (first bad id at token 5000), outside the vocabulary"}
+    for name, content in files.items():
+        path = tmp_path / name
+        if isinstance(content, str):
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            content.tofile(path)
+        err = _refused(capsys, "--data", str(path), "--context-length", "16", "--checkpoint-dir", str(tmp_path / "c"))
+        assert expect[name] in err and str(path) in err, (name, err)
+    # Activations that cannot fit: refused at once, before anything is allocated.
+    assert "needs at least" in _refused(capsys, "--context-length", "100000")
+    # Outputs that cannot be written: a folder under a file, a file where a folder must be.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for flag in ("--checkpoint-dir", "--tensorboard", "--export", "--metrics"):
+        assert "cannot be created" in _refused(capsys, flag, str(blocker / "sub" / "x")), flag
+    assert "is a file" in _refused(capsys, "--checkpoint-dir", str(blocker))
+    assert "is a directory" in _refused(capsys, "--metrics", str(tmp_path))
+    assert "--results-dir" in _refused(capsys, "--save", "--results-dir", str(blocker / "r"))
+    # World size from torchrun's environment.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    assert "world size must be >= 1" in _refused(capsys, "--parallel", "bucketed")
+    monkeypatch.undo()
+    # A directory that already holds a run is continued (--resume) or left alone, never overwritten.
+    assert main(["train", "--steps", "1", "--context-length", "16", "--batch-size", "2",
+                 "--checkpoint-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert "already holds step-000001; add --resume" in _refused(capsys, "--steps", "1",
+                                                                  "--checkpoint-dir", str(tmp_path / "run"))

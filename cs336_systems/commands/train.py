@@ -1,7 +1,12 @@
 """``cs336-systems train``: train the LM in one process, or data-parallel / sharded under torchrun.
 
     torchrun --nproc-per-node 2 -m cs336_systems train --preset small --parallel bucketed --precision bf16
-    torchrun --nproc-per-node 4 -m cs336_systems train --preset xl --parallel fsdp --precision bf16
+    torchrun --nproc-per-node 4 -m cs336_systems train --preset xl --parallel fsdp --precision bf16 \
+        --checkpoint-dir runs/xl --checkpoint-every 200 [--resume]
+
+Checkpoints always: without ``--checkpoint-dir`` the run writes to ``runs/train-<UTC start time>/`` (the final
+checkpoint and ``metrics.jsonl``). SIGTERM / Ctrl-C: the current step finishes, a checkpoint is written, exit 0.
+docs/training.md.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import argparse
 from cs336_systems.parallel import STRATEGIES
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.records import write_records
-from cs336_systems.train import PRECISIONS, TrainConfig, train
+from cs336_systems.train import PRECISIONS, TIME_FIELD, TrainConfig, check_writable, train
+
+DEFAULT_CHECKPOINT_DIR = f"runs/train-{TIME_FIELD}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +50,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--attention", default="reference")
     p.add_argument("--device", default=None)
-    p.add_argument("--save", action="store_true", help="write the per-step log to results/train/")
+    p.add_argument("--checkpoint-dir", default=DEFAULT_CHECKPOINT_DIR,
+                   help="where checkpoints (step-NNNNNN/, DCP) and metrics.jsonl go; the end of a run and SIGTERM / "
+                   f"Ctrl-C always write one; {TIME_FIELD} becomes the UTC start time (default: %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="also checkpoint every N steps (default: only at the end and on SIGTERM / Ctrl-C)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the highest complete checkpoint in --checkpoint-dir (any --parallel, any "
+                   "number of ranks)")
+    p.add_argument("--export", default=None, metavar="PATH",
+                   help="also write the final weights as one state dict (torch.save) that "
+                   "BasicsTransformerLM.load_state_dict loads, and PATH.json with the model's arguments")
+    p.add_argument("--metrics", default=None, metavar="PATH",
+                   help="JSON-lines step log, written as training runs (default: CHECKPOINT_DIR/metrics.jsonl)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR", help="also write TensorBoard event files to DIR")
+    p.add_argument("--save", action="store_true",
+                   help="also write the step log as records to RESULTS_DIR/train/ at the end")
     p.add_argument("--results-dir", default="results")
 
 
@@ -53,8 +75,11 @@ def run(args: argparse.Namespace) -> int:
                       warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                       grad_clip=args.grad_clip or None, precision=args.precision, parallel=args.parallel,
                       bucket_size_mb=args.bucket_size_mb, grad_comm_dtype=args.grad_comm_dtype,
-                      data=args.data, seed=args.seed, log_every=args.log_every,
-                      attention=args.attention, device=args.device)
+                      data=args.data, seed=args.seed, log_every=args.log_every, attention=args.attention,
+                      device=args.device, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      resume=args.resume, export=args.export, metrics=args.metrics, tensorboard=args.tensorboard)
+    if args.save:
+        check_writable(args.results_dir, "--results-dir", directory=True)
     summary = train(cfg)
     import torch.distributed as dist
 

@@ -25,7 +25,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 
 import torch
 import torch.distributed as dist
@@ -613,6 +613,46 @@ class FSDP(nn.Module):
             hit = slot_of.get(id(p))
             out_dict[name] = p.detach().clone() if hit is None else weights[hit[0].index][hit[1]]
         return out_dict
+
+    # State-dict adapters (cs336_systems.checkpoint): tensors laid out like the shard parameters (their
+    # optimizer state) <-> full shapes by name, so a checkpoint does not depend on the world size.
+    def shard_names(self) -> dict[nn.Parameter, str]:
+        """Each shard parameter -> the (first) qualified name of its full weight."""
+        return {p: names[0] for u in self.units for p, names in zip(u.params, u.weight_names, strict=True)}
+
+    def full_shapes(self) -> dict[str, torch.Size]:
+        """The full shape of each sharded weight, by its (first) qualified name."""
+        return {names[0]: shape for u in self.units for names, shape in zip(u.weight_names, u.shapes, strict=True)}
+
+    @torch.no_grad()
+    def gather_full(self, like_shards: dict[nn.Parameter, torch.Tensor], keep=lambda unit_index: True
+                    ) -> dict[str, torch.Tensor]:
+        """Collective: full-shape CPU tensors (by weight name) from tensors shaped like each shard parameter
+        (e.g. AdamW's moments of the shards); one all-gather per unit. ``keep(unit_index)`` False: this rank
+        takes part in the gather but drops the result (spreads the memory of a checkpoint over ranks)."""
+        out: dict[str, torch.Tensor] = {}
+        for u in self.units:  # same order on every rank
+            flat = torch.cat([like_shards[p].reshape(-1) for p in u.params])
+            gathered = torch.empty(u.shard_numel * self.world_size, dtype=flat.dtype, device=flat.device)
+            _all_gather_flat(gathered, flat, group=self.process_group)
+            if keep(u.index):
+                full = self._wait_gather(u, (_Done, gathered, None))
+                for names, w in zip(u.weight_names, self._weight_views(u, full), strict=True):
+                    out[names[0]] = w.to("cpu", copy=True)
+        return out
+
+    def shard_of(self, p: nn.Parameter, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the full-shape ``full`` in the layout of shard parameter ``p`` (zero-padded)."""
+        u, slot = self._param_slots[p]
+        n, s = u.numels[slot], u.shard_sizes[slot]
+        lo, hi = min(self.rank * s, n), min((self.rank + 1) * s, n)
+        shard = torch.zeros(s, dtype=full.dtype, device=p.device)
+        shard[:hi - lo] = full.reshape(-1)[lo:hi]
+        return shard
+
+    @cached_property
+    def _param_slots(self) -> dict[nn.Parameter, tuple[_Unit, int]]:
+        return {p: (u, i) for u in self.units for i, p in enumerate(u.params)}
 
     def close(self) -> None:
         self._set_casting(False)
