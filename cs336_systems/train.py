@@ -41,6 +41,7 @@ from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems import checkpoint
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
+from cs336_systems.devices import resolve_device
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import DistInfo, init_distributed, under_torchrun
@@ -143,16 +144,10 @@ def _planned_device(cfg: TrainConfig, info: DistInfo | None) -> torch.device:
 def _check_device(cfg: TrainConfig, device: torch.device) -> None:
     if device.type != "cuda":
         return
-    flag = f"--device {cfg.device}" if cfg.device else "the default device cuda"
-    if not torch.cuda.is_available():
-        raise ValueError(f"train: {flag}: no CUDA device is visible on this machine; use --device cpu")
     if under_torchrun() and cfg.device and torch.device(cfg.device).index is not None:
         raise ValueError(f"train: --device {cfg.device}: under torchrun give a device type (cuda or cpu); "
                          "each rank uses cuda:LOCAL_RANK")
-    count = torch.cuda.device_count()
-    if (device.index or 0) >= count:
-        raise ValueError(f"train: {flag}: this machine has {count} CUDA device(s); choose from "
-                         f"{', '.join(f'cuda:{i}' for i in range(count))}")
+    resolve_device(cfg.device or str(device), "train: --device")
 
 
 def _world(info: DistInfo | None) -> tuple[int, int]:

@@ -225,14 +225,14 @@ def test_settings_are_checked_before_any_work(capsys, tmp_path, monkeypatch):
                          (["--weight-decay", "nan"], "--weight-decay"), (["--grad-clip", "nan"], "--grad-clip"),
                          (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
                          (["--checkpoint-every", "-3"], "--checkpoint-every must be >= 1"),
-                         (["--resume"], "--resume needs --checkpoint-dir"), (["--device", "tpu"], "use cpu, cuda")):
+                         (["--resume"], "--resume needs --checkpoint-dir"), (["--device", "tpu"], "is not a device name")):
         assert needle in _refused(capsys, *argv), argv
     # Devices that are not there (a GPU machine is made to look like a CPU-only / one-GPU one).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "no CUDA device is visible" in _refused(capsys, "--device", "cuda")
+    assert "--device 'cuda': this machine has no CUDA GPU; allowed here: cpu" in _refused(capsys, "--device", "cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert "has 1 CUDA device(s); choose from cuda:0" in _refused(capsys, "--device", "cuda:7")
+    assert "has 1 CUDA GPU(s); allowed here: cpu, cuda, cuda:0" in _refused(capsys, "--device", "cuda:7")
     monkeypatch.undo()
     # Token files: each refusal names the file.
     files = {"missing": None, "dir": "dir", "empty": b"", "odd": b"\x01\x00\x02", "short": np.zeros(8, np.uint16),
