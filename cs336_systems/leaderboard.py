@@ -213,6 +213,7 @@ class Step:
 
 def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
     """The model (bf16, causal), its optimizer and one random batch, as the handout's test builds them."""
+    import cs336_systems.attention  # noqa: F401  (registers our kernels' backend names)
     from cs336_basics.model import BasicsTransformerLM
     from cs336_systems.bench.checkpointing import CheckpointedBlocks
 
@@ -390,6 +391,7 @@ def quality_guard(device: torch.device | str, *, preset: str = "small", steps: i
     parameters, gradients and AdamW state, fused loss and fused AdamW) and with the fp32-master reference
     (fp32 parameters and state, bf16 autocast, full logits, our AdamW). Returns both final losses (mean of
     the last 10 steps) and their relative difference."""
+    import cs336_systems.attention  # noqa: F401  (registers our kernels' backend names)
     from cs336_basics.model import BasicsTransformerLM
     from cs336_basics.nn_utils import cross_entropy
     from cs336_basics.optimizer import AdamW

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from cs336_systems.bench.comm import CommBenchConfig, run_comm_bench, summarize_ranks
-from cs336_systems.bench.ddp import DDPBenchConfig, render_timeline, run_ddp_bench
+from cs336_systems.bench.ddp import DDPBenchConfig, run_ddp_bench
 from cs336_systems.cli import main
 from cs336_systems.records import read_records
+from cs336_systems.report.plots import render_timeline
 
 
 def test_summary_takes_slowest_rank_and_nccl_tests_bandwidths():
