@@ -225,7 +225,8 @@ def test_settings_are_checked_before_any_work(capsys, tmp_path, monkeypatch):
                          (["--weight-decay", "nan"], "--weight-decay"), (["--grad-clip", "nan"], "--grad-clip"),
                          (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
                          (["--checkpoint-every", "-3"], "--checkpoint-every must be >= 1"),
-                         (["--resume"], "--resume needs --checkpoint-dir"), (["--device", "tpu"], "is not a device name")):
+                         (["--resume"], "--resume needs --checkpoint-dir"),
+                         (["--device", "tpu"], "is not a device name")):
         assert needle in _refused(capsys, *argv), argv
     # Devices that are not there (a GPU machine is made to look like a CPU-only / one-GPU one).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
