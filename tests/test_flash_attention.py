@@ -458,9 +458,7 @@ def test_gpu_flash_triton_model_matches_sdpa_model(seed):
 # (leading dims, Nq, Nk, d, causal): boundary tiles, Nq != Nk, padded head dim
 VARIANT_GPU_GRID = [
     ((2, 3), 1000, 1000, 64, True),
-    ((1, 2), 777, 1300, 48, False),
     ((1, 2), 1300, 777, 48, True),
-    ((2,), 2049, 2049, 128, True),
     ((1, 3), 500, 700, 128, False),
 ]
 

@@ -473,9 +473,18 @@ def _tma_ready(*tensors: Tensor) -> bool:
     return True
 
 
-def _tma_workspace(size: int, alignment: int, stream) -> Tensor:
-    """Global memory in which the kernels build their tensor descriptors (one per program and tensor)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+_WORKSPACES: dict[tuple[int, int], Tensor] = {}
+
+
+def _tma_workspace(size: int, alignment: int, stream: int) -> Tensor:
+    """Global memory in which the kernels build their tensor descriptors (one per program and tensor).
+    One buffer per (device, stream), grown when too small: kernels on one stream run one after another,
+    so they can share it, and a call allocates nothing."""
+    key = (torch.cuda.current_device(), stream)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < size:
+        buf = _WORKSPACES[key] = torch.empty(max(size, 1 << 16), dtype=torch.int8, device="cuda")
+    return buf
 
 
 def _use_tma(cfg: KernelConfig, *tensors: Tensor) -> bool:
@@ -486,6 +495,34 @@ def _use_tma(cfg: KernelConfig, *tensors: Tensor) -> bool:
         # backward in its own thread).
         triton.set_allocator(_tma_workspace)
     return True
+
+
+_LAUNCHES: dict[tuple, tuple] = {}
+
+
+def _layout(*tensors: Tensor) -> tuple:
+    """What Triton specialises a launch on for these tensors (plus shapes and strides, which fix the
+    integer arguments): a cache key for ``_launch``."""
+    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
+
+
+def _launch(kernel, key: tuple, grid: tuple[int, int, int], args: tuple, constexprs: dict, cfg: KernelConfig) -> None:
+    """``kernel[grid](*args, **constexprs)``. ``key`` must determine everything Triton specialises the
+    launch on (dtypes, 16-byte alignment of pointers, integer arguments, constexprs, warps and stages):
+    the first launch of a key goes through Triton's JIT (compiling if needed) and keeps the compiled
+    kernel; later ones call it directly, skipping the JIT's per-call binding and specialisation of ~30
+    arguments (most of a small call's host time)."""
+    hit = _LAUNCHES.get(key)
+    if hit is not None:
+        compiled, tail = hit
+        compiled[grid](*args, *tail)
+        return
+    compiled = kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if not _INTERPRETED and compiled is not None:
+        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
+            compiled = compiled.result()
+        names = kernel.arg_names[len(args):]  # the constexprs, in signature order, follow the run-time args
+        _LAUNCHES[key] = (compiled, tuple(constexprs[n] for n in names))
 
 
 def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False,
@@ -508,11 +545,13 @@ def _forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool, config: FlashConf
     lse = torch.empty((bh, n_q), device=Q.device, dtype=torch.float32)
     if bh == 0:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
         return o.view(Q.shape), lse.view(Q.shape[:-1])
-    _flash_fwd_kernel[(triton.cdiv(n_q, cfg.block_m), bh)](
-        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, LOG2E / math.sqrt(d),
-        HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
-        EVEN_D=d == d_pad, TMA=_use_tma(cfg, q, k, v, o), INPUT_PRECISION=_input_precision(Q.dtype),
-        INTERPRET=_INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    tma = _use_tma(cfg, q, k, v, o)
+    prec = _input_precision(Q.dtype)
+    _launch(_flash_fwd_kernel, ("fwd", _layout(q, k, v), Q.device, is_causal, cfg, tma, prec),
+            (triton.cdiv(n_q, cfg.block_m), bh, 1),
+            (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, LOG2E / math.sqrt(d)),
+            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
+                 EVEN_D=d == d_pad, TMA=tma, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED), cfg)
     return o.view(Q.shape), lse.view(Q.shape[:-1])
 
 
@@ -550,27 +589,32 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
         return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
     dq_acc = delta if deterministic else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(d)
-    common = dict(HEAD_DIM=d, D_PAD=d_pad, IS_CAUSAL=is_causal, EVEN_D=d == d_pad,
-                  INPUT_PRECISION=_input_precision(Q.dtype), INTERPRET=_INTERPRETED)
+    prec = _input_precision(Q.dtype)
+    plan = (_layout(q, k, v, o, do, lse), dev, is_causal, cfgs, deterministic, prec)
+    common = dict(HEAD_DIM=d, D_PAD=d_pad, IS_CAUSAL=is_causal, EVEN_D=d == d_pad, INPUT_PRECISION=prec,
+                  INTERPRET=_INTERPRETED)
     row_block = 16 if _INTERPRETED else 64
-    _flash_bwd_preprocess[(triton.cdiv(n_q, row_block), bh)](
-        o, do, delta, dq_acc, *o.stride(), *do.stride(), n_q, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block,
-        ZERO_DQ=not deterministic)
+    rows_cfg = KernelConfig(row_block, row_block, 4, 1)
+    _launch(_flash_bwd_preprocess, ("pre", plan), (triton.cdiv(n_q, row_block), bh, 1),
+            (o, do, delta, dq_acc, *o.stride(), *do.stride(), n_q),
+            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, ZERO_DQ=not deterministic), rows_cfg)
     cfg = cfgs.dkdv if deterministic else cfgs.bwd
-    _flash_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), bh)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        *dk.stride(), *dv.stride(), n_q, n_k, sm_scale, sm_scale * LOG2E, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, TMA=_use_tma(cfg, q, k, v, do, dk, dv), ATOMIC_DQ=not deterministic,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    tma = _use_tma(cfg, q, k, v, do, dk, dv)
+    _launch(_flash_bwd_dkdv_kernel, ("dkdv", plan, tma), (triton.cdiv(n_k, cfg.block_n), bh, 1),
+            (q, k, v, do, lse, delta, dk, dv, dq_acc, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+             *dk.stride(), *dv.stride(), n_q, n_k, sm_scale, sm_scale * LOG2E),
+            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, ATOMIC_DQ=not deterministic, **common), cfg)
     if deterministic:
         cfg = cfgs.dq
-        _flash_bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), bh)](
-            q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-            n_q, n_k, sm_scale, sm_scale * LOG2E, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            TMA=_use_tma(cfg, q, k, v, do, dq), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+        tma = _use_tma(cfg, q, k, v, do, dq)
+        _launch(_flash_bwd_dq_kernel, ("dq", plan, tma), (triton.cdiv(n_q, cfg.block_m), bh, 1),
+                (q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                 n_q, n_k, sm_scale, sm_scale * LOG2E),
+                dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common), cfg)
     else:
-        _flash_bwd_dq_postprocess[(triton.cdiv(n_q, row_block), bh)](
-            dq_acc, dq, *dq.stride(), n_q, sm_scale, HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block)
+        _launch(_flash_bwd_dq_postprocess, ("post", plan), (triton.cdiv(n_q, row_block), bh, 1),
+                (dq_acc, dq, *dq.stride(), n_q, sm_scale), dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block),
+                rows_cfg)
     return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
 
 
