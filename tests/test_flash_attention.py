@@ -499,3 +499,19 @@ def test_gpu_variant_falls_back_on_layouts_descriptors_cannot_describe(seed):
     o, _ = flash_forward(q, q, q, True, config=FlashConfig(kc, kc, kc, kc))
     ref, _ = reference(q.float(), q.float(), q.float(), True, dtype=torch.float32)
     assert (o.float() - ref).abs().max().item() <= 2e-2
+
+
+def test_flash_auto_chooses_by_the_nearest_measured_shape():
+    from cs336_systems.attention.auto import choose, flash_auto_attention
+
+    row = dict(batch_heads=100, head_dim=64, dtype="bfloat16", causal=True)
+    table = {"device": "GPU X", "shapes": [dict(row, seq_len=512, ours_ms=0.2, sdpa_ms=0.3),
+                                           dict(row, seq_len=2048, ours_ms=0.9, sdpa_ms=0.7)]}
+    assert choose(96, 512, 64, torch.bfloat16, True, "GPU X", table) == "flash_triton"
+    assert choose(96, 700, 64, torch.bfloat16, True, "GPU X", table) == "flash_triton"
+    assert choose(96, 4096, 64, torch.bfloat16, True, "GPU X", table) == "sdpa"
+    assert choose(96, 512, 64, torch.bfloat16, True, "GPU Y", table) == "sdpa"  # another GPU model
+    assert choose(96, 512, 128, torch.bfloat16, True, "GPU X", table) == "sdpa"  # nothing measured
+    assert choose(96, 512, 64, torch.bfloat16, False, "GPU X", table) == "sdpa"
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))  # CPU: SDPA
+    torch.testing.assert_close(flash_auto_attention(q, k, v, True), reference(q, k, v, True, torch.float32)[0])

@@ -256,5 +256,21 @@ def versus_peers(rows: list[dict]) -> list[dict]:
     return out
 
 
+def auto_table(rows: list[dict], device_name: str, records: str) -> dict:
+    """The ``flash_auto`` backend's table: per measured shape, ours and the fastest SDPA backend
+    (forward+backward medians of the same run)."""
+    shapes = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        group = {r["impl"]: r for r in rows if r["config"] == config and r.get("status") == "ok"}
+        sdpa = [group[i]["forward_backward_ms"] for i in ("sdpa_cudnn", "sdpa_flash") if i in group]
+        if "triton" not in group or not sdpa:
+            continue
+        r = group["triton"]
+        shapes.append({"config": config, "batch_heads": r["batch"] * r["heads"], "seq_len": r["seq_len"],
+                       "head_dim": r["head_dim"], "dtype": str(DTYPES[r["dtype"]]).removeprefix("torch."),
+                       "causal": r["causal"], "ours_ms": r["forward_backward_ms"], "sdpa_ms": min(sdpa)})
+    return {"device": device_name, "records": records, "shapes": shapes}
+
+
 def seq_lens_pow2(lo: int = 128, hi: int = 65536) -> list[int]:
     return [2**i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]

@@ -15,6 +15,8 @@ just the sweep or just the leaderboard. Records go to ``results/flash_benchmarki
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -26,6 +28,7 @@ from cs336_systems.bench.flash import (
     LEADERBOARD_SHAPES,
     MODEL_SHAPES,
     PEERS,
+    auto_table,
     seq_lens_pow2,
     sweep_shapes,
     time_impl,
@@ -39,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", choices=["sweep", "leaderboard", "shapes"], default=None)
     p.add_argument("--shape", nargs="+", choices=list(MODEL_SHAPES), default=list(MODEL_SHAPES),
                    help="with --only shapes: which of issue 18's shapes")
+    p.add_argument("--auto-table", default=None,
+                   help="with --only shapes: also write the flash_auto backend's choice table (JSON) here")
     p.add_argument("--shape-rep-ms", type=float, default=300.0, help="do_bench rep per measurement with --only shapes")
     p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
     p.add_argument("--seq-len", nargs="+", type=int, default=None, help="default: powers of two 128..65536")
@@ -112,6 +117,10 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
                             warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms)
             rows.append({**row, "config": name, "suite": "issue18_shapes"})
     path = write_records("flash_leaderboard", rows, args.results_dir, device)
+    if args.auto_table:
+        table = auto_table(rows, torch.cuda.get_device_name(device), str(path))
+        Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
+        print(f"wrote {args.auto_table}")
     print(_table(rows, ["config", *SHOW]))
     print(_table(versus_peers(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
                                       "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
