@@ -13,13 +13,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$OUT/summary.txt"
 for s in "$@"; do
   case $s in
-    tests) step 150 tests python3 -m pytest -m gpu tests/test_flash_attention.py -q -p no:cacheprovider ${TEST_ARGS:-} ;;
+    tests) step 240 tests bash scripts/device/flash_tests.sh ;;
     floor) step 60 floor python3 scripts/device/flash_floor.py ${FLOOR_ARGS:-} ;;
     tune) step 280 tune python3 scripts/device/flash_tune.py --out "$OUT/tune.json" --pin "$PIN" ${TUNE_ARGS:-}
           cp "$PIN" "$OUT/flash_tune_h100.json" ;;
     shapes) step 300 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \
-              ${SHAPES_ARGS:-} --results-dir "$OUT/results" ;;
-    lb) step 120 lb python3 -m cs336_systems flash-bench --only leaderboard --impl triton sdpa_cudnn sdpa_flash flex \
+              ${SHAPES_ARGS:-} --auto-table "$OUT/auto_choice.json" --results-dir "$OUT/results" ;;
+    lb) step 120 lb python3 -m cs336_systems flash-bench --only leaderboard --impl ${LB_IMPLS:-triton sdpa_cudnn sdpa_flash flex} \
           --lb-shape leaderboard --lb-rep-ms 1000 --results-dir "$OUT/results" ;;
     sweep) step 200 sweep python3 -m cs336_systems flash-bench --only sweep --impl triton sdpa_cudnn --dtype bf16 \
              --head-dim 64 128 --seq-len 1024 4096 16384 --results-dir "$OUT/results" ;;
