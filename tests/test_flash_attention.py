@@ -515,3 +515,32 @@ def test_flash_auto_chooses_by_the_nearest_measured_shape():
     assert choose(96, 512, 64, torch.bfloat16, False, "GPU X", table) == "sdpa"
     q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))  # CPU: SDPA
     torch.testing.assert_close(flash_auto_attention(q, k, v, True), reference(q, k, v, True, torch.float32)[0])
+
+
+def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
+    """``_launch``'s direct path must hand the compiled kernel the arguments in the JIT's order (run-time
+    arguments, then the constexprs in signature order, whatever order the caller's dict has)."""
+    from cs336_systems.attention import _tuning, flash_triton
+
+    calls = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("direct", grid, args))
+
+    class Kernel:
+        arg_names = ("A", "B", "N", "X", "Y")
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                calls.append(("jit", grid, args, constexprs))
+                return Compiled()
+            return run
+
+    monkeypatch.setattr(flash_triton, "_INTERPRETED", False)
+    monkeypatch.setattr(flash_triton, "_LAUNCHES", {})
+    cfg = _tuning.KernelConfig(16, 16)
+    for args in (("a", "b", 7), ("a2", "b2", 7)):
+        flash_triton._launch(Kernel(), ("key",), (3, 2, 1), args, {"Y": 2, "X": 1}, cfg)
+    assert calls[0] == ("jit", (3, 2, 1), ("a", "b", 7), {"Y": 2, "X": 1})
+    assert calls[1] == ("direct", (3, 2, 1), ("a2", "b2", 7, 1, 2))
