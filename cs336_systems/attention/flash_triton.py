@@ -452,7 +452,12 @@ def _input_precision(dtype: torch.dtype) -> str:
 
 
 def _d_pad(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    # not triton.cdiv: that is a jit function, and calling one from Python costs microseconds
+    return -(-a // b)
 
 
 @functools.cache
@@ -548,7 +553,7 @@ def _forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool, config: FlashConf
     tma = _use_tma(cfg, q, k, v, o)
     prec = _input_precision(Q.dtype)
     _launch(_flash_fwd_kernel, ("fwd", _layout(q, k, v), Q.device, is_causal, cfg, tma, prec),
-            (triton.cdiv(n_q, cfg.block_m), bh, 1),
+            (_cdiv(n_q, cfg.block_m), bh, 1),
             (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, LOG2E / math.sqrt(d)),
             dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
                  EVEN_D=d == d_pad, TMA=tma, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED), cfg)
@@ -595,24 +600,24 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
                   INTERPRET=_INTERPRETED)
     row_block = 16 if _INTERPRETED else 64
     rows_cfg = KernelConfig(row_block, row_block, 4, 1)
-    _launch(_flash_bwd_preprocess, ("pre", plan), (triton.cdiv(n_q, row_block), bh, 1),
+    _launch(_flash_bwd_preprocess, ("pre", plan), (_cdiv(n_q, row_block), bh, 1),
             (o, do, delta, dq_acc, *o.stride(), *do.stride(), n_q),
             dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, ZERO_DQ=not deterministic), rows_cfg)
     cfg = cfgs.dkdv if deterministic else cfgs.bwd
     tma = _use_tma(cfg, q, k, v, do, dk, dv)
-    _launch(_flash_bwd_dkdv_kernel, ("dkdv", plan, tma), (triton.cdiv(n_k, cfg.block_n), bh, 1),
+    _launch(_flash_bwd_dkdv_kernel, ("dkdv", plan, tma), (_cdiv(n_k, cfg.block_n), bh, 1),
             (q, k, v, do, lse, delta, dk, dv, dq_acc, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
              *dk.stride(), *dv.stride(), n_q, n_k, sm_scale, sm_scale * LOG2E),
             dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, ATOMIC_DQ=not deterministic, **common), cfg)
     if deterministic:
         cfg = cfgs.dq
         tma = _use_tma(cfg, q, k, v, do, dq)
-        _launch(_flash_bwd_dq_kernel, ("dq", plan, tma), (triton.cdiv(n_q, cfg.block_m), bh, 1),
+        _launch(_flash_bwd_dq_kernel, ("dq", plan, tma), (_cdiv(n_q, cfg.block_m), bh, 1),
                 (q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
                  n_q, n_k, sm_scale, sm_scale * LOG2E),
                 dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common), cfg)
     else:
-        _launch(_flash_bwd_dq_postprocess, ("post", plan), (triton.cdiv(n_q, row_block), bh, 1),
+        _launch(_flash_bwd_dq_postprocess, ("post", plan), (_cdiv(n_q, row_block), bh, 1),
                 (dq_acc, dq, *dq.stride(), n_q, sm_scale), dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block),
                 rows_cfg)
     return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
