@@ -140,6 +140,12 @@ def test_non_bool_is_causal_raises_value_error(impl, is_causal):
         IMPLS[impl].apply(x, x, x, is_causal)
 
 
+def test_non_bool_deterministic_raises_value_error():
+    x = torch.randn(1, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="deterministic must be a bool"):
+        FlashAttention2Triton.apply(x, x, x, True, "yes")
+
+
 def test_launchers_check_is_causal_and_empty_sequences():
     from cs336_systems.attention.flash_triton import flash_backward, flash_forward
 

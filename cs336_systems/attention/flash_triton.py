@@ -659,6 +659,8 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, deterministic: bool = False) -> Tensor:
         check_is_causal(is_causal)
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"deterministic must be a bool (True or False), got {deterministic!r}")
         check_attention_inputs(Q, K, V)  # fail before any kernel, also under torch.compile
         if torch.compiler.is_compiling():
             O, L = _flash_fwd_op(Q, K, V, is_causal)
@@ -667,7 +669,7 @@ class FlashAttention2Triton(torch.autograd.Function):
             O, L = _forward(Q, K, V, is_causal, None)
         ctx.save_for_backward(L, Q, K, V, O)
         ctx.is_causal = is_causal
-        ctx.deterministic = bool(deterministic)
+        ctx.deterministic = deterministic
         return O
 
     @staticmethod
