@@ -550,3 +550,21 @@ def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
         flash_triton._launch(Kernel(), ("key",), (3, 2, 1), args, {"Y": 2, "X": 1}, cfg)
     assert calls[0] == ("jit", (3, 2, 1), ("a", "b", 7), {"Y": 2, "X": 1})
     assert calls[1] == ("direct", (3, 2, 1), ("a2", "b2", 7, 1, 2))
+
+
+def test_flash_bench_peer_ratios_and_auto_table():
+    """The shapes benchmark's summary (ours / fastest peer) and the flash_auto table it writes."""
+    from cs336_systems.bench.flash import auto_table, versus_peers
+
+    base = dict(config="xl_512", batch=4, heads=25, seq_len=512, head_dim=64, dtype="bf16", causal=True, status="ok")
+    rows = [dict(base, impl="triton", forward_ms=0.10, forward_backward_ms=0.30),
+            dict(base, impl="sdpa_cudnn", forward_ms=0.08, forward_backward_ms=0.33),
+            dict(base, impl="sdpa_flash", forward_ms=0.09, forward_backward_ms=0.25),
+            dict(base, impl="flex", status="OOM")]
+    (summary,) = versus_peers(rows)
+    assert summary["forward_best_peer"] == "sdpa_cudnn" and summary["forward_ratio"] == pytest.approx(1.25)
+    assert summary["forward_backward_best_peer"] == "sdpa_flash"
+    assert summary["forward_backward_ratio"] == pytest.approx(1.2)
+    table = auto_table(rows, "GPU X", "records.jsonl")
+    assert table["shapes"] == [{"config": "xl_512", "batch_heads": 100, "seq_len": 512, "head_dim": 64,
+                                "dtype": "bfloat16", "causal": True, "ours_ms": 0.30, "sdpa_ms": 0.25}]
