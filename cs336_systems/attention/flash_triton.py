@@ -416,12 +416,7 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
 
 
 # --------------------------------------------------------------------------------------------- launchers
-_INTERPRETED = not isinstance(_flash_fwd_kernel, triton.runtime.jit.JITFunction)
-
-
-def _interpreted() -> bool:
-    """Whether the kernels were decorated under TRITON_INTERPRET=1 (decided once, at import)."""
-    return _INTERPRETED
+_INTERPRETED = not isinstance(_flash_fwd_kernel, triton.runtime.jit.JITFunction)  # TRITON_INTERPRET=1 at import
 
 
 def _check_runnable(t: Tensor) -> None:
