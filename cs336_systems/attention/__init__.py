@@ -4,6 +4,8 @@
   in plain PyTorch (the reference for the kernels).
 - ``flash_triton``: :class:`~cs336_systems.attention.flash_triton.FlashAttention2Triton`, Triton forward and
   backward kernels.
+- ``flash_auto``: ``flash_triton`` at the shapes where it was measured at least as fast as SDPA on this GPU
+  model, SDPA elsewhere (:mod:`cs336_systems.attention.auto`).
 
 Both are registered as backends through the ``cs336_basics.attention_backends`` entry points, and also when
 this package is imported. The Triton module is imported lazily (it needs Triton, and ``TRITON_INTERPRET``
@@ -32,5 +34,7 @@ def __getattr__(name):
 
 
 register_attention_backend("flash_triton", flash_triton_attention)
+from cs336_systems.attention.auto import flash_auto_attention  # noqa: E402  (registers "flash_auto")
 
-__all__ = ["FlashAttention2Torch", "FlashAttention2Triton", "flash_torch_attention", "flash_triton_attention"]
+__all__ = ["FlashAttention2Torch", "FlashAttention2Triton", "flash_auto_attention", "flash_torch_attention",
+           "flash_triton_attention"]

@@ -41,6 +41,12 @@ def check_attention_inputs(Q: Tensor, K: Tensor, V: Tensor, *, extra_dtypes: tup
         raise ValueError(f"head dim {d} unsupported: must be between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}")
 
 
+def check_is_causal(is_causal) -> None:
+    """``is_causal`` must be a bool: a string such as ``"no"`` would otherwise be truthy and run causal."""
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal must be a bool (True or False), got {is_causal!r} ({type(is_causal).__name__})")
+
+
 def check_grad_output(dO: Tensor, O: Tensor) -> None:
     if dO.shape != O.shape:
         raise ValueError(f"dO shape {tuple(dO.shape)} differs from O shape {tuple(O.shape)}")

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from cs336_basics.attention import register_attention_backend
-from cs336_systems.attention._common import check_attention_inputs, check_grad_output
+from cs336_systems.attention._common import check_attention_inputs, check_grad_output, check_is_causal
 
 Q_TILE, K_TILE = 64, 64  # >= 16 x 16 (handout); the query-tile loop is batched so these only bound memory
 _BWD_CHUNK_ELEMENTS = 1 << 26  # score-matrix elements per backward chunk (256 MB in fp32)
@@ -142,10 +142,11 @@ class FlashAttention2Torch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False) -> Tensor:
+        check_is_causal(is_causal)
         check_attention_inputs(Q, K, V, extra_dtypes=(torch.float64,))
-        O, L = tiled_forward(Q, K, V, bool(is_causal))
+        O, L = tiled_forward(Q, K, V, is_causal)
         ctx.save_for_backward(L, Q, K, V, O)
-        ctx.is_causal = bool(is_causal)
+        ctx.is_causal = is_causal
         return O
 
     @staticmethod

@@ -223,5 +223,54 @@ LEADERBOARD_SHAPES = {
 }
 
 
+# Issue 18's shapes (the attention of the models we train, the leaderboards, the per-call floor), timed
+# eagerly (``o.backward(do)``) with every peer in the same process on the same inputs.
+MODEL_SHAPES = {
+    "lb2025": AttnShape(1, 16, 16384, 64),
+    "lb2026": AttnShape(2, 32, 32768, 128),
+    "d128_4k": AttnShape(1, 16, 4096, 128),
+    "noncausal_2k": AttnShape(8, 16, 2048, 128, causal=False),
+    "xl_2048": AttnShape(4, 25, 2048, 64),
+    "xl_512": AttnShape(4, 25, 512, 64),
+    "small_512": AttnShape(8, 12, 512, 64),
+    "floor": AttnShape(1, 1, 128, 64),
+}
+PEERS = ("sdpa_cudnn", "sdpa_flash", "flex")
+
+
+def versus_peers(rows: list[dict]) -> list[dict]:
+    """Per config: ours and the fastest peer (forward and forward+backward) and the ratio ours / best."""
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        group = [r for r in rows if r["config"] == config and r.get("status") == "ok"]
+        ours = next((r for r in group if r["impl"] == "triton"), None)
+        row = {"config": config}
+        for mode in ("forward", "forward_backward"):
+            peers = [(r[f"{mode}_ms"], r["impl"]) for r in group if r["impl"] in PEERS and f"{mode}_ms" in r]
+            if ours is None or not peers:
+                continue
+            best_ms, best = min(peers)
+            row.update({f"{mode}_ours_ms": ours[f"{mode}_ms"], f"{mode}_best_peer": best,
+                        f"{mode}_best_ms": best_ms, f"{mode}_ratio": ours[f"{mode}_ms"] / best_ms})
+        out.append(row)
+    return out
+
+
+def auto_table(rows: list[dict], device_name: str, records: str) -> dict:
+    """The ``flash_auto`` backend's table: per measured shape, ours and the fastest SDPA backend
+    (forward+backward medians of the same run)."""
+    shapes = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        group = {r["impl"]: r for r in rows if r["config"] == config and r.get("status") == "ok"}
+        sdpa = [group[i]["forward_backward_ms"] for i in ("sdpa_cudnn", "sdpa_flash") if i in group]
+        if "triton" not in group or not sdpa:
+            continue
+        r = group["triton"]
+        shapes.append({"config": config, "batch_heads": r["batch"] * r["heads"], "seq_len": r["seq_len"],
+                       "head_dim": r["head_dim"], "dtype": str(DTYPES[r["dtype"]]).removeprefix("torch."),
+                       "causal": r["causal"], "ours_ms": r["forward_backward_ms"], "sdpa_ms": min(sdpa)})
+    return {"device": device_name, "records": records, "shapes": shapes}
+
+
 def seq_lens_pow2(lo: int = 128, hi: int = 65536) -> list[int]:
     return [2**i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]

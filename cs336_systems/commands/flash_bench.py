@@ -1,5 +1,9 @@
 """``cs336-systems flash-bench``: FlashAttention-2 against its peers (flash_benchmarking, leaderboard).
 
+``--only shapes``: issue 18's shapes (``MODEL_SHAPES``: the models' attention, both leaderboards, the
+per-call floor) with ours and every peer called eagerly, forward and forward+backward, in one process on
+the same inputs, and a table of ours / fastest peer.
+
 Default: the handout's sweep (batch 1, causal, sequence lengths 128..65,536, head dims 16..128, bf16 and
 fp32; forward, backward, forward+backward) for every implementation, then the leaderboard
 configuration (16 heads x 16,384 x 64, bf16, ``torch.compile(apply)``, ``o.sum().backward()``) and the two
@@ -11,6 +15,8 @@ just the sweep or just the leaderboard. Records go to ``results/flash_benchmarki
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -20,16 +26,25 @@ from cs336_systems.bench.flash import (
     DTYPES,
     IMPLEMENTATIONS,
     LEADERBOARD_SHAPES,
+    MODEL_SHAPES,
+    PEERS,
+    auto_table,
     seq_lens_pow2,
     sweep_shapes,
     time_impl,
+    versus_peers,
 )
 from cs336_systems.records import write_records
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sweep: seq 1k..16k, d 64 and 128, bf16")
-    p.add_argument("--only", choices=["sweep", "leaderboard"], default=None)
+    p.add_argument("--only", choices=["sweep", "leaderboard", "shapes"], default=None)
+    p.add_argument("--shape", nargs="+", choices=list(MODEL_SHAPES), default=list(MODEL_SHAPES),
+                   help="with --only shapes: which of issue 18's shapes")
+    p.add_argument("--auto-table", default=None,
+                   help="with --only shapes: also write the flash_auto backend's choice table (JSON) here")
+    p.add_argument("--shape-rep-ms", type=float, default=300.0, help="do_bench rep per measurement with --only shapes")
     p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
     p.add_argument("--seq-len", nargs="+", type=int, default=None, help="default: powers of two 128..65536")
     p.add_argument("--head-dim", nargs="+", type=int, default=[16, 32, 64, 128])
@@ -54,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise ValueError("flash-bench needs a CUDA GPU (the Triton kernels and the SDPA peers are GPU code)")
     device = torch.device("cuda")
+    if args.only == "shapes":
+        return _shapes(args, device)
     if args.only != "leaderboard":
         if args.quick:
             shapes = sweep_shapes([1024, 4096, 16384], [64, 128], ["bf16"])
@@ -88,4 +105,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s")
         print(_table(rows, ["config", *SHOW]))
         print(f"wrote {path}")
+    return 0
+
+
+def _shapes(args: argparse.Namespace, device: torch.device) -> int:
+    impls = ["triton", *[p for p in PEERS if p in args.impl]] if "triton" in args.impl else list(args.impl)
+    rows = []
+    for name in tqdm(args.shape, desc="flash_shapes", unit="shape"):
+        for impl in impls:
+            row = time_impl(impl, MODEL_SHAPES[name], device, modes=("forward", "forward_backward"),
+                            warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms)
+            rows.append({**row, "config": name, "suite": "issue18_shapes"})
+    path = write_records("flash_leaderboard", rows, args.results_dir, device)
+    if args.auto_table:
+        table = auto_table(rows, torch.cuda.get_device_name(device), str(path))
+        Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
+        print(f"wrote {args.auto_table}")
+    print(_table(rows, ["config", *SHOW]))
+    print(_table(versus_peers(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
+                                      "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
+                                      "forward_backward_best_ms", "forward_backward_ratio"]))
+    print(f"wrote {path}")
     return 0

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# One device call for FlashAttention-2: install, GPU tests, tile sweep, benchmarks; results under $OUT.
-# Usage (on the device machine, repo root): bash scripts/device/flash.sh [tests] [tune] [bench-quick|bench] [lb]
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
-pip install --no-deps --no-build-isolation -e . -q >/dev/null 2>&1; export PYTHONPATH=$PWD
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-for step in "$@"; do
-  echo "=== $step $(date +%T)"
-  case $step in
-    tests) timeout 240 python -m pytest -m gpu tests/test_flash_attention.py -x -q -p no:cacheprovider ${TEST_ARGS:-} 2>&1 | grep -v DEBUG | tail -25 ;;
-    tune) timeout ${TUNE_TIMEOUT:-240} python scripts/device/flash_tune.py --out "$OUT/tune.json" --shapes ${TUNE_SHAPES:-leaderboard} 2>&1 | grep -v "^$" | tail -60 ;;
-    bench-quick) python -m cs336_systems flash-bench --quick --only sweep --results-dir "$OUT/results" 2>&1 | tail -40 ;;
-    bench) timeout ${BENCH_TIMEOUT:-380} python -m cs336_systems flash-bench --only sweep ${BENCH_ARGS:-} --results-dir "$OUT/results" 2>&1 | tail -60 ;;
-    lb) python -m cs336_systems flash-bench --only leaderboard ${LB_ARGS:-} --results-dir "$OUT/results" 2>&1 | tail -40 ;;
+# One device call for FlashAttention-2 (issue 18), results under $OUT:
+#   bash scripts/device/flash.sh [tests] [floor] [tune] [shapes] [lb] [sweep]
+# tests: the GPU tests; floor: tiny-call timing and profile; tune: tile sweep (pins the winners into
+# cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
+# lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128).
+# Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
+set -u
+OUT=${OUT:-/tmp/flash-out}; mkdir -p "$OUT/results"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PIN=cs336_systems/attention/flash_tune_h100.json
+source "$(dirname "${BASH_SOURCE[0]}")/step.sh"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$OUT/summary.txt"
+for s in "$@"; do
+  case $s in
+    tests) step 240 tests bash scripts/device/flash_tests.sh ;;
+    floor) step 60 floor python3 scripts/device/flash_floor.py ${FLOOR_ARGS:-} ;;
+    tune) step 280 tune python3 scripts/device/flash_tune.py --out "$OUT/tune.json" --pin "$PIN" ${TUNE_ARGS:-}
+          cp "$PIN" "$OUT/flash_tune_h100.json" ;;
+    shapes) step 300 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \
+              ${SHAPES_ARGS:-} --auto-table "$OUT/auto_choice.json" --results-dir "$OUT/results" ;;
+    lb) step 120 lb python3 -m cs336_systems flash-bench --only leaderboard --impl ${LB_IMPLS:-triton sdpa_cudnn sdpa_flash flex} \
+          --lb-shape leaderboard --lb-rep-ms 1000 --results-dir "$OUT/results" ;;
+    sweep) step 200 sweep python3 -m cs336_systems flash-bench --only sweep --impl triton sdpa_cudnn --dtype bf16 \
+             --head-dim 64 128 --seq-len 1024 4096 16384 --results-dir "$OUT/results" ;;
   esac
 done
-cd "$OUT" && tar czf results.tgz results && rm -rf results
-echo "=== done $(date +%T)"
+(cd "$OUT" && tar czf results.tgz results && rm -rf results && tar czf logs.tgz log-*.txt && rm -f log-*.txt)

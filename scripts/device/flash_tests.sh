@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU flash tests in three pytest processes at once (Triton compiles on the CPU, one kernel at a time
+# per process; the GPU work is small): prints each shard's summary; exit code 1 if any shard failed.
+set -u
+shards=("low_precision and fp16" "low_precision and bf16" "not low_precision")
+pids=()
+for i in 0 1 2; do
+  python3 -m pytest -m gpu tests/test_flash_attention.py -q -p no:cacheprovider -rf -k "${shards[$i]}" \
+    >"/tmp/flash-tests-$i.txt" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for i in 0 1 2; do
+  wait "${pids[$i]}" || rc=1
+  echo "--- shard: ${shards[$i]}"; grep -E "passed|failed|FAILED|Error" "/tmp/flash-tests-$i.txt" | tail -15
+done
+exit $rc
