@@ -108,6 +108,21 @@ def test_torch_version_low_precision_dtypes(seed):
         torch.testing.assert_close(o.double(), ref, rtol=2 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's bf16 path")
+def test_triton_bf16_on_cpu_rounds_only_at_the_ends(seed):
+    # The interpreter runs bf16 inputs in fp32 (its own bf16 dot is wrong): O and the gradients then carry
+    # only the rounding of the bf16 inputs and outputs, a few bf16 epsilons (2^-7) in relative norm.
+    q, k, v, do = (torch.randn(2, 3, 37, 16) for _ in range(4))
+    args = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    o = FlashAttention2Triton.apply(*args, True)
+    o.backward(do.bfloat16())
+    assert o.dtype == torch.bfloat16 and all(a.grad.dtype == torch.bfloat16 for a in args)
+    ref = run_reference(*(a.detach().float() for a in args), do.bfloat16().float(), True)
+    for name, got, want in zip(("O", "dQ", "dK", "dV"), (o, *(a.grad for a in args)), (ref[0], *ref[2:])):
+        err = (got.double() - want).norm() / want.norm()
+        assert err < 2 * torch.finfo(torch.bfloat16).eps, (name, err)
+
+
 def _bad_inputs():
     x = torch.randn(2, 8, 16)
     return {

@@ -434,6 +434,13 @@ def _check_runnable(t: Tensor) -> None:
                          "interpreter, or move the tensors to a CUDA device")
 
 
+def _interpreter_upcast(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Triton 3.6's interpreter computes ``tl.dot`` of bf16 operands wrongly (numpy has no bf16), so on a CPU
+    bf16 inputs run the kernels in fp32 and the results are rounded back to bf16: the interpreter checks the
+    kernels' logic, a GPU their bf16 numerics."""
+    return tuple(t.float() for t in tensors)
+
+
 def _as_3d(t: Tensor) -> Tensor:
     """(..., N, d) -> (BH, N, d); a view where the strides allow, and unit stride along d."""
     t3 = t if t.ndim == 3 else t.reshape(-1, t.shape[-2], t.shape[-1])
@@ -536,6 +543,9 @@ def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False,
 
 def _forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool, config: FlashConfig | None) -> tuple[Tensor, Tensor]:
     """flash_forward on validated inputs."""
+    if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
+        o, lse = _forward(*_interpreter_upcast(Q, K, V), is_causal, config)
+        return o.to(Q.dtype), lse
     q, k, v = _as_3d(Q), _as_3d(K), _as_3d(V)
     bh, n_q, d = q.shape
     n_k = k.shape[1]
@@ -570,6 +580,9 @@ def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
 def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool,
               config: FlashConfig | None, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """flash_backward on validated inputs (dO is only checked against O here)."""
+    if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
+        grads = _backward(*_interpreter_upcast(Q, K, V, O), L, dO.float(), is_causal, config, deterministic)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (Q, K, V), strict=True))
     if dO.dtype != Q.dtype:
         dO = dO.to(Q.dtype)
     q, k, v, o, do = _as_3d(Q), _as_3d(K), _as_3d(V), _as_3d(O), _as_3d(dO)
