@@ -24,23 +24,24 @@ from torch import Tensor, nn
 DEFAULT_CHUNK_BYTES = 1 << 30  # fp32 logits of one chunk: 1 GiB
 
 
-def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b with an fp32 result; on CUDA a low-precision product is accumulated and written in fp32 directly."""
-    if a.dtype in (torch.float32, torch.float64):
-        return a @ b
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return (a @ b).float()
+_OUT_DTYPE_GEMM = True  # torch.mm(..., out_dtype=float32) on CUDA; off once a torch build lacks it
 
 
-def _addmm_fp32_(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """acc += a @ b with acc in fp32 (or fp64) and a, b in any float dtype."""
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
-    elif a.is_cuda:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    else:
-        acc += (a @ b).to(acc.dtype)
+def _mm_fp32(a: Tensor, b: Tensor, acc: Tensor | None = None) -> Tensor:
+    """a @ b (or acc += a @ b) with an fp32 (fp64) result. On CUDA a low-precision product is accumulated and
+    written in fp32 by the GEMM itself; elsewhere it is rounded to its dtype, then widened."""
+    global _OUT_DTYPE_GEMM
+    wide = torch.float64 if a.dtype == torch.float64 else torch.float32
+    if a.dtype == wide:
+        return a @ b if acc is None else acc.addmm_(a, b)
+    if a.is_cuda and _OUT_DTYPE_GEMM:
+        try:
+            if acc is None:
+                return torch.mm(a, b, out_dtype=torch.float32)
+            return torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        except (RuntimeError, TypeError):
+            _OUT_DTYPE_GEMM = False
+    return (a @ b).to(wide) if acc is None else acc.add_(a @ b)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -68,7 +69,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if dh is not None:
                 dh[start:start + chunk_rows] = grad @ weight
             if dw is not None:
-                _addmm_fp32_(dw, grad.t(), hc)
+                _mm_fp32(grad.t(), hc, acc=dw)
         ctx.save_for_backward(dh, None if dw is None else dw.to(weight.dtype))
         return (loss / n).to(torch.float32 if h.dtype != torch.float64 else h.dtype)
 
