@@ -239,7 +239,8 @@ def test_peer_is_timed_in_the_same_run_and_records_carry_the_ratio(tmp_path, cap
     argv = ["bench", "--impl", "ours", "peer", "--preset", "tiny", "--context-length", "32", "--device", "cpu",
             "--warmup", "1", "--steps", "2", "--optimizer", "ours", "fused", "--results-dir", str(tmp_path)]
     assert main(argv) == 0
-    rows = [json.loads(x) for f in (tmp_path / "benchmarking_script").glob("*.jsonl") for x in f.read_text().splitlines()]
+    files = (tmp_path / "benchmarking_script").glob("*.jsonl")
+    rows = [json.loads(x) for f in files for x in f.read_text().splitlines()]
     peer = [r for r in rows if r["impl"] == "peer"]
     ours = [r for r in rows if r["impl"] == "ours"]
     assert len(peer) == 1 and len(ours) == 2 and rows[0]["impl"] == "peer"  # the peer first: ours can be compared
@@ -253,12 +254,13 @@ def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatc
 
     cpu, cuda = fast_settings("cpu"), fast_settings("cuda")
     assert (cpu.compile, cpu.optimizer, cpu.loss) == (False, "ours", "unfused")
-    assert cuda.optimizer == "fused" and cuda.loss == "fused" and cuda.compile
+    assert cuda.optimizer == "fused" and cuda.compile and cuda.loss == "unfused"
+    assert fast_settings("cuda", vocab_size=151_936).loss == "fused"  # the 8b vocabulary
     said = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     configs = configs_from_args(_bench_args(["--preset", "tiny", "--optimizer", "torch-fused"]), log=said.append)
     assert configs[0].optimizer == "torch-fused" and configs[0].loss == "unfused"  # the user's choice wins
-    assert any("fast settings" in line and "loss=unfused" in line for line in said)
+    assert any("fast settings" in line and "loss=unfused (tiny)" in line for line in said)
     assert not any("optimizer=" in line for line in said)  # only what it picked is printed
 
 

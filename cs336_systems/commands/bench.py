@@ -41,7 +41,7 @@ from cs336_systems.bench.e2e import (
     run_benchmark_isolated,
 )
 from cs336_systems.bench.recording import RecordWriter
-from cs336_systems.configs import HANDOUT_PRESETS
+from cs336_systems.configs import HANDOUT_PRESETS, get_preset
 from cs336_systems.fast import fast_settings
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
@@ -123,6 +123,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     chosen = {name: getattr(args, name, None)
               for name in ("attention", "compile", "compile_scope", "optimizer", "loss")}
     picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
+    vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
+    if "loss" in picked:
+        picked["loss"] = "/".join(f"{v} ({p})" for p, v in vocab_loss.items())
     if picked and "ours" in getattr(args, "impl", ["ours"]):
         log(f"bench: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items()))
     attention = chosen["attention"] or [fast.attention]
@@ -130,7 +133,6 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     compiles = {"no": [False], "yes": [True], "both": [False, True]}[compile_flag]
     compile_scope = chosen["compile_scope"] or fast.compile_scope
     optimizers = chosen["optimizer"] or [fast.optimizer]
-    losses = chosen["loss"] or [fast.loss]
     warmups = list(WARMUP_STUDY) if args.warmup_study else [args.warmup]
     configs = []
     for impl in getattr(args, "impl", None) or ["ours"]:
@@ -141,8 +143,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                     optimizer="torch-fused", warmup=w, steps=args.steps, device=args.device)
                         for p, c, m, pr, w in grid]
             continue
-        grid = itertools.product(presets, contexts, args.mode, args.precision, compiles, attention, args.checkpoint,
-                                 optimizers, losses, warmups)
+        grid = [(p, c, m, pr, co, a, ck, o, lo, w) for p, c, m, pr, co, a, ck, o, w in itertools.product(
+            presets, contexts, args.mode, args.precision, compiles, attention, args.checkpoint, optimizers, warmups)
+            for lo in (chosen["loss"] or [vocab_loss[p]])]
         configs += [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
                                 loss=lo, warmup=w, steps=args.steps, device=args.device)

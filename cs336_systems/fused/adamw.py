@@ -6,9 +6,11 @@ the model then runs its matmuls on bf16 weights (autocast's per-step weight cast
 and its gradients arrive in bf16. Each step updates, per parameter, the master, both moments and the
 bf16 copy in one pass:
 
-* CUDA: one Triton kernel per parameter reads master, m, v (fp32) and the gradient (any dtype) and writes
-  master, m, v and the bf16 copy: 28 bytes per bf16 parameter, the same as an fp32 fused AdamW, while
-  the forward's cast (6 bytes) and the backward's bf16 -> fp32 gradient cast (6 bytes) disappear.
+* CUDA: one multi-tensor Triton launch per bucket (parameters of one dtype and step count; a table of
+  addresses picks each block's tensor) reads master, m, v (fp32) and the gradient and writes master, m, v
+  and the bf16 copy: 28 bytes per bf16 parameter, the same as an fp32 fused AdamW, while the forward's
+  cast (6 bytes) and the backward's bf16 -> fp32 gradient cast (6 bytes) disappear. The addresses of
+  masters, moments and parameters are taken once: do not reallocate parameters after construction.
 * CPU (and ``use_triton=False``): the same arithmetic with ``torch._foreach`` ops, then a copy.
 
 Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v, bias corrections,
@@ -35,10 +37,19 @@ except ImportError:  # pragma: no cover - triton is a dependency; CPU-only insta
 
 if triton is not None:
     @triton.jit
-    def _adamw_kernel(master_ptr, m_ptr, v_ptr, g_ptr, out_ptr, n, decay, beta1c, beta2, beta2c, sqrt_bc2, eps,
-                      step_size, HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
+    def _adamw_kernel(ptrs_ptr, numels_ptr, block_tensor_ptr, block_start_ptr, decay, beta1c, beta2, beta2c,
+                      sqrt_bc2, eps, step_size, GRAD_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                      HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
+        """One program updates BLOCK elements of one tensor; ``ptrs`` holds (master, m, v, grad, out) addresses
+        per tensor, so one launch covers every parameter of a bucket (multi-tensor apply)."""
+        pid = tl.program_id(0)
+        t = tl.load(block_tensor_ptr + pid).to(tl.int64)
+        offs = tl.load(block_start_ptr + pid).to(tl.int64) + tl.arange(0, BLOCK)
+        mask = offs < tl.load(numels_ptr + t)
+        master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(tl.float32))
+        m_ptr = tl.load(ptrs_ptr + 5 * t + 1).to(tl.pointer_type(tl.float32))
+        v_ptr = tl.load(ptrs_ptr + 5 * t + 2).to(tl.pointer_type(tl.float32))
+        g_ptr = tl.load(ptrs_ptr + 5 * t + 3).to(tl.pointer_type(GRAD_DTYPE))
         p = tl.load(master_ptr + offs, mask=mask)
         g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
         m = tl.load(m_ptr + offs, mask=mask)
@@ -52,7 +63,50 @@ if triton is not None:
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
         if HAS_OUT:
-            tl.store(out_ptr + offs, p.to(out_ptr.dtype.element_ty), mask=mask)
+            out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
+            tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
+
+    _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+_BLOCK = 4096
+
+
+class _Launch:
+    """The fixed part of one multi-tensor launch (a bucket of parameters of one dtype and step count): per-block
+    tensor index and offset, numels, and a device table of addresses whose grad column is refreshed each step
+    (gradients are new tensors every step) through a small ring of pinned host buffers."""
+
+    def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device):
+        self.params = params
+        numels = [p.numel() for p in params]
+        blocks = [triton.cdiv(n, _BLOCK) for n in numels]
+        self.n_blocks = sum(blocks)
+        tensor_of_block = torch.repeat_interleave(torch.arange(len(params), dtype=torch.int32),
+                                                  torch.tensor(blocks))
+        first = torch.cumsum(torch.tensor([0, *blocks[:-1]]), 0)
+        start = (torch.arange(self.n_blocks) - first.repeat_interleave(torch.tensor(blocks))) * _BLOCK
+        self.block_tensor = tensor_of_block.to(device)
+        self.block_start = start.to(torch.int64).to(device)
+        self.numels = torch.tensor(numels, dtype=torch.int64, device=device)
+        self.host_rows = torch.tensor(rows, dtype=torch.int64)  # (n, 5); column 3 (grad) filled per step
+        pinned = device.type == "cuda"
+        self.ring = [torch.empty_like(self.host_rows, pin_memory=pinned) for _ in range(3)]
+        self.events = [torch.cuda.Event() if pinned else None for _ in range(3)]
+        self.table = torch.empty_like(self.host_rows, device=device)
+        self.turn = 0
+
+    def refresh_grads(self) -> Tensor:
+        slot = self.turn % len(self.ring)
+        self.turn += 1
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # the copy that last read this slot (two steps ago) is done
+        self.host_rows[:, 3] = torch.tensor([p.grad.data_ptr() for p in self.params], dtype=torch.int64)
+        self.ring[slot].copy_(self.host_rows)
+        self.table.copy_(self.ring[slot], non_blocking=True)
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        return self.table
 
 
 def is_matmul_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
@@ -86,6 +140,7 @@ class FusedAdamW(torch.optim.Optimizer):
                              f"got {compute_dtype}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.use_triton = use_triton
+        self._launches: dict[tuple, _Launch] = {}  # multi-tensor launch tables by bucket
         low = set(low_precision) if compute_dtype not in (None, torch.float32) else set()
         for group in self.param_groups:
             for p in group["params"]:
@@ -100,7 +155,7 @@ class FusedAdamW(torch.optim.Optimizer):
                     p.data = p.data.to(compute_dtype)
 
     def _triton_ok(self, p: Tensor) -> bool:
-        if triton is None or not p.is_contiguous():
+        if triton is None or not p.is_contiguous() or p.dtype not in _TL_DTYPES:
             return False
         if self.use_triton is not None:
             return self.use_triton
@@ -114,7 +169,7 @@ class FusedAdamW(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            foreach: list[Tensor] = []
+            buckets: dict[tuple, list[Tensor]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -122,24 +177,34 @@ class FusedAdamW(torch.optim.Optimizer):
                     raise ValueError("FusedAdamW does not support sparse gradients")
                 state = self.state[p]
                 state["step"] += 1
-                if self._triton_ok(p):
-                    self._triton_update(p, state, lr, beta1, beta2, eps, wd)
+                triton_ok = self._triton_ok(p) and p.grad.is_contiguous() and p.grad.dtype == p.dtype
+                buckets.setdefault((triton_ok, state["step"], p.device, p.dtype), []).append(p)
+            for (triton_ok, step, _, _), params in buckets.items():
+                if triton_ok:
+                    self._triton_update(params, step, lr, beta1, beta2, eps, wd)
                 else:
-                    foreach.append(p)
-            by_step: dict[int, list[Tensor]] = {}
-            for p in foreach:
-                by_step.setdefault(self.state[p]["step"], []).append(p)
-            for step, params in by_step.items():
-                self._foreach_update(params, step, lr, beta1, beta2, eps, wd)
+                    self._foreach_update(params, step, lr, beta1, beta2, eps, wd)
         return loss
 
-    def _triton_update(self, p: Tensor, state: dict, lr, beta1, beta2, eps, wd) -> None:
-        master = state.get("master", p)
-        step, n, block = state["step"], p.numel(), 4096
+    def _triton_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
+        key = tuple(id(p) for p in params)
+        launch = self._launches.get(key)
+        if launch is None:
+            rows = []
+            for p in params:
+                st = self.state[p]
+                master = st.get("master", p)
+                rows.append([master.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(), 0,
+                             p.data_ptr()])
+            launch = self._launches[key] = _Launch(params, rows, params[0].device)
+        table = launch.refresh_grads()
+        has_out = "master" in self.state[params[0]]
+        dtype = _TL_DTYPES[params[0].dtype]
         bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
-        _adamw_kernel[(triton.cdiv(n, block),)](
-            master, state["exp_avg"], state["exp_avg_sq"], p.grad, p, n, 1.0 - lr * wd, 1.0 - beta1, beta2,
-            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, HAS_OUT=master is not p, BLOCK=block, num_warps=8)
+        _adamw_kernel[(launch.n_blocks,)](
+            table, launch.numels, launch.block_tensor, launch.block_start, 1.0 - lr * wd, 1.0 - beta1, beta2,
+            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, GRAD_DTYPE=dtype, OUT_DTYPE=dtype, HAS_OUT=has_out,
+            BLOCK=_BLOCK, num_warps=8)
 
     def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
         masters = [self.state[p].get("master", p) for p in params]
@@ -159,6 +224,10 @@ class FusedAdamW(torch.optim.Optimizer):
         copies = [(p, m) for p, m in zip(params, masters, strict=True) if m is not p]
         if copies:
             torch._foreach_copy_([p for p, _ in copies], [m for _, m in copies])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._launches.clear()  # the state tensors are new: their addresses too
 
     def master_of(self, p: nn.Parameter) -> Tensor:
         """The fp32 value of ``p`` (its master, or ``p`` itself where it has none)."""
