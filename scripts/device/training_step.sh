@@ -3,8 +3,9 @@
 # $OUT set; records land in $OUT/results (tar: $OUT/results.tgz), logs in $OUT/log-*.txt, $OUT/summary.txt.
 #   a: GPU tests of the fused pieces, fused-CE memory at the 8b vocabulary, small/512 settings vs the peer,
 #      the small bf16 300-step loss check
-#   b: GPU tests, small/512 and xl/512 with the fast settings vs the peer (bf16, batch 4, sdpa)
-#   c: xl/2048 with the fast settings vs the peer; selective activation checkpointing at xl/2048
+#   b: GPU tests, small/512 with the fast settings (and torch's fused AdamW) vs the peer (bf16, batch 4, sdpa)
+#   c: xl/512 vs the peer
+#   d: xl/2048 vs the peer (regional compilation), with and without selective activation checkpointing
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -27,16 +28,16 @@ b)
   step 120 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_bench.py
   step 150 small-512 $CLI $B --impl peer ours --preset small --context-length 512 --compile-scope model \
     --optimizer fused torch-fused --loss unfused --steps 20
-  step 300 xl-512 $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope model \
+  ;;
+c)  # the peer's whole-model compile of xl takes about 200 s
+  step 560 xl-512 $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope model \
     --optimizer fused --loss unfused --steps 10
   ;;
-c)
-  step 330 xl-2048 $CLI $B --impl peer ours --preset xl --context-length 2048 --compile-scope model \
-    --optimizer fused --loss unfused --steps 8
-  step 200 xl-2048-sac $CLI $B --preset xl --context-length 2048 --compile-scope blocks --optimizer fused \
-    --loss unfused --activation-checkpointing selective none --steps 6
+d)
+  step 560 xl-2048 $CLI $B --impl peer ours --preset xl --context-length 2048 --compile-scope blocks \
+    --optimizer fused --loss unfused --activation-checkpointing none selective --steps 8
   ;;
-*) echo "usage: $0 a|b|c"; exit 2;;
+*) echo "usage: $0 a|b|c|d"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
