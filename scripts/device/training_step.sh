@@ -5,7 +5,7 @@
 #      the small bf16 300-step loss check
 #   b: GPU tests, small/512 with the fast settings (and torch's fused AdamW) vs the peer (bf16, batch 4, sdpa)
 #   c: xl/512 vs the peer
-#   d: xl/2048 vs the peer (regional compilation), with and without selective activation checkpointing
+#   d: xl/2048 vs the peer; selective activation checkpointing at xl/2048 (regional compilation)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -34,8 +34,10 @@ c)  # the peer's whole-model compile of xl takes about 200 s
     --optimizer fused --loss unfused --steps 10
   ;;
 d)
-  step 560 xl-2048 $CLI $B --impl peer ours --preset xl --context-length 2048 --compile-scope blocks \
-    --optimizer fused --loss unfused --activation-checkpointing none selective --steps 8
+  step 400 xl-2048 $CLI $B --impl peer ours --preset xl --context-length 2048 --compile-scope model \
+    --optimizer fused --loss unfused --steps 10
+  step 150 xl-2048-sac $CLI $B --preset xl --context-length 2048 --compile-scope blocks --optimizer fused \
+    --loss unfused --activation-checkpointing selective --steps 6
   ;;
 *) echo "usage: $0 a|b|c|d"; exit 2;;
 esac
