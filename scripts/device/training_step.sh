@@ -6,6 +6,7 @@
 #   b: GPU tests, small/512 with the fast settings (and torch's fused AdamW) vs the peer (bf16, batch 4, sdpa)
 #   c: xl/512 vs the peer
 #   d: xl/2048 vs the peer; selective activation checkpointing at xl/2048 (regional compilation)
+#   e: `bench` with no settings flags (small/512, fast settings) vs the peer, 50 steps
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -39,7 +40,11 @@ d)
   step 150 xl-2048-sac $CLI $B --preset xl --context-length 2048 --compile-scope blocks --optimizer fused \
     --loss unfused --activation-checkpointing selective --steps 6
   ;;
-*) echo "usage: $0 a|b|c|d"; exit 2;;
+e)  # bench's defaults on CUDA (the fast settings, printed) against the peer, 50 measured steps
+  step 300 small-default $CLI bench --problem training_step --results-dir $R --impl peer ours --precision bf16 \
+    --warmup 5 --steps 50
+  ;;
+*) echo "usage: $0 a|b|c|d|e"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
