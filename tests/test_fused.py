@@ -205,3 +205,44 @@ def test_gpu_linear_cross_entropy_bf16_against_fp64(seed):
 def test_gpu_tiny_bf16_fused_tracks_unfused():
     ref, fused = _train_losses(False, 100, "cuda", "bf16"), _train_losses(True, 100, "cuda", "bf16")
     assert abs(ref[-1] - fused[-1]) < 0.01 * ref[-1]
+
+
+def test_updates_overlapped_with_backward_equal_a_step_after_backward(seed):
+    from cs336_systems.fused.adamw import layer_buckets
+
+    models = [BasicsTransformerLM(vocab_size=31, context_length=9, d_model=16, num_layers=3, num_heads=2, d_ff=24)
+              for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [FusedAdamW(m.parameters(), lr=1e-2, use_triton=False) for m in models]
+    opts[1].overlap_with_backward(layer_buckets(models[1]))
+    for _ in range(3):
+        x = torch.randint(0, 31, (2, 9))
+        for m, opt in zip(models, opts, strict=True):
+            m(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert all(opts[1].state[p]["step"] == 3 for p in models[1].parameters())
+
+
+@pytest.mark.gpu
+def test_gpu_overlapped_updates_match_step_after_backward(seed):
+    from cs336_systems.fused.adamw import layer_buckets
+
+    models = [BasicsTransformerLM(vocab_size=257, context_length=64, d_model=128, num_layers=3, num_heads=4,
+                                  d_ff=384, device="cuda") for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [FusedAdamW(m.parameters(), lr=1e-2, compute_dtype=torch.bfloat16, low_precision=low_precision_params(m))
+            for m in models]
+    opts[1].overlap_with_backward(layer_buckets(models[1]))
+    for _ in range(3):
+        x = torch.randint(0, 257, (4, 64), device="cuda")
+        for m, opt in zip(models, opts, strict=True):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = m(x).float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
