@@ -32,8 +32,7 @@ MODES: tuple[Mode, ...] = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16")
 # cs336_basics.optimizer.AdamW (foreach), torch.optim.AdamW(fused=True), or cs336_systems.fused.adamw.FusedAdamW
 # (one Triton pass per parameter; under bf16 the Linear weights become bf16 copies of fp32 masters)
-# "fused-overlap": FusedAdamW updating each block on a side stream as soon as backward has its gradients
-OPTIMIZERS = ("ours", "torch-fused", "fused", "fused-overlap")
+OPTIMIZERS = ("ours", "torch-fused", "fused")
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
 IMPLS = ("ours", "peer")  # our model and step, or the compiled plain-PyTorch peer (cs336_systems.bench.peer)
 PHASES = ("step", "forward", "backward", "optimizer")
@@ -130,15 +129,12 @@ def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
         return None
     if cfg.optimizer == "torch-fused":
         return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cfg.torch_device.type == "cuda")
-    if cfg.optimizer in ("fused", "fused-overlap"):
-        from cs336_systems.fused.adamw import FusedAdamW, layer_buckets, low_precision_params
+    if cfg.optimizer == "fused":
+        from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
 
         bf16 = cfg.precision == "bf16"
-        optimizer = FusedAdamW(model.parameters(), lr=1e-4, compute_dtype=torch.bfloat16 if bf16 else None,
-                               low_precision=low_precision_params(model) if bf16 else ())
-        if cfg.optimizer == "fused-overlap":
-            optimizer.overlap_with_backward(layer_buckets(model))
-        return optimizer
+        return FusedAdamW(model.parameters(), lr=1e-4, compute_dtype=torch.bfloat16 if bf16 else None,
+                          low_precision=low_precision_params(model) if bf16 else ())
     return AdamW(model.parameters(), lr=1e-4)
 
 

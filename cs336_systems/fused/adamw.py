@@ -120,15 +120,6 @@ def low_precision_params(model: nn.Module, select: Callable = is_matmul_weight) 
     return {p for mod in model.modules() for name, p in mod.named_parameters(recurse=False) if select(mod, name, p)}
 
 
-def layer_buckets(model: nn.Module) -> list[list[nn.Parameter]]:
-    """Buckets for :meth:`FusedAdamW.overlap_with_backward`: the parameters of each entry of ``model.layers``
-    (a block's gradients are complete together), and every other parameter on its own (the LM head's
-    gradient is the first to exist)."""
-    blocks = [list(layer.parameters()) for layer in getattr(model, "layers", [])]
-    in_blocks = {p for b in blocks for p in b}
-    return blocks + [[p] for p in model.parameters() if p not in in_blocks]
-
-
 class FusedAdamW(torch.optim.Optimizer):
     """See the module docstring. ``low_precision``: the parameters to hold in ``compute_dtype`` (an fp32 master
     each); ``use_triton``: None picks Triton for CUDA tensors (or under ``TRITON_INTERPRET=1``), foreach otherwise."""
@@ -150,7 +141,6 @@ class FusedAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.use_triton = use_triton
         self._launches: dict[tuple, _Launch] = {}  # multi-tensor launch tables by bucket
-        self._side_stream: torch.cuda.Stream | None = None  # overlap_with_backward's updates run there
         self._group_index = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
         low = set(low_precision) if compute_dtype not in (None, torch.float32) else set()
         for group in self.param_groups:
@@ -178,8 +168,6 @@ class FusedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._side_stream is not None:  # updates issued during backward: the next forward reads their copies
-            torch.cuda.current_stream(self._side_stream.device).wait_stream(self._side_stream)
         self._apply([p for group in self.param_groups for p in group["params"] if p.grad is not None])
         return loss
 
@@ -200,45 +188,6 @@ class FusedAdamW(torch.optim.Optimizer):
                 self._triton_update(*args)
             else:
                 self._foreach_update(*args)
-
-    def overlap_with_backward(self, buckets: Iterable[Iterable[nn.Parameter]]) -> None:
-        """Update each bucket of parameters as soon as backward has produced all its gradients, on a side CUDA
-        stream, while backward goes on with the layers before it (the update is memory-bound, backward's matmuls
-        compute-bound, so they overlap); the gradients are freed right after. ``step()`` then only waits for
-        those updates (and updates whatever had no complete bucket). Not for gradient clipping or accumulation
-        over micro-batches: each update uses the gradient of one backward as soon as it exists. On a CPU the
-        updates run in the hooks, in order."""
-        for bucket in buckets:
-            bucket = [p for p in bucket if p.requires_grad]
-            pending = {"left": len(bucket)}
-
-            def ready(_p: Tensor, bucket=bucket, pending=pending) -> None:
-                pending["left"] -= 1
-                if pending["left"] == 0:
-                    pending["left"] = len(bucket)
-                    self._update_now([q for q in bucket if q.grad is not None])
-
-            for p in bucket:
-                p.register_post_accumulate_grad_hook(ready)
-
-    @torch.no_grad()
-    def _update_now(self, params: list[Tensor]) -> None:
-        if not params:
-            return
-        if not params[0].is_cuda:
-            self._apply(params)
-            for p in params:
-                p.grad = None
-            return
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(params[0].device)
-        main = torch.cuda.current_stream(params[0].device)
-        self._side_stream.wait_stream(main)  # the gradients (and backward's last reads of the weights) come first
-        with torch.cuda.stream(self._side_stream):
-            self._apply(params)
-        for p in params:
-            p.grad.record_stream(self._side_stream)  # its memory is not reused before the side stream read it
-            p.grad = None
 
     def _triton_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
         key = tuple(id(p) for p in params)

@@ -7,7 +7,6 @@
 #   c: xl/512 vs the peer
 #   d: xl/2048 vs the peer; selective activation checkpointing at xl/2048 (regional compilation)
 #   e: `bench` with no settings flags (small/512, fast settings) vs the peer, 50 steps
-#   f: xl/512 with the optimizer overlapped with backward vs the peer
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -45,12 +44,7 @@ e)  # bench's defaults on CUDA (the fast settings, printed) against the peer, 50
   step 300 small-default $CLI bench --problem training_step --results-dir $R --impl peer ours --precision bf16 \
     --warmup 5 --steps 50
   ;;
-f)  # optimizer updates overlapped with backward (regional compilation, so hooks fire per block) at xl/512
-  step 90 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py
-  step 480 xl-512-overlap $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope blocks \
-    --optimizer fused-overlap fused --loss unfused --steps 10
-  ;;
-*) echo "usage: $0 a|b|c|d|e|f"; exit 2;;
+*) echo "usage: $0 a|b|c|d|e"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
