@@ -2,6 +2,7 @@
 check), for docs/training_step.md. Reads records only.
 
     python scripts/step_table.py results/training_step --summary   # ours vs the peer of the same run only
+    python scripts/step_table.py results/training_step --checks    # fused-CE memory and the loss check
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ def main(root: str = "results/training_step", *flags: str) -> None:
     if "--summary" in flags:
         print(pd.DataFrame(pairs).to_markdown(index=False, floatfmt=".3g"))
         return
-    print(step[[c for c in cols if c in step]].to_markdown(index=False, floatfmt=".3g"))
+    if "--checks" not in flags:
+        print(step[[c for c in cols if c in step]].to_markdown(index=False, floatfmt=".3g"))
     for check in ("fused_ce_memory", "loss"):
         sub = df[df.get("check") == check] if "check" in df else df.iloc[:0]
         if len(sub):
             keep = [c for c in sub.columns if c not in ("provenance", "losses") and sub[c].notna().any()]
-            print()
             print(sub[keep].to_markdown(index=False, floatfmt=".4g"))
+            print()
 
 
 if __name__ == "__main__":
