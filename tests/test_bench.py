@@ -268,3 +268,10 @@ def test_activation_checkpointing_flag_and_its_old_name():
     for flag in ("--activation-checkpointing", "--checkpoint"):
         args = _bench_args(["--preset", "tiny", "--device", "cpu", flag, "selective", "2"])
         assert [c.checkpoint for c in configs_from_args(args, log=lambda _: None)] == ["selective", "2"]
+
+
+def test_sweep_order_is_kept_and_each_peer_comes_first():
+    args = _bench_args(["--preset", "xl", "small", "--context-length", "64", "32", "--device", "cpu",
+                        "--impl", "ours", "peer"])
+    got = [(c.impl, c.preset, c.context_length) for c in configs_from_args(args, log=lambda _: None)]
+    assert got == [(i, p, t) for p in ("xl", "small") for t in (64, 32) for i in ("peer", "ours")]

@@ -150,8 +150,12 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
                                 loss=lo, warmup=w, steps=args.steps, device=args.device)
                     for p, c, m, pr, co, a, ck, o, lo, w in grid]
-    # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass
-    return sorted(configs, key=lambda c: (_peer_key(c), c.impl != "peer"))
+    # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
+    # otherwise the sweep keeps its order
+    first_seen: dict[tuple, int] = {}
+    for i, c in enumerate(c for c in configs if c.impl == "ours"):
+        first_seen.setdefault(_peer_key(c), i)
+    return sorted(configs, key=lambda c: (first_seen.get(_peer_key(c), -1), c.impl != "peer"))
 
 
 def _peer_key(cfg: BenchConfig | dict) -> tuple:

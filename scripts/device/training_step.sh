@@ -7,6 +7,7 @@
 #   c: xl/512 vs the peer
 #   d: xl/2048 vs the peer; selective activation checkpointing at xl/2048 (regional compilation)
 #   e: `bench` with no settings flags (small/512, fast settings) vs the peer, 50 steps
+#   f: GPU tests of the final code; xl/512 vs the peer again, 20 steps
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -44,7 +45,12 @@ e)  # bench's defaults on CUDA (the fast settings, printed) against the peer, 50
   step 300 small-default $CLI bench --problem training_step --results-dir $R --impl peer ours --precision bf16 \
     --warmup 5 --steps 50
   ;;
-*) echo "usage: $0 a|b|c|d|e"; exit 2;;
+f)  # the final code: GPU tests, and xl/512 with the fast settings vs the peer again (20 measured steps)
+  step 100 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_bench.py
+  step 450 xl-512 $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope model \
+    --optimizer fused --loss unfused --steps 20
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
