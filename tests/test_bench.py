@@ -136,7 +136,7 @@ def _tiny_lm(n_layers: int) -> BasicsTransformerLM:
                                d_ff=40, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("spec", ["1", "2", "nested"])
+@pytest.mark.parametrize("spec", ["1", "2", "nested", "selective"])
 def test_checkpointing_keeps_gradients_and_saves_memory(spec, seed):
     n_layers = 5  # odd: groups of 2 leave a last group of 1; bisection is uneven
     ref = _tiny_lm(n_layers)
@@ -179,3 +179,99 @@ def test_gpu_compile_and_checkpoint_run():
                 BenchConfig(preset="small", context_length=128, checkpoint="2", warmup=1, steps=2, device="cuda",
                             precision="bf16")):
         assert run_benchmark(cfg)["status"] == "ok"
+
+
+# --- issue 17: CPU out-of-memory, CPU defaults, progress, --device cuda without a GPU ------------------------
+
+
+@pytest.mark.parametrize("err", [RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                              "8000000000 bytes. Error code 12 (Cannot allocate memory)"),
+                                 MemoryError()])
+def test_cpu_allocator_failure_is_recorded_as_oom(monkeypatch, err):
+    def no_memory(**kwargs):
+        raise err
+
+    monkeypatch.setattr(e2e, "BasicsTransformerLM", no_memory)
+    assert run_benchmark(BenchConfig(**TINY))["status"] == "OOM"
+
+
+def _bench_args(argv: list[str]) -> argparse.Namespace:
+    from cs336_systems.commands.bench import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_no_arguments_on_a_cpu_pick_a_cpu_sized_default_and_say_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said = []
+    configs = configs_from_args(_bench_args([]), log=said.append)
+    assert [(c.preset, c.context_length, c.torch_device.type) for c in configs] == [("tiny", 128, "cpu")]
+    assert any("tiny" in line and "128" in line for line in said)
+
+
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--no-save"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no CUDA device" in err and "Traceback" not in err
+    assert main(["bench", "--device", "tpu", "--no-save"]) == 2
+
+
+def test_each_configuration_shows_progress_per_step(monkeypatch):
+    bars = []
+    real = e2e.tqdm
+
+    def recording_tqdm(iterable, **kwargs):
+        bars.append(kwargs)
+        return real(iterable, **kwargs)
+
+    monkeypatch.setattr(e2e, "tqdm", recording_tqdm)
+    run_benchmark(BenchConfig(**TINY, warmup=1, steps=2))
+    assert len(bars) == 1 and bars[0]["unit"] == "step" and 0 < bars[0]["delay"] <= 5
+
+
+# --- issue 19: the peer, fast settings, selective checkpointing ---------------------------------------------
+
+
+def test_peer_is_timed_in_the_same_run_and_records_carry_the_ratio(tmp_path, capsys):
+    argv = ["bench", "--impl", "ours", "peer", "--preset", "tiny", "--context-length", "32", "--device", "cpu",
+            "--warmup", "1", "--steps", "2", "--optimizer", "ours", "fused", "--results-dir", str(tmp_path)]
+    assert main(argv) == 0
+    files = (tmp_path / "benchmarking_script").glob("*.jsonl")
+    rows = [json.loads(x) for f in files for x in f.read_text().splitlines()]
+    peer = [r for r in rows if r["impl"] == "peer"]
+    ours = [r for r in rows if r["impl"] == "ours"]
+    assert len(peer) == 1 and len(ours) == 2 and rows[0]["impl"] == "peer"  # the peer first: ours can be compared
+    for r in ours:
+        assert r["n_params"] == peer[0]["n_params"]  # same sizes, parameter for parameter
+        assert r["step_ratio_vs_peer"] == pytest.approx(r["step_mean_ms"] / peer[0]["step_mean_ms"])
+
+
+def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatch):
+    from cs336_systems.fast import fast_settings
+
+    cpu, cuda = fast_settings("cpu"), fast_settings("cuda")
+    assert (cpu.compile, cpu.optimizer, cpu.loss) == (False, "ours", "unfused")
+    assert cuda.optimizer == "fused" and cuda.compile and cuda.loss == "unfused"
+    assert fast_settings("cuda", vocab_size=151_936).loss == "fused"  # the 8b vocabulary
+    said = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    configs = configs_from_args(_bench_args(["--preset", "tiny", "--optimizer", "torch-fused"]), log=said.append)
+    assert configs[0].optimizer == "torch-fused" and configs[0].loss == "unfused"  # the user's choice wins
+    assert any("fast settings" in line and "loss=unfused (tiny)" in line for line in said)
+    assert not any("optimizer=" in line for line in said)  # only what it picked is printed
+
+
+def test_activation_checkpointing_flag_and_its_old_name():
+    for flag in ("--activation-checkpointing", "--checkpoint"):
+        args = _bench_args(["--preset", "tiny", "--device", "cpu", flag, "selective", "2"])
+        assert [c.checkpoint for c in configs_from_args(args, log=lambda _: None)] == ["selective", "2"]
+
+
+def test_sweep_order_is_kept_and_each_peer_comes_first():
+    args = _bench_args(["--preset", "xl", "small", "--context-length", "64", "32", "--device", "cpu",
+                        "--impl", "ours", "peer"])
+    got = [(c.impl, c.preset, c.context_length) for c in configs_from_args(args, log=lambda _: None)]
+    assert got == [(i, p, t) for p in ("xl", "small") for t in (64, 32) for i in ("peer", "ours")]

@@ -12,6 +12,11 @@ Strategies (``spec``):
   only the group inputs (N/k residual-stream tensors); backward recomputes one group at a time, so the
   peak activation memory is about ``N/k * |x| + k * R`` (``R``: residuals of one block), smallest near
   ``k = sqrt(N * |x| / R)``; compute is one extra forward.
+* ``"selective"``: every block under its own checkpoint with a selective policy
+  (:func:`save_matmuls_policy`): the outputs of matrix products and of the attention kernel are saved,
+  everything else (norms, RoPE, SiLU and gating, residual adds, dtype casts) is recomputed in backward.
+  The saved tensors are the expensive-to-recompute ones; the recomputed ones are cheap elementwise work
+  whose fp32 temporaries are most of a block's saved bytes under autocast.
 * ``"nested"``: recursive bisection. Each half of a segment is checkpointed, and inside the
   recomputation of a half its two quarters are checkpointed again, down to single blocks. At any time
   only O(log N) segment inputs plus one block's residuals are alive: O(log N) peak activation memory
@@ -22,7 +27,26 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+STRATEGIES = ("none", "selective", "nested", "<k>")
+
+_aten = torch.ops.aten
+# Outputs worth keeping: compute-bound to recompute, and only as large as the activations they produce.
+SAVED_OPS = frozenset(getattr(_aten, name).default for name in (
+    "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward")
+    if hasattr(_aten, name))
+
+
+def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Selective checkpointing policy: save matmul and attention outputs, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_context():
+    """The ``context_fn`` for ``torch.utils.checkpoint.checkpoint`` that applies :func:`save_matmuls_policy`."""
+    return create_selective_checkpoint_contexts(save_matmuls_policy)
 
 
 def _run_blocks(blocks: nn.ModuleList | list[nn.Module], x: Tensor, positions: Tensor | None) -> Tensor:
@@ -42,6 +66,19 @@ class CheckpointedBlocks(nn.Module):
         if not torch.is_grad_enabled():  # inference: nothing is saved anyway
             return _run_blocks(self.blocks, x, token_positions)
         return checkpoint(_run_blocks, self.blocks, x, token_positions, use_reentrant=False)
+
+
+class SelectiveCheckpointedBlock(nn.Module):
+    """One Transformer block under a selective checkpoint (:func:`save_matmuls_policy`)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.blocks = nn.ModuleList([block])
+
+    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+        if not torch.is_grad_enabled():
+            return self.blocks[0](x, token_positions)
+        return checkpoint(self.blocks[0], x, token_positions, use_reentrant=False, context_fn=selective_context)
 
 
 class NestedCheckpointedBlocks(nn.Module):
@@ -65,18 +102,19 @@ class NestedCheckpointedBlocks(nn.Module):
 
 
 def parse_checkpoint_spec(spec: str | int | None) -> str:
-    """Normalise a strategy: ``None``/``"none"``/``0`` -> ``"none"``; ``"nested"``; a positive int -> its string."""
+    """Normalise a strategy: ``None``/``"none"``/``0`` -> ``"none"``; ``"selective"``; ``"nested"``; a positive
+    int -> its string."""
     if spec is None:
         return "none"
     s = str(spec).strip().lower()
     if s in ("none", "0", ""):
         return "none"
-    if s == "nested":
+    if s in ("nested", "selective"):
         return s
     if s.isdigit() and int(s) >= 1:
         return str(int(s))
-    raise ValueError(f"gradient_checkpointing: unknown strategy {spec!r}; use 'none', 'nested' or a positive "
-                     "integer k (checkpoint every k blocks)")
+    raise ValueError(f"gradient_checkpointing: unknown strategy {spec!r}; use 'none', 'selective', 'nested' or a "
+                     "positive integer k (checkpoint every k blocks)")
 
 
 def apply_activation_checkpointing(model: nn.Module, spec: str | int | None) -> nn.Module:
@@ -89,6 +127,9 @@ def apply_activation_checkpointing(model: nn.Module, spec: str | int | None) -> 
     blocks = list(model.layers)
     if spec == "nested":
         model.layers = nn.ModuleList([NestedCheckpointedBlocks(blocks)])
+        return model
+    if spec == "selective":
+        model.layers = nn.ModuleList(SelectiveCheckpointedBlock(b) for b in blocks)
         return model
     k = int(spec)
     if k > len(blocks):

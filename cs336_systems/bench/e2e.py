@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
+from tqdm import tqdm
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
@@ -30,7 +31,11 @@ from cs336_systems.profiling.timing import matmul_peak_tflops
 Mode = Literal["forward", "forward-backward", "train-step"]
 MODES: tuple[Mode, ...] = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16")
-OPTIMIZERS = ("ours", "torch-fused")  # cs336_basics.optimizer.AdamW (foreach) or torch.optim.AdamW(fused=True)
+# cs336_basics.optimizer.AdamW (foreach), torch.optim.AdamW(fused=True), or cs336_systems.fused.adamw.FusedAdamW
+# (one Triton pass per parameter; under bf16 the Linear weights become bf16 copies of fp32 masters)
+OPTIMIZERS = ("ours", "torch-fused", "fused")
+LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
+IMPLS = ("ours", "peer")  # our model and step, or the compiled plain-PyTorch peer (cs336_systems.bench.peer)
 PHASES = ("step", "forward", "backward", "optimizer")
 
 
@@ -48,6 +53,8 @@ class BenchConfig:
     attention: str = "reference"
     checkpoint: str = "none"  # activation checkpointing: "none", "nested" or k (every k blocks)
     optimizer: str = "ours"
+    loss: str = "unfused"
+    impl: str = "ours"  # "peer": the settings above that concern our model (compile, attention, ...) do not apply
     warmup: int = 5
     steps: int = 10
     device: str | None = None  # None: cuda if available, else cpu
@@ -64,12 +71,26 @@ class BenchConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"benchmarking_script: unknown optimizer {self.optimizer!r}; "
                              f"choose from {', '.join(OPTIMIZERS)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"benchmarking_script: unknown loss {self.loss!r}; choose from {', '.join(LOSSES)}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"benchmarking_script: unknown impl {self.impl!r}; choose from {', '.join(IMPLS)}")
+        if self.device is not None:
+            try:
+                dev = torch.device(self.device)
+            except RuntimeError:
+                dev = None
+            if dev is None or dev.type not in ("cpu", "cuda"):
+                raise ValueError(f"benchmarking_script: unknown device {self.device!r}; choose cuda or cpu")
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError("benchmarking_script: --device cuda, but this machine has no CUDA device; "
+                                 "use --device cpu")
         if self.warmup < 0 or self.steps < 1:
             raise ValueError(f"benchmarking_script: need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
         if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ValueError("benchmarking_script: context_length and batch_size must be positive")
         self.checkpoint = parse_checkpoint_spec(self.checkpoint)
-        if self.checkpoint not in ("none", "nested") and int(self.checkpoint) > get_preset(self.preset).num_layers:
+        if self.checkpoint.isdigit() and int(self.checkpoint) > get_preset(self.preset).num_layers:
             raise ValueError(f"gradient_checkpointing: k={self.checkpoint} exceeds the {self.preset} preset's "
                              f"{get_preset(self.preset).num_layers} blocks")
         from cs336_basics.attention import get_attention_backend
@@ -89,7 +110,11 @@ def autocast_context(precision: str, device: torch.device):
 
 
 def is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+    """CUDA's OutOfMemoryError, a RuntimeError of an allocator that ran out (CUDA's text, or the CPU allocator's
+    "can't allocate memory"), or Python's MemoryError."""
+    text = str(err).lower()
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or any(
+        s in text for s in ("out of memory", "can't allocate memory", "cannot allocate memory"))
 
 
 def model_flops_per_step(cfg: BenchConfig, batch: int) -> int:
@@ -105,7 +130,37 @@ def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
         return None
     if cfg.optimizer == "torch-fused":
         return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cfg.torch_device.type == "cuda")
+    if cfg.optimizer == "fused":
+        from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
+
+        bf16 = cfg.precision == "bf16"
+        return FusedAdamW(model.parameters(), lr=1e-4, compute_dtype=torch.bfloat16 if bf16 else None,
+                          low_precision=low_precision_params(model) if bf16 else ())
     return AdamW(model.parameters(), lr=1e-4)
+
+
+def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
+    """Our model with ``cfg``'s settings: (model, optimizer or None, loss_fn(x, y), step_model)."""
+    model = BasicsTransformerLM(**model_kwargs, attention_backend=cfg.attention, check_inputs=False, device=device)
+    if cfg.loss == "fused":
+        from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
+
+        defer_lm_head(model)  # model(x) now returns the final hidden states; the head's weight stays in place
+    apply_activation_checkpointing(model, cfg.checkpoint)
+    optimizer = _make_optimizer(cfg, model)  # before compiling: the fused optimizer may turn weights into bf16
+    step_model = model
+    if cfg.compile and cfg.compile_scope == "blocks":
+        for block in model.layers:
+            block.compile()
+    elif cfg.compile:
+        step_model = torch.compile(model)
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if cfg.loss == "fused":
+            return linear_cross_entropy(step_model(x), model.lm_head.weight, y)
+        return cross_entropy(step_model(x), y)
+
+    return model, optimizer, loss_fn, step_model
 
 
 def run_benchmark(cfg: BenchConfig) -> dict:
@@ -120,16 +175,16 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
-                                    check_inputs=False, device=device)
-        apply_activation_checkpointing(model, cfg.checkpoint)
-        step_model = model
-        if cfg.compile and cfg.compile_scope == "blocks":
-            for block in model.layers:
-                block.compile()
-        elif cfg.compile:
-            step_model = torch.compile(model)
-        optimizer = _make_optimizer(cfg, model)
+        if cfg.impl == "peer":
+            from cs336_systems.bench.peer import build_peer
+
+            model, optimizer, loss_fn = build_peer(model_cfg.model_kwargs(), device, compile=device.type == "cuda")
+            step_model = model
+            record["peer_compiled"] = device.type == "cuda"
+            if cfg.mode != "train-step":
+                optimizer = None
+        else:
+            model, optimizer, loss_fn, step_model = build_ours(cfg, model_cfg.model_kwargs(), device)
         x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         y = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         timer = PhaseTimer(device)
@@ -142,7 +197,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                         step_model(x)
                     return
                 with timer.phase("forward", record_it), autocast_context(cfg.precision, device):
-                    loss = cross_entropy(step_model(x), y)
+                    loss = loss_fn(x, y)
                 with timer.phase("backward", record_it):
                     loss.backward()
                 if optimizer is not None:
@@ -150,10 +205,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                         optimizer.step()
                 model.zero_grad(set_to_none=True)
 
-        for _ in range(cfg.warmup):
-            one_step(False)
-        for _ in range(cfg.steps):
-            one_step(True)
+        # a progress bar only for runs that last (tqdm's delay): one bar per configuration, a tick per step
+        label = f"{cfg.impl} {cfg.preset}/{cfg.context_length}"
+        for i in tqdm(range(cfg.warmup + cfg.steps), desc=label, unit="step", delay=2, leave=False):
+            one_step(i >= cfg.warmup)
 
         tokens = batch * cfg.context_length
         step = summarize(timer.host["step"])
@@ -174,16 +229,16 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             mfu=tflops / peak,
             peak_memory_gib=(torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
         )
-    except (torch.OutOfMemoryError, RuntimeError) as err:
+    except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
         if not is_oom(err):
             raise
-        record.update(status="OOM", error=str(err).splitlines()[0][:200])
+        record.update(status="OOM", error=(str(err).splitlines() or [type(err).__name__])[0][:200])
     finally:
         model = optimizer = step_model = None
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if cfg.compile:
+        if cfg.compile or cfg.impl == "peer":
             torch._dynamo.reset()  # a later configuration must not reuse (or hit the limit of) these graphs
     return record
 

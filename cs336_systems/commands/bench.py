@@ -9,6 +9,12 @@ out-of-memory configuration is recorded as ``OOM`` and the sweep goes on.
 benchmark (presets small..2.7B, context 512, train step, fp32 and bf16); on a CPU-only machine the
 ``tiny`` preset for a few steps, which finishes in seconds.
 
+Unless told otherwise, ``bench`` uses the fastest measured settings for the device
+(:func:`cs336_systems.fast.fast_settings`: attention backend, compile scope, fused optimizer, fused loss)
+and prints them; with no ``--preset`` it runs ``small`` at context 512 on CUDA and ``tiny`` at 128 on a CPU.
+``--impl ours peer`` also times the compiled plain-PyTorch peer (``bench/peer.py``) in the same process and
+writes our step / peer step and peak memory ratios into our records.
+
 ``--warmup-study`` runs every configuration with 0, 1, 2 and 5 warm-up steps, each in a fresh
 interpreter so that nothing is warm from the configuration before it.
 """
@@ -25,6 +31,8 @@ from tqdm import tqdm
 import cs336_systems.attention
 import cs336_systems.profiling.nvtx  # noqa: F401  (registers the "reference_nvtx" attention backend)
 from cs336_systems.bench.e2e import (
+    IMPLS,
+    LOSSES,
     MODES,
     OPTIMIZERS,
     PRECISIONS,
@@ -33,32 +41,44 @@ from cs336_systems.bench.e2e import (
     run_benchmark_isolated,
 )
 from cs336_systems.bench.recording import RecordWriter
-from cs336_systems.configs import HANDOUT_PRESETS
+from cs336_systems.configs import HANDOUT_PRESETS, get_preset
+from cs336_systems.fast import fast_settings
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
-            "mfu_target")
+            "mfu_target", "training_step")
 WARMUP_STUDY = (0, 1, 2, 5)
-TABLE_COLUMNS = ["preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint", "optimizer",
-                 "warmup", "status", "forward_mean_ms", "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms",
-                 "step_std_ms", "tokens_per_s", "mfu", "peak_memory_gib"]
+TABLE_COLUMNS = ["impl", "preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint",
+                 "optimizer", "loss", "warmup", "status", "forward_mean_ms", "backward_mean_ms", "optimizer_mean_ms",
+                 "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu", "peak_memory_gib", "step_ratio_vs_peer",
+                 "memory_ratio_vs_peer"]
+CPU_DEFAULT = ("tiny", 128)  # preset and context without --preset on a CPU: seconds, not minutes
+CUDA_DEFAULT = ("small", 512)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default", action="store_true",
                    help="the main job: handout presets on CUDA, the tiny preset on CPU (overrides the sweep flags)")
-    p.add_argument("--preset", nargs="+", default=["small"], help="one or more presets, or 'all' (handout sizes)")
-    p.add_argument("--context-length", nargs="+", type=int, default=[512])
+    p.add_argument("--preset", nargs="+", default=None,
+                   help="one or more presets, or 'all' (handout sizes); default small on CUDA, tiny on a CPU")
+    p.add_argument("--context-length", nargs="+", type=int, default=None,
+                   help="default: 512 on CUDA, 128 on a CPU")
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's (4)")
     p.add_argument("--mode", nargs="+", choices=MODES, default=["train-step"])
     p.add_argument("--precision", nargs="+", choices=PRECISIONS, default=["fp32"])
-    p.add_argument("--compile", nargs="?", const="yes", default="no", choices=["no", "yes", "both"],
-                   help="torch.compile the model: no (default), yes (bare --compile), or both (eager and compiled)")
-    p.add_argument("--compile-scope", choices=["model", "blocks"], default="model",
+    p.add_argument("--compile", nargs="?", const="yes", default=None, choices=["no", "yes", "both"],
+                   help="torch.compile the model: no, yes (bare --compile), or both (eager and compiled); "
+                        "default: the fast settings'")
+    p.add_argument("--compile-scope", choices=["model", "blocks"], default=None,
                    help="compile the whole model, or each Transformer block (regional: much faster to compile)")
-    p.add_argument("--attention", nargs="+", default=["reference"], help="attention backend name(s)")
-    p.add_argument("--checkpoint", nargs="+", default=["none"],
-                   help="activation checkpointing: 'none', 'nested', or k = checkpoint every k blocks")
-    p.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=["ours"])
+    p.add_argument("--attention", nargs="+", default=None, help="attention backend name(s)")
+    p.add_argument("--activation-checkpointing", "--checkpoint", dest="checkpoint", nargs="+", default=["none"],
+                   help="activation checkpointing: 'none', 'selective' (save matmul outputs, recompute the rest), "
+                        "'nested', or k = checkpoint every k blocks")
+    p.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=None)
+    p.add_argument("--loss", nargs="+", choices=LOSSES, default=None,
+                   help="unfused (LM head, then cross-entropy) or fused (chunked, no logits tensor)")
+    p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
+                   help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup-study", action="store_true",
@@ -72,31 +92,94 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-save", action="store_true", help="print the table only")
 
 
-def configs_from_args(args: argparse.Namespace) -> list[BenchConfig]:
+def resolve_device(name: str | None) -> torch.device:
+    """``--device``: cuda or cpu (default cuda if available); ValueError for anything else or a missing GPU."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.split(":")[0] not in ("cuda", "cpu"):
+        raise ValueError(f"unknown --device {name!r}; choose cuda or cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but this machine has no CUDA device; use --device cpu")
+    return torch.device(name)
+
+
+def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
+    device = resolve_device(args.device)
     if args.default:
-        if torch.cuda.is_available() and args.device != "cpu":
+        if device.type == "cuda":
             grid = itertools.product(HANDOUT_PRESETS, [512], ["train-step"], PRECISIONS)
             return [BenchConfig(preset=p, context_length=c, mode=m, precision=pr, warmup=5, steps=10)
                     for p, c, m, pr in grid]
         return [BenchConfig(preset="tiny", context_length=128, mode=m, precision="fp32", warmup=2, steps=5,
                             device="cpu") for m in MODES]
-    presets = list(HANDOUT_PRESETS) if args.preset == ["all"] else args.preset
-    compiles = {"no": [False], "yes": [True], "both": [False, True]}[args.compile]
+    preset_default, context_default = CUDA_DEFAULT if device.type == "cuda" else CPU_DEFAULT
+    if args.preset is None:
+        log(f"bench: no --preset given: {preset_default} at context {args.context_length or [context_default]} "
+            f"on {device.type}")
+    presets = args.preset or [preset_default]
+    presets = list(HANDOUT_PRESETS) if presets == ["all"] else presets
+    contexts = args.context_length or [context_default]
+    fast = fast_settings(device)
+    chosen = {name: getattr(args, name, None)
+              for name in ("attention", "compile", "compile_scope", "optimizer", "loss")}
+    picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
+    vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
+    if "loss" in picked:
+        picked["loss"] = "/".join(f"{v} ({p})" for p, v in vocab_loss.items())
+    if picked and "ours" in getattr(args, "impl", ["ours"]):
+        log(f"bench: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items()))
+    attention = chosen["attention"] or [fast.attention]
+    compile_flag = chosen["compile"] or ("yes" if fast.compile else "no")
+    compiles = {"no": [False], "yes": [True], "both": [False, True]}[compile_flag]
+    compile_scope = chosen["compile_scope"] or fast.compile_scope
+    optimizers = chosen["optimizer"] or [fast.optimizer]
     warmups = list(WARMUP_STUDY) if args.warmup_study else [args.warmup]
-    grid = itertools.product(presets, args.context_length, args.mode, args.precision, compiles, args.attention,
-                             args.checkpoint, args.optimizer, warmups)
-    return [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr, compile=co,
-                        compile_scope=args.compile_scope, attention=a, checkpoint=ck, optimizer=o, warmup=w,
-                        steps=args.steps, device=args.device)
-            for p, c, m, pr, co, a, ck, o, w in grid]
+    configs = []
+    for impl in getattr(args, "impl", None) or ["ours"]:
+        if impl == "peer":  # one peer per size and precision: our settings do not apply to it
+            grid = itertools.product(presets, contexts, args.mode, args.precision, warmups)
+            configs += [BenchConfig(impl="peer", preset=p, context_length=c, batch_size=args.batch_size, mode=m,
+                                    precision=pr, compile=device.type == "cuda", attention="sdpa",
+                                    optimizer="torch-fused", warmup=w, steps=args.steps, device=args.device)
+                        for p, c, m, pr, w in grid]
+            continue
+        grid = [(p, c, m, pr, co, a, ck, o, lo, w) for p, c, m, pr, co, a, ck, o, w in itertools.product(
+            presets, contexts, args.mode, args.precision, compiles, attention, args.checkpoint, optimizers, warmups)
+            for lo in (chosen["loss"] or [vocab_loss[p]])]
+        configs += [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
+                                compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
+                                loss=lo, warmup=w, steps=args.steps, device=args.device)
+                    for p, c, m, pr, co, a, ck, o, lo, w in grid]
+    # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
+    # otherwise the sweep keeps its order
+    first_seen: dict[tuple, int] = {}
+    for i, c in enumerate(c for c in configs if c.impl == "ours"):
+        first_seen.setdefault(_peer_key(c), i)
+    return sorted(configs, key=lambda c: (first_seen.get(_peer_key(c), -1), c.impl != "peer"))
+
+
+def _peer_key(cfg: BenchConfig | dict) -> tuple:
+    get = cfg.get if isinstance(cfg, dict) else lambda k: getattr(cfg, k)
+    return (get("preset"), get("context_length"), get("mode"), get("precision"), get("warmup"))
+
+
+def add_peer_ratios(record: dict, peers: dict[tuple, dict]) -> None:
+    """Our step time and peak memory over the peer's of the same size, precision and mode (same run)."""
+    peer = peers.get(_peer_key(record))
+    if record.get("impl") == "peer" or peer is None or record.get("status") != "ok" or peer.get("status") != "ok":
+        return
+    record.update(peer_step_mean_ms=peer["step_mean_ms"], peer_peak_memory_gib=peer.get("peak_memory_gib"),
+                  step_ratio_vs_peer=record["step_mean_ms"] / peer["step_mean_ms"])
+    if record.get("peak_memory_gib") and peer.get("peak_memory_gib"):
+        record["memory_ratio_vs_peer"] = record["peak_memory_gib"] / peer["peak_memory_gib"]
 
 
 def format_table(records: list[dict]) -> str:
     df = pd.DataFrame(records)
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     # Drop columns that do not vary and carry defaults, so the table stays readable.
-    for col, default in (("checkpoint", "none"), ("optimizer", "ours"), ("compile", False)):
-        if col in df.columns and (df[col] == default).all():
+    for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope"):
+        if col in cols and df[col].nunique() <= 1:
             cols.remove(col)
     return df[cols].to_markdown(index=False, floatfmt=".3g")
 
@@ -105,10 +188,13 @@ def run(args: argparse.Namespace) -> int:
     configs = configs_from_args(args)
     isolate = args.isolate or args.warmup_study
     writer = RecordWriter(args.problem, args.results_dir, configs[0].torch_device, enabled=not args.no_save)
-    records = []
-    for cfg in tqdm(configs, desc="bench", unit="config", disable=len(configs) < 2):
+    records, peers = [], {}
+    for cfg in tqdm(configs, desc="bench", unit="config", delay=2):
         record = run_benchmark_isolated(cfg) if isolate else run_benchmark(cfg)
         record["study"] = "warmup" if args.warmup_study else "sweep"
+        if cfg.impl == "peer":
+            peers[_peer_key(record)] = record
+        add_peer_ratios(record, peers)
         records.append(record)
         writer.add(record)  # on disk as soon as measured
     print(format_table(records))

@@ -1,0 +1,76 @@
+"""The peer: what a PyTorch user gets for free, timed beside our step in the same run.
+
+A plain Llama-style LM in about 60 lines, sized like our preset (``nn.RMSNorm``, separate q/k/v/o
+projections, RoPE on q and k, ``F.scaled_dot_product_attention(is_causal=True)``, SwiGLU, untied head),
+``torch.compile`` on the whole model, ``torch.optim.AdamW(fused=True)`` on CUDA, bf16 autocast, and
+``F.cross_entropy`` on the logits. ``bench --impl ours peer`` times both with the same harness
+(forward incl. the loss, backward, optimizer; synchronised host clock and CUDA events) and writes
+the ratio into our records. It uses nothing of ours but the preset's sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]  # (B, H, T, Dh/2) each
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
+
+
+class PeerBlock(nn.Module):
+    def __init__(self, d: int, n_heads: int, d_ff: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.attn_norm, self.ffn_norm = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.w1, self.w3 = nn.Linear(d, d_ff, bias=False), nn.Linear(d, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        h = self.attn_norm(x)
+        q, k, v = (w(h).view(B, T, self.n_heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+        x = x + self.wo(a)
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class PeerLM(nn.Module):
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
+                 d_ff: int, rope_theta: float = 10000.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(PeerBlock(d_model, num_heads, d_ff) for _ in range(num_layers))
+        self.norm = nn.RMSNorm(d_model, eps=1e-5)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        dh = d_model // num_heads
+        inv_freq = rope_theta ** (-torch.arange(0, dh, 2, dtype=torch.float32) / dh)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, Dh/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.cos[:T], self.sin[:T])
+        return self.head(self.norm(x))
+
+
+def build_peer(model_kwargs: dict, device: torch.device, compile: bool = True):
+    """The peer's model (compiled as a whole), its optimizer and its loss function."""
+    kwargs = {k: v for k, v in model_kwargs.items() if k in PeerLM.__init__.__code__.co_varnames}
+    model = PeerLM(**kwargs).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    step_model = torch.compile(model) if compile else model
+
+    def loss_fn(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = step_model(tokens)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    return model, optimizer, loss_fn

@@ -1,0 +1,1 @@
+"""Fused pieces of a training step: the LM head with its loss, and the AdamW update with bf16 weight copies."""

@@ -1,0 +1,244 @@
+"""AdamW that owns fp32 master weights and writes the low-precision copy the forward computes with.
+
+``FusedAdamW(params, ..., compute_dtype=torch.bfloat16, low_precision=is_matmul_weight)`` keeps an fp32
+master of every parameter ``low_precision`` selects and turns the parameter itself into a bf16 tensor:
+the model then runs its matmuls on bf16 weights (autocast's per-step weight casts find nothing to cast)
+and its gradients arrive in bf16. Each step updates, per parameter, the master, both moments and the
+bf16 copy in one pass:
+
+* CUDA: one multi-tensor Triton launch per bucket (parameters of one dtype and step count; a table of
+  addresses picks each block's tensor) reads master, m, v (fp32) and the gradient and writes master, m, v
+  and the bf16 copy: 28 bytes per bf16 parameter, the same as an fp32 fused AdamW, while the forward's
+  cast (6 bytes) and the backward's bf16 -> fp32 gradient cast (6 bytes) disappear. The addresses of
+  masters, moments and parameters are taken once: do not reallocate parameters after construction.
+* CPU (and ``use_triton=False``): the same arithmetic with ``torch._foreach`` ops, then a copy.
+
+Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v, bias corrections,
+``p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``; the Triton kernel rounds as those ops do
+(IEEE sqrt and division). Parameters not selected (embeddings, norm gains) stay fp32 and are their own
+master. ``master_state_dict(model)`` returns the model's state with the fp32 masters in place of the bf16
+copies (what a checkpoint should store).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor, nn
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton is a dependency; CPU-only installs fall back to foreach
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _adamw_kernel(ptrs_ptr, numels_ptr, block_tensor_ptr, block_start_ptr, decay, beta1c, beta2, beta2c,
+                      sqrt_bc2, eps, step_size, GRAD_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                      HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
+        """One program updates BLOCK elements of one tensor; ``ptrs`` holds (master, m, v, grad, out) addresses
+        per tensor, so one launch covers every parameter of a bucket (multi-tensor apply)."""
+        pid = tl.program_id(0)
+        t = tl.load(block_tensor_ptr + pid).to(tl.int64)
+        offs = tl.load(block_start_ptr + pid).to(tl.int64) + tl.arange(0, BLOCK)
+        mask = offs < tl.load(numels_ptr + t)
+        master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(tl.float32))
+        m_ptr = tl.load(ptrs_ptr + 5 * t + 1).to(tl.pointer_type(tl.float32))
+        v_ptr = tl.load(ptrs_ptr + 5 * t + 2).to(tl.pointer_type(tl.float32))
+        g_ptr = tl.load(ptrs_ptr + 5 * t + 3).to(tl.pointer_type(GRAD_DTYPE))
+        p = tl.load(master_ptr + offs, mask=mask)
+        g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+        m = tl.load(m_ptr + offs, mask=mask)
+        v = tl.load(v_ptr + offs, mask=mask)
+        p = p * decay
+        m = m + beta1c * (g - m)  # torch.lerp(m, g, 1 - beta1) for weights below 0.5
+        v = v * beta2 + beta2c * (g * g)
+        denom = tl.div_rn(tl.sqrt_rn(v), sqrt_bc2) + eps
+        p = p + step_size * tl.div_rn(m, denom)
+        tl.store(master_ptr + offs, p, mask=mask)
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
+        if HAS_OUT:
+            out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
+            tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
+
+    _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+_BLOCK = 4096
+
+
+class _Launch:
+    """The fixed part of one multi-tensor launch (a bucket of parameters of one dtype and step count): per-block
+    tensor index and offset, numels, and a device table of addresses whose grad column is refreshed each step
+    (gradients are new tensors every step) through a small ring of pinned host buffers."""
+
+    def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device):
+        self.params = params
+        numels = [p.numel() for p in params]
+        blocks = [triton.cdiv(n, _BLOCK) for n in numels]
+        self.n_blocks = sum(blocks)
+        tensor_of_block = torch.repeat_interleave(torch.arange(len(params), dtype=torch.int32),
+                                                  torch.tensor(blocks))
+        first = torch.cumsum(torch.tensor([0, *blocks[:-1]]), 0)
+        start = (torch.arange(self.n_blocks) - first.repeat_interleave(torch.tensor(blocks))) * _BLOCK
+        self.block_tensor = tensor_of_block.to(device)
+        self.block_start = start.to(torch.int64).to(device)
+        self.numels = torch.tensor(numels, dtype=torch.int64, device=device)
+        self.host_rows = torch.tensor(rows, dtype=torch.int64)  # (n, 5); column 3 (grad) filled per step
+        pinned = device.type == "cuda"
+        self.ring = [torch.empty_like(self.host_rows, pin_memory=pinned) for _ in range(3)]
+        self.events = [torch.cuda.Event() if pinned else None for _ in range(3)]
+        self.table = torch.empty_like(self.host_rows, device=device)
+        self.turn = 0
+
+    def refresh_grads(self) -> Tensor:
+        slot = self.turn % len(self.ring)
+        self.turn += 1
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # the copy that last read this slot (two steps ago) is done
+        self.host_rows[:, 3] = torch.tensor([p.grad.data_ptr() for p in self.params], dtype=torch.int64)
+        self.ring[slot].copy_(self.host_rows)
+        self.table.copy_(self.ring[slot], non_blocking=True)
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        return self.table
+
+
+def is_matmul_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
+    """The default selection: weights of ``Linear`` modules (the tensors autocast would cast every step)."""
+    from cs336_basics.model import Linear
+
+    return isinstance(module, (Linear, nn.Linear)) and name == "weight"
+
+
+def low_precision_params(model: nn.Module, select: Callable = is_matmul_weight) -> set[nn.Parameter]:
+    return {p for mod in model.modules() for name, p in mod.named_parameters(recurse=False) if select(mod, name, p)}
+
+
+class FusedAdamW(torch.optim.Optimizer):
+    """See the module docstring. ``low_precision``: the parameters to hold in ``compute_dtype`` (an fp32 master
+    each); ``use_triton``: None picks Triton for CUDA tensors (or under ``TRITON_INTERPRET=1``), foreach otherwise."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 compute_dtype: torch.dtype | None = None, low_precision: Iterable[nn.Parameter] = (),
+                 use_triton: bool | None = None):
+        if lr < 0.0:
+            raise ValueError(f"invalid learning rate: {lr}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"invalid betas: {betas}")
+        if eps < 0.0:
+            raise ValueError(f"invalid eps: {eps}")
+        if weight_decay < 0.0:
+            raise ValueError(f"invalid weight_decay: {weight_decay}")
+        if compute_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"FusedAdamW: compute_dtype must be None, float32, bfloat16 or float16, "
+                             f"got {compute_dtype}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.use_triton = use_triton
+        self._launches: dict[tuple, _Launch] = {}  # multi-tensor launch tables by bucket
+        self._group_index = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
+        low = set(low_precision) if compute_dtype not in (None, torch.float32) else set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype != torch.float32:
+                    raise ValueError(f"FusedAdamW: parameters must be fp32 when handed over, got {p.dtype}")
+                state = self.state[p]
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+                if p in low:
+                    state["master"] = p.detach().clone()
+                    p.data = p.data.to(compute_dtype)
+
+    def _triton_ok(self, p: Tensor) -> bool:
+        if triton is None or not p.is_contiguous() or p.dtype not in _TL_DTYPES:
+            return False
+        if self.use_triton is not None:
+            return self.use_triton
+        return p.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._apply([p for group in self.param_groups for p in group["params"] if p.grad is not None])
+        return loss
+
+    def _apply(self, params: list[Tensor]) -> None:
+        """Update ``params`` (which have gradients): one multi-tensor launch per (group, dtype, step) bucket."""
+        buckets: dict[tuple, list[Tensor]] = {}
+        for p in params:
+            if p.grad.is_sparse:
+                raise ValueError("FusedAdamW does not support sparse gradients")
+            state = self.state[p]
+            state["step"] += 1
+            triton_ok = self._triton_ok(p) and p.grad.is_contiguous() and p.grad.dtype == p.dtype
+            buckets.setdefault((self._group_index[p], triton_ok, state["step"], p.device, p.dtype), []).append(p)
+        for (gi, triton_ok, step, _, _), ps in buckets.items():
+            group = self.param_groups[gi]
+            args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"])
+            if triton_ok:
+                self._triton_update(*args)
+            else:
+                self._foreach_update(*args)
+
+    def _triton_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
+        key = tuple(id(p) for p in params)
+        launch = self._launches.get(key)
+        if launch is None:
+            rows = []
+            for p in params:
+                st = self.state[p]
+                master = st.get("master", p)
+                rows.append([master.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(), 0,
+                             p.data_ptr()])
+            launch = self._launches[key] = _Launch(params, rows, params[0].device)
+        table = launch.refresh_grads()
+        has_out = "master" in self.state[params[0]]
+        dtype = _TL_DTYPES[params[0].dtype]
+        bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
+        _adamw_kernel[(launch.n_blocks,)](
+            table, launch.numels, launch.block_tensor, launch.block_start, 1.0 - lr * wd, 1.0 - beta1, beta2,
+            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, GRAD_DTYPE=dtype, OUT_DTYPE=dtype, HAS_OUT=has_out,
+            BLOCK=_BLOCK, num_warps=8)
+
+    def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
+        masters = [self.state[p].get("master", p) for p in params]
+        grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
+        exp_avgs = [self.state[p]["exp_avg"] for p in params]
+        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
+        if wd != 0.0:
+            torch._foreach_mul_(masters, 1.0 - lr * wd)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+        bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, math.sqrt(bc2))
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(masters, exp_avgs, denom, -lr / bc1)
+        copies = [(p, m) for p, m in zip(params, masters, strict=True) if m is not p]
+        if copies:
+            torch._foreach_copy_([p for p, _ in copies], [m for _, m in copies])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._launches.clear()  # the state tensors are new: their addresses too
+
+    def master_of(self, p: nn.Parameter) -> Tensor:
+        """The fp32 value of ``p`` (its master, or ``p`` itself where it has none)."""
+        return self.state[p].get("master", p)
+
+    def master_state_dict(self, model: nn.Module) -> dict[str, Tensor]:
+        """``model.state_dict()`` with every low-precision parameter replaced by its fp32 master."""
+        by_id = {id(p): self.master_of(p) for group in self.param_groups for p in group["params"]}
+        params = dict(model.named_parameters())
+        return {k: (by_id.get(id(params[k]), v) if k in params else v).detach()
+                for k, v in model.state_dict().items()}

@@ -1,0 +1,56 @@
+#!/bin/bash
+# Issue 19 device runs (one H100): `bash scripts/device/training_step.sh <plan>` from the repository root with
+# $OUT set; records land in $OUT/results (tar: $OUT/results.tgz), logs in $OUT/log-*.txt, $OUT/summary.txt.
+#   a: GPU tests of the fused pieces, fused-CE memory at the 8b vocabulary, small/512 settings vs the peer,
+#      the small bf16 300-step loss check
+#   b: GPU tests, small/512 with the fast settings (and torch's fused AdamW) vs the peer (bf16, batch 4, sdpa)
+#   c: xl/512 vs the peer
+#   d: xl/2048 vs the peer; selective activation checkpointing at xl/2048 (regional compilation)
+#   e: `bench` with no settings flags (small/512, fast settings) vs the peer, 50 steps
+#   f: GPU tests of the final code; xl/512 vs the peer again, 20 steps
+set -u
+source scripts/device/step.sh
+R=$OUT/results
+mkdir -p "$R"
+CLI="python3 -m cs336_systems"
+B="bench --problem training_step --results-dir $R --precision bf16 --attention sdpa --compile yes --warmup 3"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee -a "$OUT/summary.txt"
+case "${1:-}" in
+a)
+  step 150 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_bench.py
+  step 60 ce-memory python3 scripts/device/ce_memory.py "$R"
+  step 150 small-blocks $CLI $B --impl peer ours --preset small --context-length 512 --compile-scope blocks \
+    --optimizer torch-fused fused --loss unfused fused --steps 20
+  step 90 small-model $CLI $B --preset small --context-length 512 --compile-scope model --optimizer fused \
+    --loss unfused fused --steps 20
+  step 120 loss-check python3 scripts/device/step_loss_check.py --preset small --precision bf16 --steps 300 \
+    --results-dir "$R"
+  ;;
+b)
+  step 120 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_bench.py
+  step 150 small-512 $CLI $B --impl peer ours --preset small --context-length 512 --compile-scope model \
+    --optimizer fused torch-fused --loss unfused --steps 20
+  ;;
+c)  # the peer's whole-model compile of xl takes about 200 s
+  step 560 xl-512 $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope model \
+    --optimizer fused --loss unfused --steps 10
+  ;;
+d)
+  step 400 xl-2048 $CLI $B --impl peer ours --preset xl --context-length 2048 --compile-scope model \
+    --optimizer fused --loss unfused --steps 10
+  step 150 xl-2048-sac $CLI $B --preset xl --context-length 2048 --compile-scope blocks --optimizer fused \
+    --loss unfused --activation-checkpointing selective --steps 6
+  ;;
+e)  # bench's defaults on CUDA (the fast settings, printed) against the peer, 50 measured steps
+  step 300 small-default $CLI bench --problem training_step --results-dir $R --impl peer ours --precision bf16 \
+    --warmup 5 --steps 50
+  ;;
+f)  # the final code: GPU tests, and xl/512 with the fast settings vs the peer again (20 measured steps)
+  step 100 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_bench.py
+  step 450 xl-512 $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope model \
+    --optimizer fused --loss unfused --steps 20
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f"; exit 2;;
+esac
+tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
+cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -1,0 +1,208 @@
+"""Fused LM head + loss against ``F.cross_entropy`` on fp64, and the fused AdamW against
+``cs336_basics.optimizer.AdamW`` step by step (Triton kernel in the interpreter on CPU, foreach fallback)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():  # before the kernels are compiled: CPU runs them in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from cs336_basics.model import BasicsTransformerLM
+from cs336_basics.optimizer import AdamW
+from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
+from cs336_systems.fused.linear_cross_entropy import linear_cross_entropy
+
+
+@pytest.mark.parametrize("shape,vocab,chunk_rows", [((3, 37), 101, 5), ((53,), 29, 53), ((2, 5, 7), 1000, 1)])
+def test_linear_cross_entropy_matches_fp64_reference(shape, vocab, chunk_rows, seed):
+    d = 23
+    h = torch.randn(*shape, d, dtype=torch.float64, requires_grad=True)
+    w = (torch.randn(vocab, d, dtype=torch.float64) * 2).requires_grad_()
+    t = torch.randint(0, vocab, shape)
+    ref = F.cross_entropy((h @ w.T).reshape(-1, vocab), t.reshape(-1))
+    ref_dh, ref_dw = torch.autograd.grad(3.0 * ref, (h, w))
+    loss = linear_cross_entropy(h, w, t, chunk_bytes=4 * vocab * chunk_rows)
+    dh, dw = torch.autograd.grad(3.0 * loss, (h, w))
+    # fp64 throughout: only summation order differs
+    torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dh, ref_dh, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw, ref_dw, rtol=1e-10, atol=1e-12)
+
+
+def test_linear_cross_entropy_low_precision_tracks_fp64(seed):
+    # bf16 operands: errors of a few bf16 ulps (2^-8 relative), like the unfused bf16 path.
+    n, d, vocab = 67, 48, 301
+    h64, w64 = torch.randn(n, d, dtype=torch.float64), torch.randn(vocab, d, dtype=torch.float64) / 4
+    t = torch.randint(0, vocab, (n,))
+    h, w = h64.bfloat16().requires_grad_(), w64.bfloat16().requires_grad_()
+    loss = linear_cross_entropy(h, w, t, chunk_bytes=4 * vocab * 16)
+    loss.backward()
+    h_ref, w_ref = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.cross_entropy(h_ref @ w_ref.T, t)
+    ref.backward()
+    assert loss.dtype == torch.float32 and h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    # the loss moves by at most the largest logit error: bf16 rounding of a logit (CPU) is 2^-9 relative
+    assert abs(loss.item() - ref.item()) < 2**-8 * (h_ref @ w_ref.T).abs().max().item()
+    for got, want in ((h.grad, h_ref.grad), (w.grad, w_ref.grad)):
+        assert (got.double() - want).norm() / want.norm() < 1e-2
+
+
+def test_linear_cross_entropy_bad_input():
+    h, w = torch.randn(4, 8), torch.randn(10, 8)
+    with pytest.raises(ValueError, match="targets"):
+        linear_cross_entropy(h, w, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="weight"):
+        linear_cross_entropy(h, torch.randn(10, 7), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer"):
+        linear_cross_entropy(h, w, torch.zeros(4))
+
+
+def _pair(seed_params: int = 0):
+    torch.manual_seed(seed_params)
+    ref = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s)) for s in ((37, 13), (101,), (5, 7, 3), (4099,))])
+    fused = torch.nn.ParameterList([torch.nn.Parameter(p.detach().clone()) for p in ref])
+    return ref, fused
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_fused_adamw_matches_ours_step_by_step(use_triton, seed):
+    ref, fused = _pair()
+    kw = dict(lr=3e-2, betas=(0.85, 0.97), eps=1e-6, weight_decay=0.1)
+    opt_ref, opt = AdamW(ref.parameters(), **kw), FusedAdamW(fused.parameters(), **kw, use_triton=use_triton)
+    for _ in range(5):
+        for a, b in zip(ref, fused, strict=True):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        opt_ref.step()
+        opt.step()
+        for a, b in zip(ref, fused, strict=True):  # fp32, the same ops in the same order: within an ulp or two
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(opt.state[b]["exp_avg_sq"], opt_ref.state[a]["exp_avg_sq"], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, seed):
+    ref, fused = _pair()
+    low = {fused[0], fused[2]}
+    opt_ref = AdamW(ref.parameters(), lr=1e-2)
+    opt = FusedAdamW(fused.parameters(), lr=1e-2, compute_dtype=torch.bfloat16, low_precision=low,
+                     use_triton=use_triton)
+    assert fused[0].dtype == torch.bfloat16 and fused[1].dtype == torch.float32
+    for _ in range(4):
+        for a, b in zip(ref, fused, strict=True):
+            a.grad = torch.randn_like(a).bfloat16().float()  # the gradient a bf16 weight would receive
+            b.grad = a.grad.to(b.dtype)
+        opt_ref.step()
+        opt.step()
+        for a, b in zip(ref, fused, strict=True):
+            master = opt.master_of(b)
+            assert master.dtype == torch.float32
+            torch.testing.assert_close(master, a, rtol=1e-6, atol=1e-7)
+            if use_triton and not b.is_cuda:  # the interpreter truncates fp32 -> bf16; compiled Triton rounds
+                torch.testing.assert_close(b.float(), master, rtol=2**-7, atol=0)
+            else:  # the copy is the rounded master, written in the same pass
+                assert torch.equal(b, master.to(b.dtype))
+    assert all(v.dtype == torch.float32 for v in opt.master_state_dict(fused).values())
+
+
+def test_fused_adamw_bad_input():
+    with pytest.raises(ValueError, match="compute_dtype"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3))], compute_dtype=torch.int8)
+    with pytest.raises(ValueError, match="fp32"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3).bfloat16())])
+
+
+def test_low_precision_params_are_the_linear_weights():
+    model = BasicsTransformerLM(vocab_size=11, context_length=8, d_model=8, num_layers=2, num_heads=2, d_ff=12)
+    low = low_precision_params(model)
+    assert len(low) == 2 * 7 + 1  # q, k, v, out, w1, w2, w3 per block, and the LM head
+    assert model.token_embeddings.weight not in low and model.lm_head.weight in low
+
+
+def _train_losses(fused: bool, steps: int, device: str = "cpu", precision: str = "fp32") -> list[float]:
+    """Tiny-preset training: unfused (LM head + cross_entropy, cs336 AdamW) or fused (linear_cross_entropy,
+    FusedAdamW; bf16 weight copies under bf16)."""
+    import contextlib
+
+    from cs336_basics.nn_utils import cross_entropy
+    from cs336_systems.configs import get_preset
+    from cs336_systems.fused.linear_cross_entropy import defer_lm_head
+
+    torch.manual_seed(0)
+    cfg = get_preset("tiny")
+    model = BasicsTransformerLM(**cfg.model_kwargs(), device=device)
+    bf16 = precision == "bf16"
+    if fused:
+        defer_lm_head(model)
+        opt = FusedAdamW(model.parameters(), lr=1e-3, weight_decay=0.1, use_triton=device == "cuda",
+                         compute_dtype=torch.bfloat16 if bf16 else None,
+                         low_precision=low_precision_params(model) if bf16 else ())
+    else:
+        opt = AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 64, (4096,), generator=gen) % cfg.vocab_size  # a small vocabulary: learnable
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - 17, (2,), generator=gen)
+        batch = torch.stack([data[s:s + 17] for s in starts]).to(device)
+        x, y = batch[:, :-1], batch[:, 1:]
+        with torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            out = model(x)
+            loss = linear_cross_entropy(out, model.lm_head.weight, y) if fused else cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_tiny_fp32_200_steps_fused_loss_and_optimizer_track_the_unfused_path():
+    ref, fused = _train_losses(False, 200), _train_losses(True, 200)
+    assert ref[-1] < ref[0] - 0.5  # it learns something, so the comparison is not between two constants
+    # fp32: only summation order differs (chunked logsumexp, GEMM splits); 200 steps keep it under 1e-5
+    assert max(abs(a - b) for a, b in zip(ref, fused, strict=True)) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_fused_adamw_kernel_matches_foreach_exactly(seed):
+    ps = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in ((1001, 37), (4097,))]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    a = FusedAdamW(ps, lr=1e-2, compute_dtype=torch.bfloat16, low_precision=ps, use_triton=True)
+    b = FusedAdamW(qs, lr=1e-2, compute_dtype=torch.bfloat16, low_precision=qs, use_triton=False)
+    for _ in range(3):
+        for p, q in zip(ps, qs, strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        a.step()
+        b.step()
+    for p, q in zip(ps, qs, strict=True):
+        torch.testing.assert_close(a.master_of(p), b.master_of(q), rtol=1e-6, atol=1e-7)
+        assert torch.equal(p, a.master_of(p).bfloat16())
+
+
+@pytest.mark.gpu
+def test_gpu_linear_cross_entropy_bf16_against_fp64(seed):
+    n, d, vocab = 1000, 256, 50_257
+    h = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(vocab, d, device="cuda") / 16).bfloat16().requires_grad_()
+    t = torch.randint(0, vocab, (n,), device="cuda")
+    loss = linear_cross_entropy(h, w, t, chunk_bytes=4 * vocab * 300)
+    loss.backward()
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.cross_entropy(h64 @ w64.T, t)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) < 1e-4 * ref.item()  # fp32 logits from bf16 operands
+    for got, want in ((h.grad, h64.grad), (w.grad, w64.grad)):
+        assert (got.double() - want).norm() / want.norm() < 1e-2  # bf16 gradients: a few ulps
+
+
+@pytest.mark.gpu
+def test_gpu_tiny_bf16_fused_tracks_unfused():
+    ref, fused = _train_losses(False, 100, "cuda", "bf16"), _train_losses(True, 100, "cuda", "bf16")
+    assert abs(ref[-1] - fused[-1]) < 0.01 * ref[-1]
+
