@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
+from cs336_systems.records.schema import LEADERBOARD_2026, LEADERBOARD_2026_QUALITY
 
-PROBLEM = "leaderboard_2026"
-QUALITY_PROBLEM = "leaderboard_2026_quality"
+PROBLEM, QUALITY_PROBLEM = LEADERBOARD_2026, LEADERBOARD_2026_QUALITY
 IMPLS = ("ours", "naive")
 HANDOUT_WARMUP_MS, HANDOUT_REP_MS = 10_000.0, 30_000.0  # the handout's do_bench arguments
 GIB = 2**30

@@ -113,8 +113,11 @@ def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, seed):
 def test_fused_adamw_bad_input():
     with pytest.raises(ValueError, match="compute_dtype"):
         FusedAdamW([torch.nn.Parameter(torch.randn(3))], compute_dtype=torch.int8)
-    with pytest.raises(ValueError, match="fp32"):
-        FusedAdamW([torch.nn.Parameter(torch.randn(3).bfloat16())])
+    bf16 = torch.nn.Parameter(torch.randn(3).bfloat16())
+    with pytest.raises(ValueError, match="must be fp32"):  # a low-precision copy needs an fp32 master to start from
+        FusedAdamW([bf16], compute_dtype=torch.bfloat16, low_precision=[bf16])
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3).double())])
 
 
 def test_low_precision_params_are_the_linear_weights():
@@ -206,3 +209,22 @@ def test_gpu_tiny_bf16_fused_tracks_unfused():
     ref, fused = _train_losses(False, 100, "cuda", "bf16"), _train_losses(True, 100, "cuda", "bf16")
     assert abs(ref[-1] - fused[-1]) < 0.01 * ref[-1]
 
+
+
+def test_fused_adamw_keeps_bf16_state_for_bf16_params(seed):
+    # The leaderboard's configuration: bf16 parameters and moments, no masters. Against our AdamW on fp32 copies
+    # of the same values, each step adds at most the bf16 rounding of the stored results (eps = 2^-7 relative).
+    params = [torch.randn(37, 5), torch.randn(301)]
+    grads = [torch.randn_like(p) for p in params]
+    ours = [p.bfloat16().requires_grad_() for p in params]
+    ref = [p.bfloat16().float().requires_grad_() for p in params]
+    opt, ref_opt = FusedAdamW(ours, lr=1e-2, weight_decay=0.1), AdamW(ref, lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        for p, r, g in zip(ours, ref, grads):
+            p.grad, r.grad = g.bfloat16(), g.bfloat16().float()
+        opt.step()
+        ref_opt.step()
+    for p, r in zip(ours, ref):
+        assert p.dtype == torch.bfloat16 and opt.state[p]["exp_avg"].dtype == torch.bfloat16
+        assert "master" not in opt.state[p]
+        assert ((p.float() - r).norm() / r.norm()).item() < 3 * 2**-7

@@ -17,7 +17,9 @@ Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v
 ``p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``; the Triton kernel rounds as those ops do
 (IEEE sqrt and division). Parameters not selected (embeddings, norm gains) stay fp32 and are their own
 master. ``master_state_dict(model)`` returns the model's state with the fp32 masters in place of the bf16
-copies (what a checkpoint should store).
+copies (what a checkpoint should store). Parameters handed over in bf16 or fp16 (and not selected) keep
+their moments in that dtype, as ``cs336_basics.optimizer.AdamW`` does: the 2026 leaderboard's all-bf16
+configuration, with the arithmetic in fp32 and one rounding per stored value.
 """
 
 from __future__ import annotations
@@ -38,30 +40,30 @@ except ImportError:  # pragma: no cover - triton is a dependency; CPU-only insta
 if triton is not None:
     @triton.jit
     def _adamw_kernel(ptrs_ptr, numels_ptr, block_tensor_ptr, block_start_ptr, decay, beta1c, beta2, beta2c,
-                      sqrt_bc2, eps, step_size, GRAD_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                      HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
+                      sqrt_bc2, eps, step_size, STATE_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
         """One program updates BLOCK elements of one tensor; ``ptrs`` holds (master, m, v, grad, out) addresses
         per tensor, so one launch covers every parameter of a bucket (multi-tensor apply)."""
         pid = tl.program_id(0)
         t = tl.load(block_tensor_ptr + pid).to(tl.int64)
         offs = tl.load(block_start_ptr + pid).to(tl.int64) + tl.arange(0, BLOCK)
         mask = offs < tl.load(numels_ptr + t)
-        master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(tl.float32))
-        m_ptr = tl.load(ptrs_ptr + 5 * t + 1).to(tl.pointer_type(tl.float32))
-        v_ptr = tl.load(ptrs_ptr + 5 * t + 2).to(tl.pointer_type(tl.float32))
+        master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(STATE_DTYPE))
+        m_ptr = tl.load(ptrs_ptr + 5 * t + 1).to(tl.pointer_type(STATE_DTYPE))
+        v_ptr = tl.load(ptrs_ptr + 5 * t + 2).to(tl.pointer_type(STATE_DTYPE))
         g_ptr = tl.load(ptrs_ptr + 5 * t + 3).to(tl.pointer_type(GRAD_DTYPE))
-        p = tl.load(master_ptr + offs, mask=mask)
+        p = tl.load(master_ptr + offs, mask=mask).to(tl.float32)  # the arithmetic is fp32 for any state dtype
         g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
-        m = tl.load(m_ptr + offs, mask=mask)
-        v = tl.load(v_ptr + offs, mask=mask)
+        m = tl.load(m_ptr + offs, mask=mask).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=mask).to(tl.float32)
         p = p * decay
         m = m + beta1c * (g - m)  # torch.lerp(m, g, 1 - beta1) for weights below 0.5
         v = v * beta2 + beta2c * (g * g)
         denom = tl.div_rn(tl.sqrt_rn(v), sqrt_bc2) + eps
         p = p + step_size * tl.div_rn(m, denom)
-        tl.store(master_ptr + offs, p, mask=mask)
-        tl.store(m_ptr + offs, m, mask=mask)
-        tl.store(v_ptr + offs, v, mask=mask)
+        tl.store(master_ptr + offs, p.to(STATE_DTYPE), mask=mask)
+        tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
+        tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
         if HAS_OUT:
             out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
             tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
@@ -145,8 +147,11 @@ class FusedAdamW(torch.optim.Optimizer):
         low = set(low_precision) if compute_dtype not in (None, torch.float32) else set()
         for group in self.param_groups:
             for p in group["params"]:
-                if p.dtype != torch.float32:
-                    raise ValueError(f"FusedAdamW: parameters must be fp32 when handed over, got {p.dtype}")
+                if p in low and p.dtype != torch.float32:
+                    raise ValueError(f"FusedAdamW: parameters given a {compute_dtype} copy must be fp32 when "
+                                     f"handed over, got {p.dtype}")
+                if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                    raise ValueError(f"FusedAdamW: parameters must be float32, bfloat16 or float16, got {p.dtype}")
                 state = self.state[p]
                 state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p)
@@ -180,8 +185,9 @@ class FusedAdamW(torch.optim.Optimizer):
             state = self.state[p]
             state["step"] += 1
             triton_ok = self._triton_ok(p) and p.grad.is_contiguous() and p.grad.dtype == p.dtype
-            buckets.setdefault((self._group_index[p], triton_ok, state["step"], p.device, p.dtype), []).append(p)
-        for (gi, triton_ok, step, _, _), ps in buckets.items():
+            key = (self._group_index[p], triton_ok, state["step"], p.device, p.dtype, "master" in state)
+            buckets.setdefault(key, []).append(p)
+        for (gi, triton_ok, step, *_), ps in buckets.items():
             group = self.param_groups[gi]
             args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"])
             if triton_ok:
@@ -203,15 +209,17 @@ class FusedAdamW(torch.optim.Optimizer):
         table = launch.refresh_grads()
         has_out = "master" in self.state[params[0]]
         dtype = _TL_DTYPES[params[0].dtype]
+        state_dtype = _TL_DTYPES[self.state[params[0]]["exp_avg"].dtype]
         bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
         _adamw_kernel[(launch.n_blocks,)](
             table, launch.numels, launch.block_tensor, launch.block_start, 1.0 - lr * wd, 1.0 - beta1, beta2,
-            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, GRAD_DTYPE=dtype, OUT_DTYPE=dtype, HAS_OUT=has_out,
+            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, STATE_DTYPE=state_dtype, GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
+            HAS_OUT=has_out,
             BLOCK=_BLOCK, num_warps=8)
 
     def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
         masters = [self.state[p].get("master", p) for p in params]
-        grads = [p.grad if p.grad.dtype == torch.float32 else p.grad.float() for p in params]
+        grads = [p.grad.to(self.state[p]["exp_avg"].dtype) for p in params]  # fp32, or a bf16 / fp16 state's dtype
         exp_avgs = [self.state[p]["exp_avg"] for p in params]
         exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
         if wd != 0.0:
