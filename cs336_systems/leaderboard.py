@@ -315,7 +315,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     try:
         step = build_step(cfg, plan)
         step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
-        phases = phase_breakdown(step, device)
+        phases = phase_breakdown(step, device, repeats=1 if step_ms > 5000 else 3)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()):
             raise
