@@ -103,6 +103,8 @@ class MemoryPlan:
     workspace: int  # library workspaces, the RoPE tables, the batch, allocator slack
     uncheckpointed_blocks: int
     device_bytes: int | None  # None: no limit known (CPU)
+    block_saved: int = 0  # what one block saves for backward
+    block_saved_measured: bool = False  # measured on the device (measure_block_saved_bytes), not estimated
 
     @property
     def total(self) -> int:
@@ -111,47 +113,60 @@ class MemoryPlan:
 
     def rows(self) -> list[tuple[str, float]]:
         return [(f.name.replace("_", " "), getattr(self, f.name) / GIB) for f in dataclasses.fields(self)
-                if f.name not in ("uncheckpointed_blocks", "device_bytes")] + [("total", self.total / GIB)]
+                if f.name in _PLAN_TERMS] + [("total", self.total / GIB)]
 
     def describe(self) -> str:
         lines = ["memory plan (GiB):"] + [f"  {name:<26} {gib:9.2f}" for name, gib in self.rows()]
         if self.device_bytes is not None:
             lines.append(f"  {'device memory':<26} {self.device_bytes / GIB:9.2f}  "
                          f"({self.total / self.device_bytes:.0%} planned)")
-        lines.append(f"  blocks without checkpointing: {self.uncheckpointed_blocks}")
+        lines.append(f"  one block saves {self.block_saved / GIB:.2f} GiB for backward "
+                     f"({'measured' if self.block_saved_measured else 'estimated'}); blocks without "
+                     f"checkpointing: {self.uncheckpointed_blocks}")
         return "\n".join(lines)
 
     def as_record(self) -> dict:
         return {**{f"plan_{name.replace(' ', '_')}_gib": gib for name, gib in self.rows()},
-                "plan_uncheckpointed_blocks": self.uncheckpointed_blocks}
+                "plan_uncheckpointed_blocks": self.uncheckpointed_blocks,
+                "plan_block_saved_gib": self.block_saved / GIB, "plan_block_saved_measured": self.block_saved_measured}
 
 
-def block_saved_elements_per_token(cfg: ModelConfig) -> int:
-    """Elements one block saves for backward per token with a flash-style attention kernel: the two norm
-    outputs, q, k, v before and after RoPE, the attention output, the output projection's input, and
-    SwiGLU's four d_ff-wide tensors (W1 x, W3 x, SiLU(W1 x), their product); the logsumexp is per head."""
+_PLAN_TERMS = ("parameters", "gradients", "optimizer_state", "checkpointed_activations", "full_activations",
+               "layer_recompute_peak", "loss_chunks", "workspace")
+
+
+def block_saved_bytes_per_token(cfg: ModelConfig) -> int:
+    """Bytes one bf16 block saves for backward per token with a flash-style attention kernel (an estimate; the
+    run measures it): in bf16 the two norm outputs, q, k, v before and after RoPE, the attention output and the
+    output projection's input, SwiGLU's four d_ff-wide tensors; in fp32 the norms' upcast inputs and RoPE's
+    upcast q and k halves; the logsumexp per head."""
     d, f = cfg.d_model, cfg.d_ff
-    return 2 * d + 6 * d + 2 * d + 4 * f + cfg.num_heads
+    return 2 * (2 * d + 6 * d + 2 * d + 4 * f) + 4 * (2 * d + 2 * d + cfg.num_heads)
 
 
 def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | None = None,
-                margin: float = 0.10, loss_chunk_bytes: int = 2**30) -> MemoryPlan:
+                margin: float = 0.10, loss_chunk_bytes: int = 2**30,
+                block_saved_bytes: int | None = None) -> MemoryPlan:
     """The memory plan of one step of ``cfg`` (bf16 everything; see the module docstring).
 
     ``ours`` checkpoints every block but the last ``k``, with ``k`` as large as ``device_bytes`` allows
     after ``margin``; ``naive`` saves every block's activations and the full logits (fp32 log-softmax too).
+    ``block_saved_bytes``: one block's saved activations as measured (:func:`measure_block_saved_bytes`);
+    ``None`` estimates them (:func:`block_saved_bytes_per_token`).
     """
     n_params = count_parameters(cfg)
     el = 2  # bf16
     tokens = cfg.batch_size * cfg.context_length
-    per_block_saved = block_saved_elements_per_token(cfg) * tokens * el
+    measured = block_saved_bytes is not None
+    per_block_saved = block_saved_bytes if measured else block_saved_bytes_per_token(cfg) * tokens
     residual = tokens * cfg.d_model * el
     # The backward of one block holds its saved tensors, their gradients (about as large) and the
     # residual-stream gradient; the attention kernel's fp32 dQ accumulator is 2x a bf16 q.
     recompute_peak = 2 * per_block_saved + 2 * residual + tokens * cfg.d_model * 4
     workspace = 2 * GIB if device_bytes is not None else 0
     common = dict(parameters=n_params * el, gradients=n_params * el, optimizer_state=2 * n_params * el,
-                  workspace=workspace, device_bytes=device_bytes)
+                  workspace=workspace, device_bytes=device_bytes, block_saved=per_block_saved,
+                  block_saved_measured=measured)
     if impl == "naive":
         logits = tokens * cfg.vocab_size * (el + 4 + 4)  # bf16 logits, fp32 upcast and log-softmax
         scores = cfg.batch_size * cfg.num_heads * cfg.context_length**2 * (el + 4)  # reference attention
@@ -170,6 +185,26 @@ def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | Non
     return MemoryPlan(checkpointed_activations=(cfg.num_layers - k) * residual, full_activations=k * per_block_saved,
                       layer_recompute_peak=recompute_peak, loss_chunks=loss,
                       uncheckpointed_blocks=k, **common)
+
+
+def measure_block_saved_bytes(cfg: ModelConfig, device: torch.device, attention: str) -> int:
+    """Bytes one Transformer block of ``cfg`` saves for backward, measured: one block at the real shape runs a
+    forward under ``saved_tensors_hooks`` (its parameters left out). Costs one block's forward and memory."""
+    import cs336_systems.attention  # noqa: F401  (registers our kernels' backend names)
+    from cs336_basics.model import RotaryEmbedding, TransformerBlock
+    from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
+
+    rope = RotaryEmbedding(cfg.context_length, cfg.head_dim, cfg.rope_theta, device=device)
+    block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, rope, attention, device=device,
+                             dtype=torch.bfloat16)
+    x = torch.randn(cfg.batch_size, cfg.context_length, cfg.d_model, device=device, dtype=torch.bfloat16,
+                    requires_grad=True)
+    positions = torch.arange(cfg.context_length, device=device)
+    saved = saved_tensor_bytes(block, x, positions, exclude=list(block.parameters()))
+    del block, x, rope
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return saved
 
 
 def check_fits(plan: MemoryPlan, margin: float) -> None:
@@ -307,7 +342,13 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
               "attention": cfg.attention or ("reference" if cfg.impl == "naive" else "flash_triton"),
               "warmup_ms": cfg.warmup_ms, "rep_ms": cfg.rep_ms, **plan.as_record()}
     if cfg.impl == "ours":
+        check_fits(plan, cfg.memory_margin)  # on the estimate: refuse before allocating anything
+        saved = measure_block_saved_bytes(model_cfg, device, record["attention"])
+        plan = plan_memory(model_cfg, device_bytes=plan.device_bytes, margin=cfg.memory_margin,
+                           block_saved_bytes=saved)
+        log("with one block's saved activations measured:\n" + plan.describe())
         check_fits(plan, cfg.memory_margin)
+        record.update(plan.as_record())
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -428,5 +469,6 @@ def quality_guard(device: torch.device | str, *, preset: str = "small", steps: i
         log(f"quality guard: {name}: loss {losses[0]:.3f} -> {final[name]:.3f} after {steps} steps")
         del model, optimizer
     return {"preset": preset, "steps": steps, "context_length": context_length, "batch_size": batch_size, "lr": lr,
+            "seed": seed,
             "final_loss_bf16": final["bf16"], "final_loss_fp32_master": final["fp32_master"],
             "relative_difference": final["bf16"] / final["fp32_master"] - 1.0}

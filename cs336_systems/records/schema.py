@@ -221,10 +221,10 @@ _kind(LEADERBOARD_2026, "cs336-systems leaderboard: one 8B training step (ours o
             "logits_rel_error loss_ours loss_reference", NUM),
        **_f("plan_parameters_gib plan_gradients_gib plan_optimizer_state_gib plan_checkpointed_activations_gib "
             "plan_full_activations_gib plan_layer_recompute_peak_gib plan_loss_chunks_gib plan_workspace_gib "
-            "plan_total_gib", NUM)})
+            "plan_total_gib plan_block_saved_gib", NUM), "plan_block_saved_measured": BOOL})
 _kind(LEADERBOARD_2026_QUALITY, "cs336-systems leaderboard --quality-check: bf16 everything vs fp32 masters",
       {**_f("preset", STR), **_f("steps context_length batch_size", INT)},
-      _f("lr final_loss_bf16 final_loss_fp32_master relative_difference", NUM))
+      {"seed": INT, **_f("lr final_loss_bf16 final_loss_fp32_master relative_difference", NUM)})
 _kind(MIXED_PRECISION_ACCUMULATION, "cs336-systems precision: one accumulation loop",
       _f("kind loop accumulator summand", STR), _f("abs_error exact result summand_as_stored", NUM))
 _kind(NSYS_PROFILE, "cs336-systems profile: kernel table of one configuration",
