@@ -215,7 +215,7 @@ def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "--device", "cuda", "--no-save"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "no CUDA device" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and "no CUDA GPU" in err and "Traceback" not in err
     assert main(["bench", "--device", "tpu", "--no-save"]) == 2
 
 

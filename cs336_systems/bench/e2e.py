@@ -26,6 +26,7 @@ from cs336_basics.optimizer import AdamW
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
+from cs336_systems.devices import resolve_device
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
 Mode = Literal["forward", "forward-backward", "train-step"]
@@ -76,15 +77,7 @@ class BenchConfig:
         if self.impl not in IMPLS:
             raise ValueError(f"benchmarking_script: unknown impl {self.impl!r}; choose from {', '.join(IMPLS)}")
         if self.device is not None:
-            try:
-                dev = torch.device(self.device)
-            except RuntimeError:
-                dev = None
-            if dev is None or dev.type not in ("cpu", "cuda"):
-                raise ValueError(f"benchmarking_script: unknown device {self.device!r}; choose cuda or cpu")
-            if dev.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError("benchmarking_script: --device cuda, but this machine has no CUDA device; "
-                                 "use --device cpu")
+            resolve_device(self.device, "benchmarking_script: --device")
         if self.warmup < 0 or self.steps < 1:
             raise ValueError(f"benchmarking_script: need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
         if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):

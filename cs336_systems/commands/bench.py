@@ -25,7 +25,6 @@ import argparse
 import itertools
 
 import pandas as pd
-import torch
 from tqdm import tqdm
 
 import cs336_systems.attention
@@ -42,6 +41,7 @@ from cs336_systems.bench.e2e import (
 )
 from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS, get_preset
+from cs336_systems.devices import resolve_device
 from cs336_systems.fast import fast_settings
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
@@ -90,17 +90,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the handout problem these records answer (their folder under results/)")
     p.add_argument("--results-dir", default="results", help="where records are written")
     p.add_argument("--no-save", action="store_true", help="print the table only")
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """``--device``: cuda or cpu (default cuda if available); ValueError for anything else or a missing GPU."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.split(":")[0] not in ("cuda", "cpu"):
-        raise ValueError(f"unknown --device {name!r}; choose cuda or cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but this machine has no CUDA device; use --device cpu")
-    return torch.device(name)
 
 
 def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
