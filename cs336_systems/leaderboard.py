@@ -37,7 +37,7 @@ GIB = 2**30
 
 # The CPU miniature: the 8b preset's proportions (d_ff / d_model = 2.6875, head dim = d_model / 32 * 4)
 # at widths the Triton interpreter runs in seconds.
-MINIATURE = dict(vocab_size=1000, context_length=64, d_model=64, d_ff=172, num_layers=3, num_heads=4, batch_size=2)
+MINIATURE = dict(vocab_size=1000, context_length=32, d_model=64, d_ff=172, num_layers=3, num_heads=4, batch_size=2)
 
 
 @dataclass(kw_only=True)
@@ -356,7 +356,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     try:
         step = build_step(cfg, plan)
         step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
-        phases = phase_breakdown(step, device, repeats=1 if step_ms > 5000 else 3)
+        phases = phase_breakdown(step, device, repeats=1 if step_ms > 5000 or device.type == "cpu" else 3)
     except (torch.OutOfMemoryError, RuntimeError) as err:
         if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()):
             raise
