@@ -8,6 +8,18 @@ from collections import defaultdict
 import torch
 
 
+def check_adamw_hyperparameters(lr: float, betas, eps: float, weight_decay: float) -> None:
+    """``ValueError`` naming the first AdamW hyperparameter out of range (NaN included)."""
+    if not (math.isfinite(lr) and lr >= 0.0):
+        raise ValueError(f"invalid learning rate: {lr} (must be finite and >= 0)")
+    if not all(0.0 <= b < 1.0 for b in betas) or len(betas) != 2:
+        raise ValueError(f"invalid betas: {betas} (two values in [0, 1))")
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise ValueError(f"invalid eps: {eps} (must be finite and >= 0)")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0.0):
+        raise ValueError(f"invalid weight_decay: {weight_decay} (must be finite and >= 0)")
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW of Loshchilov & Hutter (2019), the same update as ``torch.optim.AdamW``:
 
@@ -20,14 +32,7 @@ class AdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
-        if lr < 0.0:
-            raise ValueError(f"invalid learning rate: {lr}")
-        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"invalid betas: {betas}")
-        if eps < 0.0:
-            raise ValueError(f"invalid eps: {eps}")
-        if weight_decay < 0.0:
-            raise ValueError(f"invalid weight_decay: {weight_decay}")
+        check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()

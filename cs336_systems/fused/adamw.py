@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
+from cs336_basics.optimizer import check_adamw_hyperparameters
+
 try:
     import triton
     import triton.language as tl
@@ -129,14 +131,7 @@ class FusedAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  compute_dtype: torch.dtype | None = None, low_precision: Iterable[nn.Parameter] = (),
                  use_triton: bool | None = None):
-        if lr < 0.0:
-            raise ValueError(f"invalid learning rate: {lr}")
-        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"invalid betas: {betas}")
-        if eps < 0.0:
-            raise ValueError(f"invalid eps: {eps}")
-        if weight_decay < 0.0:
-            raise ValueError(f"invalid weight_decay: {weight_decay}")
+        check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         if compute_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"FusedAdamW: compute_dtype must be None, float32, bfloat16 or float16, "
                              f"got {compute_dtype}")
