@@ -236,11 +236,11 @@ def profile_comm(step_fn: Callable[[], Any], device: torch.device, *, cpu_activi
     return out
 
 
-def markdown_table(rows: list[dict], columns: list[str]) -> str:
+def markdown_table(rows: list[dict], columns: list[str], floatfmt: str = ".4g") -> str:
     """The ``columns`` of ``rows`` (those present) as a markdown table; a value that was not measured (None,
     or missing from a row) shows as n/a, never as 0 or nan."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
     df = df[[c for c in columns if c in df.columns]]
-    return df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval="n/a")
+    return df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=floatfmt, missingval="n/a")

@@ -39,6 +39,7 @@ from cs336_systems.bench.e2e import (
     run_benchmark,
     run_benchmark_isolated,
 )
+from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS, get_preset
 from cs336_systems.devices import resolve_device
@@ -170,7 +171,7 @@ def format_table(records: list[dict]) -> str:
     for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope"):
         if col in cols and df[col].nunique() <= 1:
             cols.remove(col)
-    return df[cols].to_markdown(index=False, floatfmt=".3g")
+    return markdown_table(records, cols, ".3g")
 
 
 def run(args: argparse.Namespace) -> int:

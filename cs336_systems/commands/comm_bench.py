@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 
-import pandas as pd
 import torch
 from tqdm import tqdm
 
 from cs336_systems.bench.comm import DEFAULT_SIZES_MB, PROBLEM, CommBenchConfig, run_comm_bench
+from cs336_systems.bench.harness import markdown_table
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
 
@@ -58,8 +58,7 @@ def configs_from_args(args: argparse.Namespace) -> list[CommBenchConfig]:
 
 
 def format_table(records: list[dict]) -> str:
-    df = pd.DataFrame(records)
-    return df[[c for c in TABLE_COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".4g")
+    return markdown_table(records, TABLE_COLUMNS)
 
 
 def run(args: argparse.Namespace) -> int:

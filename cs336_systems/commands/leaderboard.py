@@ -46,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
         # The CPU miniature runs the same Triton kernels through the interpreter; it must be chosen
         # before any kernel module is imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    import pandas as pd
-
+    from cs336_systems.bench.harness import markdown_table
     from cs336_systems.leaderboard import LeaderboardConfig, compare_logits, quality_guard, run_leaderboard
     from cs336_systems.records import write_records
 
@@ -71,10 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"logits: relative error {check['logits_rel_error']:.2e} against the handout model "
               f"(loss {check['loss_ours']:.4f} vs {check['loss_reference']:.4f})")
     rows = [{**run_leaderboard(cfg), **(check or {})} for cfg in configs]
-    table = pd.DataFrame(rows)
-    table = table[[c for c in COLUMNS if c in table.columns]]
-    print(table.astype(object).where(table.notna(), None).to_markdown(index=False, floatfmt=".4g",
-                                                                       missingval="n/a"))
+    print(markdown_table(rows, COLUMNS))
     if not args.no_save:
         print(f"records: {write_records(PROBLEM, rows, args.results_dir, device)}")
     return 0

@@ -10,6 +10,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from cs336_systems.bench.e2e import PRECISIONS
+from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.memory import MODES, MemoryConfig, run_memory_profile
 from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.devices import resolve_device
@@ -48,10 +49,7 @@ def run(args: argparse.Namespace) -> int:
     for cfg in tqdm(configs, desc="memory", unit="config"):
         records.append(run_memory_profile(cfg))
         writer.add(records[-1])
-    df = pd.DataFrame(records)
-    table = df[[c for c in COLUMNS if c in df.columns]]
-    table = table.astype(object).where(table.notna(), None)  # not measured (e.g. on a CPU): n/a, not nan
-    print(table.to_markdown(index=False, floatfmt=".3g", missingval="n/a"))
+    print(markdown_table(records, COLUMNS, ".3g"))
     for rec in records:
         if rec.get("largest_allocations"):
             print(f"\nlargest allocations, {rec['preset']} ctx {rec['context_length']} {rec['mode']} "
