@@ -4,15 +4,17 @@ A checkpoint is a directory ``DIR/step-000300`` (300 steps done) holding a DCP c
 ``*.distcp`` files) and ``train_state.json`` (step, configuration, world size: what ``--resume`` reads
 first). Everything is keyed by parameter name at full shape, whatever the strategy that wrote it:
 
-==========================  =================================================================================
-key                         value
-==========================  =================================================================================
-``model.<name>``            the weight (full shape, fp32 master where the optimizer keeps one; replicated
-                            copies written once, DCP de-duplicates them)
-``optim.<name>.exp_avg``    AdamW's moments (full shape) and ``optim.<name>.step`` (a 0-d int64 tensor)
+=====================================  ========================================================================
+key                                    value
+=====================================  ========================================================================
+``model.<name>``                       the weight (full shape; the fp32 master where the optimizer keeps one;
+                                       replicated copies written once, DCP de-duplicates them)
+``optim.<name>.exp_avg``               AdamW's moments (full shape) and ``optim.<name>.step`` (0-d int64)
 ``optim.<name>.exp_avg_sq``
-``rng.<rank>.cpu/.cuda``    each rank's torch RNG state (data batches depend on (seed, step) only)
-==========================  =================================================================================
+``optim.<name>.low_precision_copy``    ``FusedAdamW`` under bf16: the bf16 weight as its kernel rounded
+                                       it (loaded as is; without it, the master rounded by ``.to()``)
+``rng.<rank>.cpu/.cuda``               each rank's torch RNG state (data batches depend on (seed, step) only)
+=====================================  ========================================================================
 
 How each strategy maps onto that (the adapters below): replicated strategies (``none`` and the DDP variants)
 give their tensors as they are; ``zero1`` / ``torch-zero`` give the optimizer state of the parameters each rank
@@ -44,6 +46,7 @@ from torch import nn
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "train_state.json"
 ADAMW_KEYS = ("exp_avg", "exp_avg_sq")
+COPY_KEY = "low_precision_copy"  # FusedAdamW: the bf16 weight the forward uses (model.<name> holds its fp32 master)
 
 
 @contextmanager
@@ -155,6 +158,8 @@ def state_to_save(wrapped: nn.Module, optimizer: torch.optim.Optimizer, rank: in
         if not state:
             continue
         out[f"optim.{names[p]}.step"] = torch.tensor(int(state["step"]), dtype=torch.int64)
+        if "master" in state:  # the low-precision copy as the optimizer rounded it (its kernel may round unlike .to())
+            out[f"optim.{names[p]}.{COPY_KEY}"] = p.detach()
         if p not in sharded:
             out.update((f"optim.{names[p]}.{key}", state[key]) for key in ADAMW_KEYS)
     out[f"rng.{rank}.cpu"] = torch.get_rng_state()
@@ -196,7 +201,10 @@ def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
         master = local.state.get(p, {}).get("master")
         if master is not None:
             dest[f"model.{name}"] = master
-            copies.append((p, master))
+            if f"optim.{name}.{COPY_KEY}" in saved and tuple(saved[f"optim.{name}.{COPY_KEY}"].size) == tuple(p.shape):
+                dest[f"optim.{name}.{COPY_KEY}"] = p.detach()  # the copy as it was
+            else:
+                copies.append((p, master))  # written by another optimizer: round the master
     for p in sharded:
         dest[f"model.{names[p]}"] = None
     for p in _stepped_params(optimizer):

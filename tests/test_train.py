@@ -4,12 +4,15 @@ port with a timeout."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import clip_gradient, cross_entropy
+from cs336_systems import checkpoint
 from cs336_systems.cli import main
 from cs336_systems.configs import get_preset
 from cs336_systems.parallel import get_strategy
@@ -343,3 +346,23 @@ def test_explicit_flags_beat_fast_settings(monkeypatch):
     assert out["config"]["optimizer"] == "fused" and out["config"]["loss"] == "fused"
     assert any(s.startswith("train: fast settings for cpu: attention=sdpa,") for s in lines)
     assert [r["step"] for r in out["rows"]] == [0, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_fast_settings_on_cuda_train_and_resume(tmp_path):
+    """On a GPU with nothing given: sdpa, whole-model compile, the fused optimizer (bf16 copies of fp32 masters
+    under bf16) are picked and printed; a run stopped after step 2 and resumed tracks the uninterrupted one
+    (bf16, compiled kernels and atomics in backward: 1e-2 relative on the loss, not bit-exact), and its
+    checkpoint holds fp32 weights under the model's own keys."""
+    cfg = dict(SMALL, batch_size=2, grad_accum=1, steps=4, precision="bf16", device="cuda")
+    lines = []
+    full = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2), log=lines.append)
+    assert any(s.startswith("train: fast settings for cuda: attention=sdpa, compile=True") for s in lines), lines
+    assert (full["config"]["optimizer"], full["config"]["compile"]) == ("fused", True)
+    shutil.rmtree(tmp_path / "a" / "step-000004")
+    resumed = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), resume=True), log=lambda s: None)
+    assert [r["loss"] for r in resumed["rows"]] == pytest.approx([r["loss"] for r in full["rows"][2:]], rel=1e-2)
+    saved = checkpoint.read_checkpoint(tmp_path / "a" / "step-000002")
+    assert {k.removeprefix("model.") for k in saved if k.startswith("model.")} == set(full["final_state"])
+    assert all(v.dtype == torch.float32 for k, v in saved.items() if k.startswith("model."))
