@@ -513,6 +513,9 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
+        for k in ("precision", "optimizer", "loss", "activation_checkpointing"):  # checkpoints keep the same keys
+            if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
+                notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
         if saved["global_batch"] != B * cfg.grad_accum * world:
             notes.append(f"global batch {saved['global_batch']} -> {B * cfg.grad_accum * world} sequences")
 

@@ -242,9 +242,12 @@ def test_checkpoints_keep_the_model_names_under_activation_checkpointing(tmp_pat
     root = tmp_path / "fused"
     train(TrainConfig(**{**SMALL, "steps": 2}, batch_size=2, precision="bf16", optimizer="fused",
                       checkpoint_dir=str(root)), log=QUIET)
+    lines = []
     out = train(TrainConfig(**SMALL, batch_size=2, precision="bf16", optimizer="ours", activation_checkpointing="1",
-                            checkpoint_dir=str(root), resume=True), log=QUIET)
+                            checkpoint_dir=str(root), resume=True), log=lines.append)
     assert out["start_step"] == 2 and set(out["final_state"]) == set(ref["final_state"])
+    assert any("changed since" in s and "optimizer fused -> ours; activation_checkpointing none -> 1" in s
+               for s in lines), lines
 
 
 def _ac_worker(info, root: str):
