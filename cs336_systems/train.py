@@ -316,7 +316,8 @@ def _available_bytes(device: torch.device, local_world: int) -> tuple[float, str
 def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int, world: int) -> int:
     """Bytes a rank needs at least: fp32 weights, gradients and AdamW moments (sharded as the strategy shards
     them), the attention probabilities the reference backend saves for backward (B * H * T^2 per layer), a
-    little of every layer's other activations (4 * B * T * d_model) and the fp32 logits (B * T * vocab). A
+    little of every layer's other activations (4 * B * T * d_model) and the fp32 logits (B * T * vocab; none
+    with the fused loss); one layer's activations only under group activation checkpointing (k, nested). A
     lower bound: a configuration above it cannot fit; one below it may still not."""
     n = count_parameters(model_cfg)
     strategy = get_strategy(cfg.parallel)
@@ -331,7 +332,10 @@ def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int,
     if cfg.attention in (None, "reference"):
         per_layer += B * model_cfg.num_heads * T * T * elt
     logits = 0 if cfg.loss == "fused" else 4 * B * T * model_cfg.vocab_size
-    return int(state + model_cfg.num_layers * per_layer + logits)
+    # Activation checkpointing by groups (k, nested) holds one block's activations at a time at least; selective
+    # still saves every block's matmul and attention-score outputs, which the per-layer term stays below.
+    layers = 1 if cfg.activation_checkpointing not in ("none", "selective") else model_cfg.num_layers
+    return int(state + layers * per_layer + logits)
 
 
 def preflight(cfg: TrainConfig, info: DistInfo | None = None) -> None:

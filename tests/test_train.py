@@ -297,6 +297,15 @@ def test_activation_checkpointing_option_is_validated(capsys):
             TrainConfig(**{name: bad})
 
 
+def test_memory_bound_counts_what_activation_checkpointing_and_the_fused_loss_save():
+    from cs336_systems.train import memory_lower_bound
+
+    model_cfg = get_preset("small")
+    bound = lambda **kw: memory_lower_bound(TrainConfig(preset="small", **kw), model_cfg, 2048, 4, 1)
+    assert bound(activation_checkpointing="1") < bound(activation_checkpointing="selective") == bound()
+    assert bound(loss="fused") == bound() - 4 * 4 * 2048 * model_cfg.vocab_size
+
+
 def test_activation_checkpointing_changes_no_loss():
     """fp32 on CPU: recomputation repeats the same ops on the same inputs, so every policy logs the losses and
     reaches the weights of the run without it (1e-6: the ops are the same; only a changed kernel order could
