@@ -4,14 +4,17 @@ A checkpoint is a directory ``DIR/step-000300`` (300 steps done) holding a DCP c
 ``*.distcp`` files) and ``train_state.json`` (step, configuration, world size: what ``--resume`` reads
 first). Everything is keyed by parameter name at full shape, whatever the strategy that wrote it:
 
-==========================  =================================================================================
-key                         value
-==========================  =================================================================================
-``model.<name>``            the weight (full shape; replicated copies written once, DCP de-duplicates them)
-``optim.<name>.exp_avg``    AdamW's moments (full shape) and ``optim.<name>.step`` (a 0-d int64 tensor)
+=====================================  ========================================================================
+key                                    value
+=====================================  ========================================================================
+``model.<name>``                       the weight (full shape; the fp32 master where the optimizer keeps one;
+                                       replicated copies written once, DCP de-duplicates them)
+``optim.<name>.exp_avg``               AdamW's moments (full shape) and ``optim.<name>.step`` (0-d int64)
 ``optim.<name>.exp_avg_sq``
-``rng.<rank>.cpu/.cuda``    each rank's torch RNG state (data batches depend on (seed, step) only)
-==========================  =================================================================================
+``optim.<name>.low_precision_copy``    ``FusedAdamW`` under bf16: the bf16 weight as its kernel rounded
+                                       it (loaded as is; without it, the master rounded by ``.to()``)
+``rng.<rank>.cpu/.cuda``               each rank's torch RNG state (data batches depend on (seed, step) only)
+=====================================  ========================================================================
 
 How each strategy maps onto that (the adapters below): replicated strategies (``none`` and the DDP variants)
 give their tensors as they are; ``zero1`` / ``torch-zero`` give the optimizer state of the parameters each rank
@@ -43,6 +46,7 @@ from torch import nn
 STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "train_state.json"
 ADAMW_KEYS = ("exp_avg", "exp_avg_sq")
+COPY_KEY = "low_precision_copy"  # FusedAdamW: the bf16 weight the forward uses (model.<name> holds its fp32 master)
 
 
 @contextmanager
@@ -114,29 +118,48 @@ def _ensure_adamw_state(optimizer: torch.optim.Optimizer) -> None:
             local.state[p] = {"step": 0, **{k: torch.zeros_like(p) for k in ADAMW_KEYS}}
 
 
-def state_to_save(wrapped: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int
-                  ) -> dict[str, torch.Tensor]:
-    """This rank's part of the checkpoint (a collective under ``fsdp``: call it on every rank)."""
+def _renamer(names: dict[str, str] | None):
+    """Module name -> the name a checkpoint keeps (``names``: e.g. activation checkpointing's wrapped block names
+    -> the model's own; missing names are kept)."""
+    return (lambda n: n) if not names else (lambda n: names.get(n, n))
+
+
+def _model_state(module: nn.Module, local: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The module's state dict, with fp32 masters in place of low-precision copies where the optimizer keeps them
+    (``FusedAdamW.master_state_dict``)."""
+    if hasattr(local, "master_state_dict"):
+        return local.master_state_dict(module)
+    return module.state_dict()
+
+
+def state_to_save(wrapped: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int,
+                  names: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """This rank's part of the checkpoint (a collective under ``fsdp``: call it on every rank). ``names``: module
+    names -> the names to save under (default: the module's)."""
     module, fsdp = wrapped.module, _fsdp_of(wrapped)
     local = _local_optimizer(optimizer)
-    names = {p: n for n, p in module.named_parameters()}
+    own = _renamer(names)
+    names = {p: own(n) for n, p in module.named_parameters()}
     out: dict[str, torch.Tensor] = {}
     sharded = fsdp.shard_names() if fsdp is not None else {}
     keep = lambda unit_index: unit_index % world == rank  # each unit's full tensors on one rank
     if fsdp is not None:
-        out.update((f"model.{k}", v) for k, v in fsdp.gather_full({p: p.detach() for p in sharded}, keep).items())
+        out.update((f"model.{own(k)}", v)
+                   for k, v in fsdp.gather_full({p: p.detach() for p in sharded}, keep).items())
         for key in ADAMW_KEYS:
             full = fsdp.gather_full({p: local.state[p][key] for p in sharded}, keep)
-            out.update((f"optim.{k}.{key}", v) for k, v in full.items())
+            out.update((f"optim.{own(k)}.{key}", v) for k, v in full.items())
     sharded_names = set(sharded.values())
-    for name, t in module.state_dict().items():
+    for name, t in _model_state(module, local).items():
         if name not in sharded_names:
-            out[f"model.{name}"] = t  # a DTensor under torch-fsdp2: DCP saves its shards
+            out[f"model.{own(name)}"] = t  # a DTensor under torch-fsdp2: DCP saves its shards
     for p in _stepped_params(optimizer):
         state = local.state.get(p)
         if not state:
             continue
         out[f"optim.{names[p]}.step"] = torch.tensor(int(state["step"]), dtype=torch.int64)
+        if "master" in state:  # the low-precision copy as the optimizer rounded it (its kernel may round unlike .to())
+            out[f"optim.{names[p]}.{COPY_KEY}"] = p.detach()
         if p not in sharded:
             out.update((f"optim.{names[p]}.{key}", state[key]) for key in ADAMW_KEYS)
     out[f"rng.{rank}.cpu"] = torch.get_rng_state()
@@ -155,20 +178,33 @@ def _placeholder(meta) -> torch.Tensor:
 
 
 def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer, rank: int,
-         distributed: bool) -> None:
+         distributed: bool, names: dict[str, str] | None = None) -> None:
     """Load the checkpoint at ``path`` into ``wrapped`` and ``optimizer`` (any strategy, any world size; call
-    on every rank). ``ValueError`` when the checkpoint's weights do not fit the model (another preset)."""
+    on every rank). ``ValueError`` when the checkpoint's weights do not fit the model (another preset).
+    ``names``: module names -> the names they were saved under (as for :func:`save`). Where the optimizer keeps
+    fp32 masters of low-precision parameters (``FusedAdamW``), the saved weight goes into the master and the
+    parameter becomes its rounded copy."""
     path = Path(path)
     saved = _metadata(path)
     module, fsdp = wrapped.module, _fsdp_of(wrapped)
     local = _local_optimizer(optimizer)
     _ensure_adamw_state(optimizer)
-    names = {p: n for n, p in module.named_parameters()}
+    own = _renamer(names)
+    names = {p: own(n) for n, p in module.named_parameters()}
     sharded = fsdp.shard_names() if fsdp is not None else {}
     dest: dict[str, torch.Tensor] = {}
     full: dict[str, torch.Tensor] = {}  # fsdp: full tensors read here, then cut into shards
+    copies = []  # (low-precision parameter, its fp32 master) to refresh after loading
     for name, t in module.state_dict().items():
-        dest[f"model.{name}"] = t
+        dest[f"model.{own(name)}"] = t
+    for p, name in names.items():
+        master = local.state.get(p, {}).get("master")
+        if master is not None:
+            dest[f"model.{name}"] = master
+            if f"optim.{name}.{COPY_KEY}" in saved and tuple(saved[f"optim.{name}.{COPY_KEY}"].size) == tuple(p.shape):
+                dest[f"optim.{name}.{COPY_KEY}"] = p.detach()  # the copy as it was
+            else:
+                copies.append((p, master))  # written by another optimizer: round the master
     for p in sharded:
         dest[f"model.{names[p]}"] = None
     for p in _stepped_params(optimizer):
@@ -176,7 +212,7 @@ def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
         for key in ADAMW_KEYS:
             dest[f"optim.{names[p]}.{key}"] = None if p in sharded else local.state[p][key]
     # Check the shapes first: a clear error instead of DCP's per-tensor one.
-    expected_shapes = fsdp.full_shapes() if fsdp is not None else {}
+    expected_shapes = {own(k): v for k, v in fsdp.full_shapes().items()} if fsdp is not None else {}
     problems = []
     for key, t in dest.items():
         if key not in saved:
@@ -201,6 +237,8 @@ def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
     with _quiet_single_process():
         dcp.load(dest, checkpoint_id=str(path), no_dist=not distributed)
     with torch.no_grad():
+        for p, master in copies:
+            p.copy_(master)
         for p in sharded:
             p.copy_(fsdp.shard_of(p, full[f"model.{names[p]}"]))
             for key in ADAMW_KEYS:
@@ -214,8 +252,9 @@ def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def save(root: str | Path, step: int, wrapped: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict,
-         rank: int, world: int, distributed: bool) -> Path:
-    """Write ``root/step-<step>`` atomically (see the module docstring); call on every rank. Returns its path."""
+         rank: int, world: int, distributed: bool, names: dict[str, str] | None = None) -> Path:
+    """Write ``root/step-<step>`` atomically (see the module docstring); call on every rank. Returns its path.
+    ``names``: module names -> the names to save under (default: the module's own)."""
     root = Path(root)
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{final.name}"
@@ -225,7 +264,7 @@ def save(root: str | Path, step: int, wrapped: nn.Module, optimizer: torch.optim
         tmp.mkdir(parents=True)
     if distributed:
         dist.barrier()
-    state = state_to_save(wrapped, optimizer, rank, world)
+    state = state_to_save(wrapped, optimizer, rank, world, names)
     with _quiet_single_process():
         dcp.save(state, checkpoint_id=str(tmp), no_dist=not distributed)
     if rank == 0:  # dcp.save returned on every rank: all data and .metadata are written

@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 import timeit
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +40,21 @@ from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems import checkpoint
+from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
+from cs336_systems.fast import fast_settings
+from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import DistInfo, init_distributed, under_torchrun
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
 PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("ours", "fused")  # cs336_basics AdamW, or cs336_systems.fused.adamw.FusedAdamW (bench's names)
+LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
+COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
+FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss")  # None: fast_settings picks
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -64,15 +71,22 @@ class TrainConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.1
     grad_clip: float | None = 1.0  # global L2 norm (over all ranks' shards), applied after gradients are averaged
-    precision: str = "fp32"  # fp32, or bf16 autocast (parameters and optimizer state stay fp32)
+    precision: str = "fp32"  # fp32, or bf16 autocast (fp32 parameters, or bf16 copies of fp32 masters: optimizer)
     parallel: str = "none"  # a name in parallel.STRATEGIES
     bucket_size_mb: float | None = None  # bucketed / zero1: None = 25; torch-ddp / torch-zero: None = torch's
     grad_comm_dtype: str | None = None  # "bf16" / "fp16": all-reduce gradients in it (DDP strategies); None: fp32
     data: str | None = None  # uint16 token file; None: synthetic tokens
     seed: int = 0
     log_every: int = 1
-    attention: str = "reference"
     device: str | None = None  # None: cuda if available
+    # Speed settings; None: cs336_systems.fast.fast_settings picks (CUDA: the fastest measured; CPU: the reference
+    # path). An explicit value always wins. resolve_settings() fills them in before training.
+    attention: str | None = None  # attention backend name (cs336_basics.attention)
+    compile: bool | None = None  # torch.compile in place (state-dict keys unchanged)
+    compile_scope: str | None = None  # "model" or "blocks"
+    optimizer: str | None = None  # "ours" or "fused" (FusedAdamW: under bf16, bf16 weights with fp32 masters)
+    loss: str | None = None  # "unfused" or "fused" (chunked LM head + cross-entropy, no logits tensor)
+    activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     checkpoint_dir: str | None = None  # None: no checkpoints (train() still returns the final weights)
     checkpoint_every: int | None = None  # steps between checkpoints; None: only at the end (and on SIGTERM)
     resume: bool = False  # continue from the highest complete checkpoint in checkpoint_dir
@@ -124,10 +138,86 @@ class TrainConfig:
                 kind = None
             if kind not in ("cpu", "cuda"):
                 raise ValueError(f"train: --device {self.device!r} is not a device; use cpu, cuda or cuda:N")
+        try:
+            self.activation_checkpointing = parse_checkpoint_spec(self.activation_checkpointing)
+        except ValueError:
+            raise ValueError(f"train: unknown --activation-checkpointing {self.activation_checkpointing!r}; choose "
+                             "none, selective, nested or a positive integer k (checkpoint every k blocks)") from None
+        layers = get_preset(self.preset).num_layers
+        if self.activation_checkpointing.isdigit() and int(self.activation_checkpointing) > layers:
+            raise ValueError(f"train: --activation-checkpointing {self.activation_checkpointing} exceeds the "
+                             f"{self.preset} preset's {layers} blocks; choose k in 1..{layers}, none, selective or "
+                             "nested")
+        if self.attention is not None:
+            from cs336_basics.attention import get_attention_backend
+
+            try:
+                get_attention_backend(self.attention)
+            except ValueError as err:
+                raise ValueError(f"train: --attention: {err}") from None
+        for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES)):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
+                                 f"{', '.join(allowed)}")
+        for name in ("compile", "optimizer", "loss", "activation_checkpointing"):
+            reason = unsupported(self.parallel, name, getattr(self, name))
+            if reason is not None:
+                raise ValueError(f"train: {reason}")
         if self.resume and (self.checkpoint_dir is None or TIME_FIELD in self.checkpoint_dir):
             raise ValueError("train: --resume needs --checkpoint-dir DIR (the directory of the run to continue)")
         if self.checkpoint_every is not None and self.checkpoint_dir is None:
             raise ValueError("train: --checkpoint-every needs --checkpoint-dir DIR")
+
+
+def unsupported(parallel: str, name: str, value) -> str | None:
+    """Why ``--name value`` does not work with ``--parallel parallel`` (None: it does). The fused optimizer keeps
+    its bf16 copies and fp32 masters in one process's parameters, which no strategy synchronises or shards; the
+    fused loss reads ``lm_head.weight`` outside the wrapped forward, which sharding strategies free between
+    uses; compiling a sharded model was not tested; our fsdp frees gathered weights that activation checkpointing's
+    recomputation needs (it fails in backward)."""
+    sharded = STRATEGIES[parallel].shards_gradients
+    if name == "activation_checkpointing" and value != "none" and parallel == "fsdp":
+        others = ", ".join(n for n in STRATEGIES if n != "fsdp")
+        return (f"--activation-checkpointing {value} does not work with --parallel fsdp (its recomputation needs "
+                f"weights our FSDP has freed); use torch-fsdp2 or another of {others}")
+    if name == "optimizer" and value == "fused" and parallel != "none":
+        return f"--optimizer fused works with --parallel none only, not {parallel}; use --optimizer ours"
+    if name == "loss" and value == "fused" and sharded:
+        unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
+        return f"--loss fused does not work with --parallel {parallel}; use --loss unfused or one of {unsharded}"
+    if name == "compile" and value and sharded:
+        unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
+        return f"--compile yes is not supported with --parallel {parallel}; use --compile no or one of {unsharded}"
+    return None
+
+
+_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused"}  # where a fast setting does not apply
+
+
+def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfig, str]:
+    """``cfg`` with every speed setting it leaves at None taken from ``fast_settings(device, vocab)`` (a fast
+    setting the strategy cannot use becomes the reference one, and the line says why), and one line saying
+    what was picked. Explicit settings are kept as given."""
+    fast = fast_settings(device, get_preset(cfg.preset).vocab_size)
+    picked, notes = {}, []
+    for name in FAST_FIELDS:
+        if getattr(cfg, name) is not None:
+            continue
+        value = getattr(fast, name)
+        if unsupported(cfg.parallel, name, value) is not None:
+            notes.append(f"{name}={value} not with --parallel {cfg.parallel}")
+            value = _SAFE[name]
+        picked[name] = value
+    if not picked:
+        return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
+    line = (f"train: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items())
+            + (f" ({'; '.join(notes)})" if notes else ""))
+    return replace(cfg, **picked), line
+
+
+def _describe(cfg: TrainConfig) -> str:
+    return ", ".join(f"{k}={getattr(cfg, k)}" for k in FAST_FIELDS)
 
 
 # -- pre-flight: every check that needs the machine or the files, before anything is allocated ---------------
@@ -226,7 +316,8 @@ def _available_bytes(device: torch.device, local_world: int) -> tuple[float, str
 def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int, world: int) -> int:
     """Bytes a rank needs at least: fp32 weights, gradients and AdamW moments (sharded as the strategy shards
     them), the attention probabilities the reference backend saves for backward (B * H * T^2 per layer), a
-    little of every layer's other activations (4 * B * T * d_model) and the fp32 logits (B * T * vocab). A
+    little of every layer's other activations (4 * B * T * d_model) and the fp32 logits (B * T * vocab; none
+    with the fused loss); one layer's activations only under group activation checkpointing (k, nested). A
     lower bound: a configuration above it cannot fit; one below it may still not."""
     n = count_parameters(model_cfg)
     strategy = get_strategy(cfg.parallel)
@@ -238,9 +329,13 @@ def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int,
         state = 16 * n
     elt = 2 if cfg.precision == "bf16" else 4
     per_layer = 4 * B * T * model_cfg.d_model * elt
-    if cfg.attention == "reference":
+    if cfg.attention in (None, "reference"):
         per_layer += B * model_cfg.num_heads * T * T * elt
-    return int(state + model_cfg.num_layers * per_layer + 4 * B * T * model_cfg.vocab_size)
+    logits = 0 if cfg.loss == "fused" else 4 * B * T * model_cfg.vocab_size
+    # Activation checkpointing by groups (k, nested) holds one block's activations at a time at least; selective
+    # still saves every block's matmul and attention-score outputs, which the per-layer term stays below.
+    layers = 1 if cfg.activation_checkpointing not in ("none", "selective") else model_cfg.num_layers
+    return int(state + layers * per_layer + logits)
 
 
 def preflight(cfg: TrainConfig, info: DistInfo | None = None) -> None:
@@ -385,7 +480,9 @@ MODEL_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "rop
 
 def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     """Run ``cfg``; returns a summary (per-step log rows of this run, the final model on the CPU, where the
-    last checkpoint went, and the signal that stopped the run early, if any)."""
+    last checkpoint went, and the signal that stopped the run early, if any). Speed settings left at None are
+    picked by :func:`resolve_settings` (the summary's ``config`` holds what was used)."""
+    cfg, settings_line = resolve_settings(cfg, _planned_device(cfg, info))
     preflight(cfg, info)
     distributed = info is not None or under_torchrun() or needs_process_group(cfg.parallel)
     if distributed and info is None:
@@ -420,6 +517,9 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
+        for k in ("precision", "optimizer", "loss", "activation_checkpointing"):  # checkpoints keep the same keys
+            if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
+                notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
         if saved["global_batch"] != B * cfg.grad_accum * world:
             notes.append(f"global batch {saved['global_batch']} -> {B * cfg.grad_accum * world} sequences")
 
@@ -427,6 +527,13 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                 check_inputs=cfg.data is not None, device=device)
     n_params = sum(p.numel() for p in model.parameters())  # before FSDP replaces weights by shards
+    if cfg.loss == "fused":
+        defer_lm_head(model)  # model(x) returns the final hidden states; lm_head.weight keeps its key
+    # Activation checkpointing wraps the blocks (layers.3.x -> layers.3.blocks.0.x): checkpoints, the export and
+    # the returned weights keep the model's own names through own_names (wrapped name -> own name).
+    own = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
+    apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    own_names = {k: own[id(t)] for k, t in model.state_dict(keep_vars=True).items()}
     strategy = get_strategy(cfg.parallel)
     bf16 = cfg.precision == "bf16"
     # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)
@@ -438,9 +545,25 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                                                else None,
                                                reduce_dtype=torch.float32 if bf16 else None,
                                                grad_comm_dtype=GRAD_COMM_DTYPES.get(cfg.grad_comm_dtype)))
-    optimizer = strategy.make_optimizer(model.parameters(), AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "fused":  # --parallel none only (unsupported()): the wrapper leaves the parameters alone
+        from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
+
+        # under bf16 the Linear weights become bf16 copies of fp32 masters (checkpoints store the masters)
+        optimizer = FusedAdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                               compute_dtype=torch.bfloat16 if bf16 else None,
+                               low_precision=low_precision_params(model) if bf16 else ())
+    else:
+        optimizer = strategy.make_optimizer(model.parameters(), AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if resume_from is not None:
-        checkpoint.load(resume_from, wrapped, optimizer, rank, distributed)
+        checkpoint.load(resume_from, wrapped, optimizer, rank, distributed, names=own_names)
+    if cfg.compile:  # in place, after the optimizer (which may turn weights into bf16): state-dict keys unchanged
+        for part in (model.layers if cfg.compile_scope == "blocks" else [model]):
+            part.compile()
+    if cfg.loss == "fused":
+        head = model.lm_head.weight
+        loss_fn = lambda x, y: linear_cross_entropy(wrapped(x), head, y)
+    else:
+        loss_fn = lambda x, y: cross_entropy(wrapped(x), y)
     # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
     no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)
     data = TokenBatches(cfg, model_cfg.vocab_size, T, B, rank, world, device)
@@ -454,7 +577,9 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                    "global_batch": B * cfg.grad_accum * world}
     if rank == 0:
         log(f"train: {cfg.preset} ({n_params / 1e6:.1f}M params), {world} rank(s) x batch {B} x {cfg.grad_accum} "
-            f"micro x context {T}, parallel={cfg.parallel}, {cfg.precision}, device {device}")
+            f"micro x context {T}, parallel={cfg.parallel}, {cfg.precision}, device {device}, "
+            f"activation checkpointing {cfg.activation_checkpointing}")
+        log(settings_line)
         if resume_from is not None:
             log(f"resuming from {resume_from} (step {start_step} of {cfg.steps})"
                 + (f"; changed since: {'; '.join(notes)}" if notes else ""))
@@ -469,7 +594,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     def save(step: int) -> Path | None:
         if ckpt_dir is None:
             return None
-        path = checkpoint.save(ckpt_dir, step, wrapped, optimizer, train_state, rank, world, distributed)
+        path = checkpoint.save(ckpt_dir, step, wrapped, optimizer, train_state, rank, world, distributed,
+                               names=own_names)
         if rank == 0:
             log(f"checkpoint: {path}")
         return path
@@ -492,7 +618,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                     last = micro == cfg.grad_accum - 1
                     with (contextlib.nullcontext() if last else no_sync()):
                         with autocast():
-                            loss = cross_entropy(wrapped(x), y) / cfg.grad_accum
+                            loss = loss_fn(x, y) / cfg.grad_accum
                         loss.backward()
                     loss_sum += loss.detach()
                 wrapped.finish_gradient_synchronization()
@@ -534,7 +660,10 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     finally:
         if metrics is not None:
             metrics.close()
-    final_state = {k: v.cpu() for k, v in full_state_dict(wrapped).items()}  # a collective under sharding
+    final_state = full_state_dict(wrapped)  # a collective under sharding
+    if hasattr(optimizer, "master_state_dict"):  # FusedAdamW (--parallel none): fp32 masters, not bf16 copies
+        final_state = optimizer.master_state_dict(model)
+    final_state = {own_names.get(k, k): v.cpu() for k, v in final_state.items()}
     wrapped.close()
     if cfg.export and rank == 0:
         checkpoint.export_state_dict(final_state, cfg.export, model_cfg.model_kwargs())

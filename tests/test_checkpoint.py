@@ -13,6 +13,7 @@ import torch
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_systems import checkpoint
+from cs336_systems.configs import get_preset
 from cs336_systems.parallel.process_group import spawn
 from cs336_systems.train import TrainConfig, train
 
@@ -192,3 +193,84 @@ def test_torchrun_ranks_stop_and_save_together_on_sigterm(tmp_path):
     step = int(saved.name.removeprefix("step-"))
     assert "stopped by" in out and f"checkpoint {saved}" in out, out
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == step - 1
+
+
+# -- activation checkpointing, fused loss and fused optimizer (issue 19) ---------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_resume_is_exact_with_the_fused_loss_and_optimizer(tmp_path, precision):
+    """As the test above, with --loss fused and --optimizer fused (CPU: its foreach path). Under bf16 the Linear
+    weights are bf16 copies of fp32 masters: the checkpoint stores the masters (fp32, the model's keys) and loading
+    restores both, so the resumed run is still bit-identical."""
+    cfg = dict(SMALL, batch_size=2, optimizer="fused", loss="fused", precision=precision, attention="reference")
+    full = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2), log=QUIET)
+    shutil.rmtree(tmp_path / "a" / "step-000004")
+    resumed = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), resume=True), log=QUIET)
+    assert [r["loss"] for r in resumed["rows"]] == [r["loss"] for r in full["rows"][2:]]
+    for k, v in full["final_state"].items():
+        assert v.dtype == torch.float32 and torch.equal(resumed["final_state"][k], v), k
+    saved = checkpoint.read_checkpoint(tmp_path / "a" / "step-000002")
+    model = {k: v for k, v in saved.items() if k.startswith("model.")}
+    assert set(model) == {f"model.{k}" for k in full["final_state"]}
+    assert set(full["final_state"]) == set(BasicsTransformerLM(**get_preset("tiny").model_kwargs()).state_dict())
+    assert all(v.dtype == torch.float32 for v in model.values())
+    if precision == "bf16":  # the masters carry bits a bf16 copy would have lost
+        assert any(not torch.equal(v, v.bfloat16().float()) for k, v in model.items() if k.endswith("proj.weight")
+                   or "linear" in k or "lm_head" in k)
+
+
+def test_checkpoints_keep_the_model_names_under_activation_checkpointing(tmp_path):
+    """A checkpoint written with --activation-checkpointing selective holds the model's own keys and resumes
+    without it; one written without resumes under nested, and one written by the fused bf16 optimizer resumes
+    under our AdamW. fp32 losses within 1e-6 of the uninterrupted plain run (same ops, recomputed)."""
+    ref = train(TrainConfig(**SMALL, batch_size=2), log=QUIET)
+    plain_keys = None
+    for first, then in ((dict(activation_checkpointing="selective"), {}),
+                        ({}, dict(activation_checkpointing="nested")),
+                        (dict(activation_checkpointing="2"), dict(activation_checkpointing="selective"))):
+        root = tmp_path / f"{first}-{then}".replace(" ", "").replace("'", "")
+        train(TrainConfig(**SMALL, batch_size=2, checkpoint_dir=str(root), checkpoint_every=2, **first), log=QUIET)
+        shutil.rmtree(root / "step-000004")  # as if the run had died after step 3 (the schedule spans 4 steps)
+        keys = set(checkpoint.read_checkpoint(root / "step-000002"))
+        assert plain_keys is None or keys == plain_keys, first
+        plain_keys = keys
+        out = train(TrainConfig(**SMALL, batch_size=2, checkpoint_dir=str(root), resume=True, **then), log=QUIET)
+        assert [r["loss"] for r in out["rows"]] == pytest.approx([r["loss"] for r in ref["rows"][2:]], abs=1e-6)
+        _close(out["final_state"], ref["final_state"])
+    assert all(not k.startswith("model.layers.0.blocks") for k in plain_keys)
+    # fused bf16 optimizer's checkpoint -> our AdamW (and activation checkpointing): it loads and trains on
+    root = tmp_path / "fused"
+    train(TrainConfig(**{**SMALL, "steps": 2}, batch_size=2, precision="bf16", optimizer="fused",
+                      checkpoint_dir=str(root)), log=QUIET)
+    lines = []
+    out = train(TrainConfig(**SMALL, batch_size=2, precision="bf16", optimizer="ours", activation_checkpointing="1",
+                            checkpoint_dir=str(root), resume=True), log=lines.append)
+    assert out["start_step"] == 2 and set(out["final_state"]) == set(ref["final_state"])
+    assert any("changed since" in s and "optimizer fused -> ours; activation_checkpointing none -> 1" in s
+               for s in lines), lines
+
+
+def _ac_worker(info, root: str):
+    return {p: train(TrainConfig(**SMALL, batch_size=2, parallel=p, activation_checkpointing=ac, loss=loss,
+                                 checkpoint_dir=f"{root}/{p}", resume=True), info=info, log=QUIET)
+            for p, ac, loss in (("torch-fsdp2", "selective", None), ("zero1", "nested", None),
+                                ("bucketed", "1", "fused"))}
+
+
+@pytest.mark.timeout(120)
+def test_activation_checkpointing_under_parallel_strategies(tmp_path):
+    """2 ranks resume the one-process plain run's step-2 checkpoint with activation checkpointing under
+    torch-fsdp2, zero1 and bucketed (with the fused loss) and reach its weights (fp32, same global batch: the
+    tolerances of _close). Our fsdp refuses activation checkpointing (tests/test_train.py)."""
+    ref = train(TrainConfig(**SMALL, batch_size=4, checkpoint_dir=str(tmp_path / "ref"), checkpoint_every=2),
+                log=QUIET)
+    for p in ("torch-fsdp2", "zero1", "bucketed"):
+        shutil.copytree(tmp_path / "ref" / "step-000002", tmp_path / p / "step-000002")
+    r0, _ = spawn(_ac_worker, 2, (str(tmp_path),), timeout_s=100)
+    for p, out in r0.items():
+        assert out["start_step"] == 2, p
+        for a, b in zip(out["rows"], ref["rows"][2:], strict=True):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), p
+        _close(out["final_state"], ref["final_state"])
+        assert set(checkpoint.read_checkpoint(tmp_path / p / "step-000004")) >= {
+            k for k in checkpoint.read_checkpoint(tmp_path / "ref" / "step-000004") if not k.startswith("rng.")}, p

@@ -4,12 +4,15 @@ port with a timeout."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import clip_gradient, cross_entropy
+from cs336_systems import checkpoint
 from cs336_systems.cli import main
 from cs336_systems.configs import get_preset
 from cs336_systems.parallel import get_strategy
@@ -274,3 +277,101 @@ def test_settings_are_checked_before_any_work(capsys, tmp_path, monkeypatch):
     capsys.readouterr()
     assert "already holds step-000001; add --resume" in _refused(capsys, "--steps", "1",
                                                                   "--checkpoint-dir", str(tmp_path / "run"))
+
+
+# -- activation checkpointing and fast settings (issue 19) -------------------------------------------------------
+
+def test_activation_checkpointing_option_is_validated(capsys):
+    assert TrainConfig(activation_checkpointing="Selective").activation_checkpointing == "selective"
+    assert TrainConfig(activation_checkpointing="2").activation_checkpointing == "2"  # tiny has 2 blocks
+    for bad, needle in (("sometimes", "choose none, selective, nested or a positive integer"),
+                        ("-1", "choose none, selective, nested"), ("3", "exceeds the tiny preset's 2 blocks")):
+        with pytest.raises(ValueError, match="--activation-checkpointing"):
+            TrainConfig(activation_checkpointing=bad)
+        assert needle in _refused(capsys, "--activation-checkpointing", bad)
+    assert "--attention: unknown attention backend 'nope'" in _refused(capsys, "--attention", "nope")
+    with pytest.raises(ValueError, match="--activation-checkpointing selective does not work with --parallel fsdp"):
+        TrainConfig(parallel="fsdp", activation_checkpointing="selective")
+    for name, bad in (("optimizer", "adam"), ("loss", "chunked"), ("compile_scope", "layers")):
+        with pytest.raises(ValueError, match=f"unknown --{name.replace('_', '-')} '{bad}'; choose from"):
+            TrainConfig(**{name: bad})
+
+
+def test_memory_bound_counts_what_activation_checkpointing_and_the_fused_loss_save():
+    from cs336_systems.train import memory_lower_bound
+
+    model_cfg = get_preset("small")
+    bound = lambda **kw: memory_lower_bound(TrainConfig(preset="small", **kw), model_cfg, 2048, 4, 1)
+    assert bound(activation_checkpointing="1") < bound(activation_checkpointing="selective") == bound()
+    assert bound(loss="fused") == bound() - 4 * 4 * 2048 * model_cfg.vocab_size
+
+
+def test_activation_checkpointing_changes_no_loss():
+    """fp32 on CPU: recomputation repeats the same ops on the same inputs, so every policy logs the losses and
+    reaches the weights of the run without it (1e-6: the ops are the same; only a changed kernel order could
+    move a last bit), under the model's own state-dict names."""
+    cfg = dict(SMALL, batch_size=2, steps=2, grad_accum=1)
+    plain = train(TrainConfig(**cfg), log=lambda s: None)
+    for spec in ("selective", "nested", "1"):
+        ac = train(TrainConfig(**cfg, activation_checkpointing=spec), log=lambda s: None)
+        assert [r["loss"] for r in ac["rows"]] == pytest.approx([r["loss"] for r in plain["rows"]], abs=1e-6), spec
+        assert list(ac["final_state"]) == list(plain["final_state"]), spec
+        for k, v in plain["final_state"].items():
+            torch.testing.assert_close(ac["final_state"][k], v, rtol=0, atol=1e-6, msg=f"{spec} {k}")
+
+
+def test_fast_settings_are_printed_and_not_applied_on_cpu():
+    lines = []
+    out = train(TrainConfig(**dict(SMALL, steps=1, grad_accum=1), batch_size=2, device="cpu"), log=lines.append)
+    (line,) = [s for s in lines if "fast settings" in s]
+    assert line == ("train: fast settings for cpu: attention=reference, compile=False, compile_scope=model, "
+                    "optimizer=ours, loss=unfused")
+    assert {k: out["config"][k] for k in ("attention", "compile", "optimizer", "loss")} == dict(
+        attention="reference", compile=False, optimizer="ours", loss="unfused")
+
+
+def test_explicit_flags_beat_fast_settings(monkeypatch):
+    """fast_settings made to answer as on CUDA: whatever is given is kept, the rest is picked, and a pick the
+    strategy cannot use falls back to the reference setting and says so. The fused picks then train on the CPU."""
+    from cs336_systems import train as train_mod
+    from cs336_systems.fast import FastSettings
+
+    cuda_like = FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss="fused")
+    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
+    cpu = torch.device("cpu")
+    cfg, line = train_mod.resolve_settings(TrainConfig(attention="reference", compile=False), cpu)
+    assert (cfg.attention, cfg.compile, cfg.compile_scope, cfg.optimizer, cfg.loss) == (
+        "reference", False, "model", "fused", "fused")
+    assert line == "train: fast settings for cpu: compile_scope=model, optimizer=fused, loss=fused"
+    cfg, line = train_mod.resolve_settings(TrainConfig(parallel="fsdp"), cpu)
+    assert (cfg.attention, cfg.compile, cfg.optimizer, cfg.loss) == ("sdpa", False, "ours", "unfused")
+    assert "optimizer=fused not with --parallel fsdp" in line and "compile=True not with --parallel fsdp" in line
+    with pytest.raises(ValueError, match="--optimizer fused works with --parallel none only"):
+        TrainConfig(parallel="bucketed", optimizer="fused")
+    with pytest.raises(ValueError, match="--loss fused does not work with --parallel torch-fsdp2"):
+        TrainConfig(parallel="torch-fsdp2", loss="fused")
+    lines = []
+    out = train(TrainConfig(**dict(SMALL, steps=2, grad_accum=1), batch_size=2, compile=False), log=lines.append)
+    assert out["config"]["optimizer"] == "fused" and out["config"]["loss"] == "fused"
+    assert any(s.startswith("train: fast settings for cpu: attention=sdpa,") for s in lines)
+    assert [r["step"] for r in out["rows"]] == [0, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_fast_settings_on_cuda_train_and_resume(tmp_path):
+    """On a GPU with nothing given: sdpa, whole-model compile, the fused optimizer (bf16 copies of fp32 masters
+    under bf16) are picked and printed; a run stopped after step 2 and resumed tracks the uninterrupted one
+    (bf16, compiled kernels and atomics in backward: 1e-2 relative on the loss, not bit-exact), and its
+    checkpoint holds fp32 weights under the model's own keys."""
+    cfg = dict(SMALL, batch_size=2, grad_accum=1, steps=4, precision="bf16", device="cuda")
+    lines = []
+    full = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2), log=lines.append)
+    assert any(s.startswith("train: fast settings for cuda: attention=sdpa, compile=True") for s in lines), lines
+    assert (full["config"]["optimizer"], full["config"]["compile"]) == ("fused", True)
+    shutil.rmtree(tmp_path / "a" / "step-000004")
+    resumed = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), resume=True), log=lambda s: None)
+    assert [r["loss"] for r in resumed["rows"]] == pytest.approx([r["loss"] for r in full["rows"][2:]], rel=1e-2)
+    saved = checkpoint.read_checkpoint(tmp_path / "a" / "step-000002")
+    assert {k.removeprefix("model.") for k in saved if k.startswith("model.")} == set(full["final_state"])
+    assert all(v.dtype == torch.float32 for k, v in saved.items() if k.startswith("model."))

@@ -6,6 +6,8 @@
 
 Checkpoints always: without ``--checkpoint-dir`` the run writes to ``runs/train-<UTC start time>/`` (the final
 checkpoint and ``metrics.jsonl``). SIGTERM / Ctrl-C: the current step finishes, a checkpoint is written, exit 0.
+Speed settings not given (``--attention``, ``--compile``, ``--compile-scope``, ``--optimizer``, ``--loss``) come from
+``cs336_systems.fast.fast_settings`` (fast on CUDA, the reference path on a CPU) and are printed.
 docs/training.md.
 """
 
@@ -16,7 +18,16 @@ import argparse
 from cs336_systems.parallel import STRATEGIES
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.records import write_records
-from cs336_systems.train import PRECISIONS, TIME_FIELD, TrainConfig, check_writable, train
+from cs336_systems.train import (
+    COMPILE_SCOPES,
+    LOSSES,
+    OPTIMIZERS,
+    PRECISIONS,
+    TIME_FIELD,
+    TrainConfig,
+    check_writable,
+    train,
+)
 
 DEFAULT_CHECKPOINT_DIR = f"runs/train-{TIME_FIELD}"
 
@@ -48,8 +59,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="uint16 token file (np.memmap); default: synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=1)
-    p.add_argument("--attention", default="reference")
     p.add_argument("--device", default=None)
+    p.add_argument("--attention", default=None,
+                   help="attention backend name (default: the fast settings': sdpa on CUDA, reference on a CPU)")
+    p.add_argument("--compile", nargs="?", const="yes", default=None, choices=["no", "yes"],
+                   help="torch.compile the model in place (bare --compile: yes; default: the fast settings': yes on "
+                   "CUDA, no on a CPU)")
+    p.add_argument("--compile-scope", choices=COMPILE_SCOPES, default=None,
+                   help="compile the whole model, or each Transformer block (regional); default: model")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="ours (cs336_basics AdamW) or fused (one pass per step; under bf16 the Linear weights are "
+                   "bf16 copies of fp32 masters, which checkpoints store); default: fused on CUDA with --parallel "
+                   "none, else ours")
+    p.add_argument("--loss", choices=LOSSES, default=None,
+                   help="unfused (LM head, then cross-entropy) or fused (chunked, no logits tensor); default: fused "
+                   "on CUDA from a vocabulary of 32,768, else unfused")
+    p.add_argument("--activation-checkpointing", default="none", metavar="{none,selective,nested,K}",
+                   help="recompute activations in backward to save memory (not --checkpoint-dir, which saves the "
+                   "run): none; selective (save matmul and attention outputs, recompute the rest); nested; or K = "
+                   "checkpoint every K blocks (default: none)")
     p.add_argument("--checkpoint-dir", default=DEFAULT_CHECKPOINT_DIR,
                    help="where checkpoints (step-NNNNNN/, DCP) and metrics.jsonl go; the end of a run and SIGTERM / "
                    f"Ctrl-C always write one; {TIME_FIELD} becomes the UTC start time (default: %(default)s)")
@@ -76,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
                       grad_clip=args.grad_clip or None, precision=args.precision, parallel=args.parallel,
                       bucket_size_mb=args.bucket_size_mb, grad_comm_dtype=args.grad_comm_dtype,
                       data=args.data, seed=args.seed, log_every=args.log_every, attention=args.attention,
-                      device=args.device, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      compile=None if args.compile is None else args.compile == "yes",
+                      compile_scope=args.compile_scope, optimizer=args.optimizer, loss=args.loss,
+                      activation_checkpointing=args.activation_checkpointing, device=args.device,
+                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, export=args.export, metrics=args.metrics, tensorboard=args.tensorboard)
     if args.save:
         check_writable(args.results_dir, "--results-dir", directory=True)
