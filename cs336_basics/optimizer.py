@@ -58,21 +58,27 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] += 1
                 buckets[(state["step"], p.device, p.dtype)].append(p)
             for (step, _, _), params in buckets.items():
-                grads = [p.grad for p in params]
-                exp_avgs = [self.state[p]["exp_avg"] for p in params]
-                exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
-                if wd != 0.0:
-                    torch._foreach_mul_(params, 1.0 - lr * wd)
-                torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
-                torch._foreach_mul_(exp_avg_sqs, beta2)
-                torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
-                bias_correction1 = 1.0 - beta1**step
-                bias_correction2 = 1.0 - beta2**step
-                denom = torch._foreach_sqrt(exp_avg_sqs)
-                torch._foreach_div_(denom, math.sqrt(bias_correction2))
-                torch._foreach_add_(denom, eps)
-                torch._foreach_addcdiv_(params, exp_avgs, denom, -lr / bias_correction1)
+                adamw_foreach_update(params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
+                                     [self.state[p]["exp_avg_sq"] for p in params], step, lr, beta1, beta2, eps, wd)
         return loss
+
+
+def adamw_foreach_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                         exp_avg_sqs: list[torch.Tensor], step: int, lr: float, beta1: float, beta2: float,
+                         eps: float, weight_decay: float) -> None:
+    """One AdamW update of ``params`` in place with multi-tensor (``_foreach``) kernels (the class docstring's
+    formula); every list holds tensors of one dtype and device, at the same ``step``."""
+    if weight_decay != 0.0:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2 = 1.0 - beta2**step
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, math.sqrt(bias_correction2))
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, -lr / bias_correction1)
 
 
 def get_cosine_lr(

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from cs336_basics.optimizer import check_adamw_hyperparameters
+from cs336_basics.optimizer import adamw_foreach_update, check_adamw_hyperparameters
 
 try:
     import triton
@@ -215,18 +215,8 @@ class FusedAdamW(torch.optim.Optimizer):
     def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
         masters = [self.state[p].get("master", p) for p in params]
         grads = [p.grad.to(self.state[p]["exp_avg"].dtype) for p in params]  # fp32, or a bf16 / fp16 state's dtype
-        exp_avgs = [self.state[p]["exp_avg"] for p in params]
-        exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
-        if wd != 0.0:
-            torch._foreach_mul_(masters, 1.0 - lr * wd)
-        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
-        bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
-        denom = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_div_(denom, math.sqrt(bc2))
-        torch._foreach_add_(denom, eps)
-        torch._foreach_addcdiv_(masters, exp_avgs, denom, -lr / bc1)
+        adamw_foreach_update(masters, grads, [self.state[p]["exp_avg"] for p in params],
+                             [self.state[p]["exp_avg_sq"] for p in params], step, lr, beta1, beta2, eps, wd)
         copies = [(p, m) for p, m in zip(params, masters, strict=True) if m is not p]
         if copies:
             torch._foreach_copy_([p for p, _ in copies], [m for _, m in copies])
