@@ -76,6 +76,10 @@ class LeaderboardConfig:
 
         return resolve_device(self.device)
 
+    @property
+    def attention_backend(self) -> str:
+        return self.attention or ("reference" if self.impl == "naive" else "flash_triton")
+
     def model_config(self) -> ModelConfig:
         """The preset (the miniature on a CPU) with this run's overrides."""
         cfg = get_preset(self.preset)
@@ -227,6 +231,7 @@ class Step:
     inputs: torch.Tensor
     targets: torch.Tensor
     impl: str
+    own_names: dict[str, str] | None = None  # wrapped state-dict key -> the model's own (checkpointed blocks)
 
     def forward(self) -> torch.Tensor:
         return self.model(self.inputs)  # ours: final hidden states (the head is deferred to the loss)
@@ -250,12 +255,11 @@ def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
     """The model (bf16, causal), its optimizer and one random batch, as the handout's test builds them."""
     import cs336_systems.attention  # noqa: F401  (registers our kernels' backend names)
     from cs336_basics.model import BasicsTransformerLM
-    from cs336_systems.bench.checkpointing import CheckpointedBlocks
+    from cs336_systems.bench.checkpointing import CheckpointedBlocks, own_state_names
 
     device, model_cfg = cfg.torch_device, cfg.model_config()
-    attention = cfg.attention or ("reference" if cfg.impl == "naive" else "flash_triton")
     torch.manual_seed(cfg.seed)
-    model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=attention, device=device,
+    model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention_backend, device=device,
                                 dtype=torch.bfloat16, check_inputs=False)
     data = torch.randint(model_cfg.vocab_size, (2, model_cfg.batch_size, model_cfg.context_length), device=device)
     inputs, targets = data[0], data[1]
@@ -268,9 +272,13 @@ def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
 
     defer_lm_head(model)
     n_checkpointed = model_cfg.num_layers - plan.uncheckpointed_blocks
-    for i in range(n_checkpointed):
-        model.layers[i] = CheckpointedBlocks([model.layers[i]])
-    return Step(model, FusedAdamW(model.parameters()), inputs, targets, cfg.impl)
+
+    def checkpoint_first_blocks(m: torch.nn.Module) -> None:
+        for i in range(n_checkpointed):
+            m.layers[i] = CheckpointedBlocks([m.layers[i]])
+
+    own_names = own_state_names(model, checkpoint_first_blocks)
+    return Step(model, FusedAdamW(model.parameters()), inputs, targets, cfg.impl, own_names)
 
 
 def _sync(device: torch.device) -> None:
@@ -339,11 +347,11 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     record = {"impl": cfg.impl, "preset": model_cfg.name, "layers": model_cfg.num_layers,
               "context_length": model_cfg.context_length, "batch_size": model_cfg.batch_size,
               "d_model": model_cfg.d_model, "vocab_size": model_cfg.vocab_size,
-              "attention": cfg.attention or ("reference" if cfg.impl == "naive" else "flash_triton"),
+              "attention": cfg.attention_backend,
               "warmup_ms": cfg.warmup_ms, "rep_ms": cfg.rep_ms, **plan.as_record()}
     if cfg.impl == "ours":
         check_fits(plan, cfg.memory_margin)  # on the estimate: refuse before allocating anything
-        saved = measure_block_saved_bytes(model_cfg, device, record["attention"])
+        saved = measure_block_saved_bytes(model_cfg, device, cfg.attention_backend)
         plan = plan_memory(model_cfg, device_bytes=plan.device_bytes, margin=cfg.memory_margin,
                            block_saved_bytes=saved)
         log("with one block's saved activations measured:\n" + plan.describe())
@@ -357,8 +365,10 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
         step = build_step(cfg, plan)
         step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
         phases = phase_breakdown(step, device, repeats=1 if step_ms > 5000 or device.type == "cpu" else 3)
-    except (torch.OutOfMemoryError, RuntimeError) as err:
-        if not (isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()):
+    except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:  # an allocator's failure (is_oom)
+        from cs336_systems.bench.e2e import is_oom
+
+        if not is_oom(err):
             raise
         log(f"leaderboard: {cfg.impl}: out of memory ({str(err).splitlines()[0][:120]})")
         return {**record, "status": "OOM", "error": str(err).splitlines()[0][:300],
@@ -389,7 +399,7 @@ def compare_logits(cfg: LeaderboardConfig) -> dict:
     torch.manual_seed(cfg.seed)
     naive = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend="reference", device=device,
                                 dtype=torch.bfloat16, check_inputs=False)
-    naive.load_state_dict(_plain_state(ours.model))
+    naive.load_state_dict({ours.own_names[k]: v for k, v in ours.model.state_dict().items()})
     with torch.no_grad():
         hidden = ours.forward()
         ours_logits = (hidden @ ours.model.lm_head.weight.T).float()
@@ -398,12 +408,6 @@ def compare_logits(cfg: LeaderboardConfig) -> dict:
         ref_loss = float(cross_entropy(ref_logits, ours.targets))
     err = float((ours_logits - ref_logits).norm() / ref_logits.norm())
     return {"logits_rel_error": err, "loss_ours": ours_loss, "loss_reference": ref_loss}
-
-
-def _plain_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict with checkpoint wrappers' ``.blocks.0`` levels removed (the model's own key names)."""
-    return {k.replace(".blocks.0.", "."): v for k, v in model.state_dict().items()}
-
 
 
 # --- the quality guard -------------------------------------------------------------------------

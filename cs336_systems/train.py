@@ -40,7 +40,7 @@ from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems import checkpoint
-from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
+from cs336_systems.bench.checkpointing import apply_activation_checkpointing, own_state_names, parse_checkpoint_spec
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
 from cs336_systems.fast import fast_settings
@@ -531,9 +531,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         defer_lm_head(model)  # model(x) returns the final hidden states; lm_head.weight keeps its key
     # Activation checkpointing wraps the blocks (layers.3.x -> layers.3.blocks.0.x): checkpoints, the export and
     # the returned weights keep the model's own names through own_names (wrapped name -> own name).
-    own = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
-    apply_activation_checkpointing(model, cfg.activation_checkpointing)
-    own_names = {k: own[id(t)] for k, t in model.state_dict(keep_vars=True).items()}
+    own_names = own_state_names(model, lambda m: apply_activation_checkpointing(m, cfg.activation_checkpointing))
     strategy = get_strategy(cfg.parallel)
     bf16 = cfg.precision == "bf16"
     # FSDP variants gather weights in bf16 under bf16 (autocast would otherwise save full fp32 copies)

@@ -25,6 +25,8 @@ Strategies (``spec``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -115,6 +117,14 @@ def parse_checkpoint_spec(spec: str | int | None) -> str:
         return str(int(s))
     raise ValueError(f"gradient_checkpointing: unknown strategy {spec!r}; use 'none', 'selective', 'nested' or a "
                      "positive integer k (checkpoint every k blocks)")
+
+
+def own_state_names(model: nn.Module, wrap: Callable[[nn.Module], object]) -> dict[str, str]:
+    """Run ``wrap(model)`` (which puts blocks inside checkpoint wrappers, renaming ``layers.3.x`` to
+    ``layers.3.blocks.0.x``) and return wrapped state-dict key -> the model's own key, matched by tensor."""
+    own = {id(t): k for k, t in model.state_dict(keep_vars=True).items()}
+    wrap(model)
+    return {k: own[id(t)] for k, t in model.state_dict(keep_vars=True).items()}
 
 
 def apply_activation_checkpointing(model: nn.Module, spec: str | int | None) -> nn.Module:
