@@ -20,8 +20,8 @@ import torch
 
 from cs336_basics.attention import get_attention_backend
 from cs336_systems.bench.e2e import is_oom
+from cs336_systems.bench.harness import summarize, synchronize
 from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
-from cs336_systems.profiling.timing import summarize, synchronize
 from cs336_systems.records.schema import ATTENTION_HEAD_DIMS, ATTENTION_SEQ_LENS
 
 HEAD_DIMS, SEQ_LENS = ATTENTION_HEAD_DIMS, ATTENTION_SEQ_LENS  # the handout's grid

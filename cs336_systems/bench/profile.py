@@ -29,11 +29,11 @@ from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.bench.e2e import PRECISIONS, autocast_context, is_oom
+from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import get_preset
 from cs336_systems.profiling.kernels import gemm_share, kernel_rows, range_times_ms
 from cs336_systems.profiling.nvtx import ATTENTION_RANGES, annotate
 from cs336_systems.profiling.quiet import quiet_profile
-from cs336_systems.profiling.timing import PhaseTimer, summarize
 
 SCOPES = ("forward", "forward-backward", "train-step")
 STEP_RANGES = ("warmup", "measured", "forward", "backward", "optimizer", "attention", *ATTENTION_RANGES)

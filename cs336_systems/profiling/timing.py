@@ -1,6 +1,5 @@
 """The measured matmul peak used as the MFU denominator. The timing harness itself (synchronised host
-timer, CUDA-event cross-check, summaries) lives in ``cs336_systems.bench.harness``; its names are
-re-exported here for the modules that import them from this one."""
+timer, CUDA-event cross-check, summaries) lives in ``cs336_systems.bench.harness``."""
 
 from __future__ import annotations
 
@@ -10,10 +9,6 @@ import timeit
 from collections.abc import Callable
 
 import torch
-
-from cs336_systems.bench.harness import PhaseTimer, summarize, synchronize
-
-__all__ = ["PhaseTimer", "matmul_peak_tflops", "summarize", "synchronize"]
 
 
 @functools.cache
