@@ -215,7 +215,7 @@ _kind(TRAINING_STEP, "bench --problem training_step rows (--impl ours or peer), 
 _kind(LEADERBOARD_2026, "cs336-systems leaderboard: one 8B training step (ours or the handout's naive one), its "
       "memory plan and, with --check-logits, the comparison with the handout's model",
       {**_f("impl preset status", STR), **_f("layers context_length batch_size", INT)},
-      {**_f("d_model vocab_size plan_uncheckpointed_blocks", INT), **_f("attention error", STR),
+      {**_f("d_model vocab_size plan_uncheckpointed_blocks", INT), **_f("attention error rounding", STR),
        **_f("warmup_ms rep_ms step_ms tokens_per_s model_tflop achieved_tflops matmul_peak_tflops mfu "
             "peak_memory_gib device_memory_gib wall_s forward_ms loss_ms backward_ms optimizer_ms "
             "logits_rel_error loss_ours loss_reference", NUM),
@@ -224,7 +224,8 @@ _kind(LEADERBOARD_2026, "cs336-systems leaderboard: one 8B training step (ours o
             "plan_total_gib plan_block_saved_gib", NUM), "plan_block_saved_measured": BOOL})
 _kind(LEADERBOARD_2026_QUALITY, "cs336-systems leaderboard --quality-check: bf16 everything vs fp32 masters",
       {**_f("preset", STR), **_f("steps context_length batch_size", INT)},
-      {"seed": INT, **_f("lr final_loss_bf16 final_loss_fp32_master relative_difference", NUM)})
+      {"seed": INT, "stochastic_rounding": BOOL,
+       **_f("lr final_loss_bf16 final_loss_fp32_master relative_difference", NUM)})
 _kind(MIXED_PRECISION_ACCUMULATION, "cs336-systems precision: one accumulation loop",
       _f("kind loop accumulator summand", STR), _f("abs_error exact result summand_as_stored", NUM))
 _kind(NSYS_PROFILE, "cs336-systems profile: kernel table of one configuration",
