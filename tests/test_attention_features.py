@@ -421,3 +421,26 @@ def test_cli_refuses_bad_attention_options(capsys):
                          (["--eos-id", "1", "--attention", "old_style_test"],
                           "--attention old_style_test takes no window=")):
         assert needle in _refused(capsys, *argv), argv
+
+
+DIST = dict(preset="tiny", context_length=16, steps=2, lr=3e-3, min_lr=3e-4, seed=5, eos_id=511, num_kv_heads=2)
+
+
+def _documents_worker(info, path: str):
+    return {p: train(TrainConfig(**DIST, batch_size=2, data=path, parallel=p, loss=loss), info=info, log=QUIET)
+            for p, loss in (("fsdp", "unfused"), ("bucketed", "fused"))}
+
+
+@pytest.mark.timeout(120)
+def test_doc_ids_flow_through_parallel_wrappers(tmp_path):
+    """2 ranks x batch 2 with --eos-id under our FSDP and bucketed DDP (with the fused loss) log the losses of one
+    process on the global batch of 4 (fp32, summation order only: rel 1e-5, as tests/test_train.py)."""
+    from cs336_systems.parallel.process_group import spawn
+
+    path = tmp_path / "docs.bin"
+    packed_file(path, eos=511, seed=3)
+    r0, _ = spawn(_documents_worker, 2, (str(path),), timeout_s=100)
+    ref = train(TrainConfig(**DIST, batch_size=4, data=str(path)), log=QUIET)
+    for p, out in r0.items():
+        for a, b in zip(out["rows"], ref["rows"], strict=True):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), p
