@@ -206,7 +206,7 @@ def measure_block_saved_bytes(cfg: ModelConfig, device: torch.device, attention:
 
     rope = RotaryEmbedding(cfg.context_length, cfg.head_dim, cfg.rope_theta, device=device)
     block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, rope, attention, device=device,
-                             dtype=torch.bfloat16)
+                             dtype=torch.bfloat16, num_kv_heads=cfg.num_kv_heads, attention_window=cfg.attention_window)
     x = torch.randn(cfg.batch_size, cfg.context_length, cfg.d_model, device=device, dtype=torch.bfloat16,
                     requires_grad=True)
     positions = torch.arange(cfg.context_length, device=device)
