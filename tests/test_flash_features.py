@@ -127,7 +127,8 @@ def test_cpu_peers_agree_and_their_records_fit_the_kind(tmp_path):
 @pytest.mark.xfail(not _has_flash_attention(), strict=True,
                    reason="cs336_systems.attention.flash_attention lands with issue 21's kernel branch")
 def test_ours_under_the_interpreter_agrees_with_the_peers(tmp_path):
-    shape = FeatureShape(2, 4, 2, 37, 16, causal=False, window=(5, 2), n_docs=3, dtype="fp32")
+    # Multi-query heads, a two-sided window and documents at once; small: the interpreter runs each tile in numpy.
+    shape = FeatureShape(2, 2, 1, 29, 16, causal=False, window=(5, 2), n_docs=3, dtype="fp32")
     rows = _run_cpu(shape, ["sdpa_math_mask", "triton", "flex"], tmp_path)
     assert rows["triton"]["status"] == "ok", rows["triton"]["status"]
     assert rows["triton"]["role"] == "ours" and rows["triton"]["forward_backward_ms"] > 0

@@ -123,4 +123,6 @@ def build(ctx) -> str | None:
              "forward+backward); ratios are ours / the other's time (below 1: ours is faster).\n"]
     for config in dict.fromkeys(r["config"] for r in rows):
         parts.append(_config(ctx, config, _latest_run([r for r in rows if r["config"] == config])))
+    ctx.code("flash_features", "cs336_systems/attention/flash_triton.py", "flash_attention",
+             "grouped-query heads, windows, packed documents")
     return "\n".join(parts)
