@@ -171,3 +171,24 @@ def test_gpu_features_bench_small(config):
     for r in rows.values():
         if r["role"] == "peer" and r["status"] == "ok":
             assert r["diff_against"] == "triton" and r["max_abs_diff"] < 2e-2, r
+
+
+def test_features_command_writes_every_row_to_one_record_file(tmp_path, monkeypatch, capsys):
+    """``flash-bench --only features``'s writer, at tiny shapes on a CPU (the command itself asks for CUDA)."""
+    import argparse
+
+    from cs336_systems.commands import flash_bench
+
+    tiny = {"gqa": FeatureShape(1, 4, 2, 24, 8, dtype="fp32"),
+            "docs": FeatureShape(2, 2, 2, 24, 8, n_docs=3, dtype="fp32")}
+    monkeypatch.setattr(flash_bench, "FEATURE_SHAPES", tiny)
+    args = argparse.Namespace(feature=list(tiny), feature_impl=["sdpa_math", "sdpa_math_mask"], feature_rep_ms=1.0,
+                              results_dir=str(tmp_path))
+    assert flash_bench._features(args, torch.device("cpu")) == 0
+    (path,) = (tmp_path / "flash_features").glob("*.jsonl")
+    rows = read_records("flash_features", tmp_path, strict=True)
+    assert [(r["config"], r["impl"], r["role"]) for r in rows] == [
+        ("gqa", "sdpa_math", "peer"), ("gqa", "sdpa_math_mask", "peer"),
+        ("docs", "sdpa_math", "reference"), ("docs", "sdpa_math_mask", "peer")]
+    assert all(r["status"] == "ok" for r in rows) and rows[1]["max_abs_diff"] < 1e-5
+    assert len({r.prov.output for r in rows}) == 1 and str(path) in capsys.readouterr().out

@@ -39,8 +39,7 @@ from cs336_systems.bench.flash import (
     versus_peers,
 )
 from cs336_systems.bench.flash_features import FEATURE_IMPLS, FEATURE_SHAPES, run_shape, versus_fastest_peer
-from cs336_systems.bench.recording import RecordWriter
-from cs336_systems.records import write_records
+from cs336_systems.records import append_records, write_records
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,14 +148,22 @@ FEATURE_SHOW = ["config", "impl", "role", "status", "visible_fraction", "forward
 
 
 def _features(args: argparse.Namespace, device: torch.device) -> int:
-    writer = RecordWriter("flash_features", args.results_dir, device)
+    path = None
+
+    def record(row: dict) -> None:  # as measured (a run cut at its time limit keeps its rows), each validated
+        nonlocal path
+        if path is None:
+            path = write_records("flash_features", [row], args.results_dir, device)
+        else:
+            append_records(path, "flash_features", [row])
+
     rows = []
     for name in tqdm(args.feature, desc="flash_features", unit="shape"):
         rows += run_shape(name, FEATURE_SHAPES[name], device, args.feature_impl,
-                          warmup_ms=min(100.0, args.feature_rep_ms / 3), rep_ms=args.feature_rep_ms, on_row=writer.add)
+                          warmup_ms=min(100.0, args.feature_rep_ms / 3), rep_ms=args.feature_rep_ms, on_row=record)
     print(_table(rows, FEATURE_SHOW))
     print(_table(versus_fastest_peer(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
                                              "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
                                              "forward_backward_best_ms", "forward_backward_ratio"]))
-    print(f"wrote {writer.path}")
+    print(f"wrote {path}")
     return 0
