@@ -28,6 +28,7 @@ TORCH_COMPILE = "torch_compile"
 MFU_TARGET = "mfu_target"
 FLASH_BENCHMARKING = "flash_benchmarking"
 FLASH_LEADERBOARD = "flash_leaderboard"
+FLASH_FEATURES = "flash_features"  # grouped-query heads, sliding window, packed documents vs peers (issue 21)
 COMM_PROBLEM = "distributed_communication_single_node"
 DDP_PROBLEM = "ddp_bucketed_benchmarking"  # every ddp-bench variant's records
 SHARD_PROBLEM = "optimizer_state_sharding_accounting"  # every shard-bench variant's records (FSDP's too)
@@ -252,6 +253,14 @@ _kind(FLASH_BENCHMARKING, "cs336-systems flash-bench --only sweep: one implement
       _FLASH_CONFIG, _FLASH_MEASURED)
 _kind(FLASH_LEADERBOARD, "cs336-systems flash-bench --only leaderboard: one implementation at a leaderboard shape",
       {**_FLASH_CONFIG, "config": STR}, {**_FLASH_MEASURED, "matmul_peak_tflops": NUM, "suite": STR})
+_kind(FLASH_FEATURES, "cs336-systems flash-bench --only features: one implementation at one of issue 21's shapes "
+      "(grouped-query heads, a sliding window, packed documents), its role ours / peer / reference",
+      {**_f("config impl role dtype status", STR), **_f("batch q_heads kv_heads seq_len head_dim", INT),
+       "causal": BOOL},
+      {**_f("window_left window_right n_docs doc_seed visible_pairs", INT), "doc_lengths": LIST,
+       **_f("visible_fraction forward_ms forward_backward_ms forward_tflops forward_backward_tflops mask_build_ms "
+            "max_abs_diff", NUM),
+       **_f("mask diff_against flex_compile note error", STR)})
 _kind(COMM_PROBLEM, "cs336-systems comm-bench: one all-reduce size on one world size",
       {**_f("backend device_type", STR), "size_mb": NUM, **_f("world_size warmup iters", INT)},
       {**_f("algbw_gbps busbw_gbps latency_mean_ms latency_median_ms latency_min_ms latency_std_ms", NUM),
