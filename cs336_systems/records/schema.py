@@ -171,7 +171,8 @@ _STEP_MEASURED = {**_f("loss impl", STR), "peer_compiled": BOOL,  # the training
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
-                  **_f("compile_scope error", STR)}
+                  **_f("compile_scope error", STR),  # bench --impl ours peer: the peer's step beside ours
+                  **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM)}
 
 _PRECISION_ROWS = {  # cs336-systems precision: accumulation loops and the autocast dtype table
     **_f("autocast dtype gradients logits loss summand accumulator loop", STR),
@@ -207,7 +208,6 @@ _kind(BENCHMARKING_MIXED_PRECISION, "cs336-systems precision (autocast dtypes) a
 _kind(TRAINING_STEP, "bench --problem training_step rows (--impl ours or peer), and the "
       "checks beside them (check=fused_ce_memory, check=loss)", {},
       {**_STEP_CONFIG, **_STEP_MEASURED,
-       **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM),
        **_f("check path", STR),
        **_f("tokens d_model vocab seed", INT),
        **_f("inputs_gib peak_gib peak_above_inputs_gib bf16_logits_gib fraction_of_bf16_logits ms tflops lr "
