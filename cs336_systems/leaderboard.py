@@ -342,9 +342,25 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 
+def compile_cache_files() -> int:
+    """Files in Triton's and Inductor's on-disk caches (``TRITON_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR`` or
+    their defaults): 0 at the start of a run means it compiled everything itself (the handout's 10-minute
+    rule is about such a cold run)."""
+    import getpass
+    import os
+    import tempfile
+    from pathlib import Path
+
+    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    dirs = [os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache",
+            os.environ.get("TORCHINDUCTOR_CACHE_DIR") or inductor]
+    return sum(1 for d in map(Path, dirs) if d.is_dir() for f in d.rglob("*") if f.is_file())
+
+
 def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     """Plan, build, time and measure one configuration; returns its record (``status`` ``ok`` or ``OOM``)."""
     started = time.perf_counter()
+    cache_files = compile_cache_files()
     device, model_cfg = cfg.torch_device, cfg.model_config()
     plan = plan_memory(model_cfg, impl=cfg.impl, device_bytes=device_memory_bytes(device), margin=cfg.memory_margin)
     log(f"leaderboard: {cfg.impl} step of {model_cfg.name} ({model_cfg.num_layers} layers, batch "
@@ -355,6 +371,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
               "context_length": model_cfg.context_length, "batch_size": model_cfg.batch_size,
               "d_model": model_cfg.d_model, "vocab_size": model_cfg.vocab_size,
               "attention": cfg.attention_backend, **({"rounding": cfg.rounding} if cfg.impl == "ours" else {}),
+              "compile_cache_files_at_start": cache_files,
               "warmup_ms": cfg.warmup_ms, "rep_ms": cfg.rep_ms, **plan.as_record()}
     if cfg.impl == "ours":
         check_fits(plan, cfg.memory_margin)  # on the estimate: refuse before allocating anything

@@ -68,13 +68,13 @@ def _guard(ctx, guards: list[dict]) -> list[str]:
         diffs = [g["relative_difference"] for g in guards if _rounding(g) == rounding]
         if diffs:
             ok = max(abs(d) for d in diffs) <= GUARD_TOLERANCE
-            lines.append(f"- {rounding}: {len(diffs)} seed(s), {min(diffs):+.2%} to {max(diffs):+.2%} "
+            lines.append(f"- {rounding}: {len(diffs)} run(s), {min(diffs):+.2%} to {max(diffs):+.2%} "
                          f"({'within' if ok else 'NOT within'} {GUARD_TOLERANCE:.0%}).")
     current = [g["relative_difference"] for g in guards if _rounding(g) == "stochastic"]
     if current:
         worst = max(current, key=abs)
         ctx.versus("leaderboard_2026", "quality guard: all-bf16 step's settings vs fp32 masters (small, 300 steps)",
-                   f"{worst:+.2%} (worst of {len(current)} seeds)", "fp32 masters", None,
+                   f"{worst:+.2%} (worst of {len(current)} runs)", "fp32 masters", None,
                    f"within {GUARD_TOLERANCE:.0%} ({'met' if abs(worst) <= GUARD_TOLERANCE else 'NOT met'})")
     return ["\n".join(lines) + "\n", table(df, ".4g") + "\n", provenance(guards) + "\n"]
 
@@ -86,6 +86,9 @@ def build(ctx) -> str | None:
         return None
     full = [r for r in rows if _full_size(r)]
     ours = [r for r in full if r["impl"] == "ours" and r["status"] == "ok"]
+    # The step as it runs now stores bf16 state with stochastic rounding (the quality guard's verdict); runs
+    # before that (no "rounding" field) rounded to nearest and are listed below, not headlined.
+    ours = [r for r in ours if r.get("rounding") == "stochastic"] or ours
     naive = [r for r in full if r["impl"] == "naive"]
     parts = ["## leaderboard_2026\n",
              "`cs336-systems leaderboard` times the handout's step (forward, summed cross-entropy, backward, AdamW; "
@@ -107,6 +110,12 @@ def build(ctx) -> str | None:
                      f"Phases (one step, synchronised between them): forward {best['forward_ms'] / 1e3:.2f} s, "
                      f"loss {best['loss_ms'] / 1e3:.2f} s, backward (with recomputation) "
                      f"{best['backward_ms'] / 1e3:.2f} s, optimizer {best['optimizer_ms'] / 1e3:.3f} s.\n")
+        cold = [r for r in rows if r.get("compile_cache_files_at_start") == 0 and _full_size(r)]
+        if cold:  # the handout's rule: from empty caches, the whole run within 10 minutes
+            same_run = [r for r in rows if r["provenance"]["output"] == cold[0]["provenance"]["output"]]
+            parts.append(f"From empty Triton and Inductor caches, `{cold[0]['provenance']['command']}` ran its "
+                         f"{len(same_run)} configuration(s) in {sum(r['wall_s'] for r in same_run):.0f} s "
+                         "(the handout allows 10 minutes).\n")
         met = best["step_ms"] <= TARGET_MS and best["mfu"] >= TARGET_MFU and margin >= TARGET_MARGIN
         ctx.answer("leaderboard_2026", f"8B step, batch 2 x 32,768 on one {best['provenance']['device']}: "
                    f"{best['step_ms'] / 1e3:.2f} s, MFU {best['mfu']:.1%}, peak {best['peak_memory_gib']:.1f} GiB; "
