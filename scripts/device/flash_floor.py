@@ -56,6 +56,28 @@ def main() -> None:
     if not args.profile:
         return
     fn = impls["ours"]
+    from cs336_systems.attention import flash_triton as ft
+
+    def host_us(call, n=500):
+        call()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        host = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        return host
+
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    o, lse = ft._forward(qd, kd, vd, causal, None)
+    for name, call in [("_forward (launcher only)", lambda: ft._forward(qd, kd, vd, causal, None)),
+                       ("_backward (launchers only)",
+                        lambda: ft._backward(qd, kd, vd, o, lse, do, causal, None, False)),
+                       ("apply, no grad", lambda: fn(qd, kd, vd, causal)),
+                       ("apply, recording the graph", lambda: fn(q, k, v, causal)),
+                       ("torch.empty_like x2", lambda: (torch.empty_like(qd), torch.empty_like(qd))),
+                       ("sdpa flash forward", lambda: impls["sdpa_flash"](q, k, v, causal))]:
+        print(f"host time per call: {name:28s} {host_us(call):8.1f} us")
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(200):
@@ -63,6 +85,7 @@ def main() -> None:
     pr.disable()
     torch.cuda.synchronize()
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(40)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
