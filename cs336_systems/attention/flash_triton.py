@@ -128,11 +128,12 @@ def _tile_ranges(start, n_rows, N_COLS, LEFT, RIGHT, any_lo, any_hi, all_lo, all
                  BLOCK_COLS: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
                  HAS_DOCS: tl.constexpr):
     """Rows r in [start, start + BLOCK_ROWS) see columns c with r - LEFT <= c <= r + RIGHT (each side only if
-    limited) and, with documents, c in their document ([any_lo, any_hi) bounds what some row may see,
-    [all_lo, all_hi) what every row sees). Returns column tiles ``lo <= full_lo <= full_hi <= hi``: [lo, full_lo)
-    and [full_hi, hi) need the mask, [full_lo, full_hi) are visible to every row and lie inside N_COLS; other
-    tiles hold no visible pair and are never loaded. Queries over keys (forward, dQ) and, with the sides
-    swapped, keys over queries (dK, dV) use it alike."""
+    limited: LIMIT_* is 0 for no limit, else 1 where the side is 0, 2 otherwise) and, with documents, c in their
+    document ([any_lo, any_hi) bounds what some row may see, [all_lo, all_hi) what every row sees). Returns
+    column tiles ``lo <= full_lo <= full_hi <= hi``: [lo, full_lo) and [full_hi, hi) need the mask,
+    [full_lo, full_hi) are visible to every row and lie inside N_COLS; other tiles hold no visible pair and are
+    never loaded. Queries over keys (forward, dQ) and, with the sides swapped, keys over queries (dK, dV) use
+    it alike."""
     last = tl.minimum(start + BLOCK_ROWS, n_rows) - 1  # rows past n_rows are never stored: ignore them
     lo = 0
     hi = N_COLS
@@ -157,16 +158,23 @@ def _tile_ranges(start, n_rows, N_COLS, LEFT, RIGHT, any_lo, any_hi, all_lo, all
 
 
 @triton.jit
-def _visible(offs_q, offs_k, q_doc, k_doc, N_Q, N_K, LEFT, RIGHT, LIMIT_LEFT: tl.constexpr,
-             LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, CHECK_Q: tl.constexpr):
+def _visible(offs_q, offs_k, q_doc, k_doc, n_valid, LEFT, RIGHT, LIMIT_LEFT: tl.constexpr,
+             LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, KEY_TILE: tl.constexpr):
     """Which (query, key) pairs of a masked tile are visible; the index tensors broadcast to the tile (queries
-    along one axis, keys along the other). Keys past N_K never are; queries past N_Q only with CHECK_Q."""
-    visible = offs_k < N_K
-    if CHECK_Q:
-        visible = visible & (offs_q < N_Q)
-    if LIMIT_LEFT:
+    along one axis, keys along the other). The tile's own rows past n_valid are not: keys past N_K in a
+    program that owns a query tile (``KEY_TILE=False``), queries past N_Q in one that owns a key tile (whose
+    own key rows past N_K are zero and never stored)."""
+    if KEY_TILE:
+        visible = offs_q < n_valid
+    else:
+        visible = offs_k < n_valid
+    if LIMIT_LEFT == 1:
+        visible = visible & (offs_k >= offs_q)
+    elif LIMIT_LEFT:
         visible = visible & (offs_k >= offs_q - LEFT)
-    if LIMIT_RIGHT:
+    if LIMIT_RIGHT == 1:  # causal: a compile-time 0 keeps the diagonal tiles' arithmetic as before windows
+        visible = visible & (offs_k <= offs_q)
+    elif LIMIT_RIGHT:
         visible = visible & (offs_k <= offs_q + RIGHT)
     if HAS_DOCS:
         visible = visible & (q_doc == k_doc)
@@ -186,7 +194,7 @@ def _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, 
         k_doc = 0
         if HAS_DOCS:
             k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
-        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, 0, N_K, LEFT, RIGHT, LIMIT_LEFT,
+        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT,
                            LIMIT_RIGHT, HAS_DOCS, False)
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -306,6 +314,9 @@ def _row_stats(L, Delta, offs_m, N_Q, MASKED: tl.constexpr):
     """log2-unit logsumexp and D of the query rows offs_m (L and Delta already offset to the batch-head)."""
     if MASKED:
         lse2 = tl.load(L + offs_m, mask=offs_m < N_Q, other=0.0) * 1.4426950408889634
+        # a row that sees no key (L = -inf) only occurs in masked tiles: P = exp2(S - inf) = 0 rather than inf
+        # (which times a zero key row past N_K would be NaN)
+        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)
     else:
         lse2 = tl.load(L + offs_m) * 1.4426950408889634
@@ -314,7 +325,7 @@ def _row_stats(L, Delta, offs_m, N_Q, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, N_K, LEFT, RIGHT,
+def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, LEFT, RIGHT,
                qk_scale, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
                LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
@@ -329,10 +340,9 @@ def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc
         q_doc = 0
         if HAS_DOCS:
             q_doc = tl.load(doc + offs_m, mask=offs_m < N_Q, other=0)[None, :]
-        # keys past N_K are zero rows whose dK, dV are never stored: only the queries are checked
-        visible = _visible(offs_m[None, :], offs_n[:, None], q_doc, k_doc, N_Q, N_K, LEFT, RIGHT, LIMIT_LEFT,
+        visible = _visible(offs_m[None, :], offs_n[:, None], q_doc, k_doc, N_Q, LEFT, RIGHT, LIMIT_LEFT,
                            LIMIT_RIGHT, HAS_DOCS, True)
-        pT = tl.where(visible, pT, 0.0)  # also where a row saw no key (L = -inf, pT = inf)
+        pT = tl.where(visible, pT, 0.0)
     do = _load_rows(do_src, start_m, MASKED, not EVEN_D, TMA)
     dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # eq. 15
     dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # eq. 16, transposed
@@ -350,7 +360,7 @@ def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, hi, N_Q, N_K, LEFT, RIGHT,
+def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, hi, N_Q, LEFT, RIGHT,
                qk_scale, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
                LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
@@ -358,13 +368,13 @@ def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc
     if INTERPRET:
         start_m = lo
         while start_m < hi:
-            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, N_K,
+            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q,
                                 LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
                                 HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
             start_m += BLOCK_M
     else:
         for start_m in range(lo, hi, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, N_K,
+            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q,
                                 LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
                                 HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
     return dk, dv
@@ -372,7 +382,7 @@ def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc
 
 @triton.jit
 def _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bh, stride_qb, stride_qm, stride_qd, stride_dob, stride_dom,
-               stride_dod, offs_n, k_doc, doc, lo, full_lo, full_hi, hi, N_Q, N_K, LEFT, RIGHT, qk_scale,
+               stride_dod, offs_n, k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale,
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
                LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
                ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
@@ -387,14 +397,14 @@ def _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bh, stride_qb, stride_qm, 
     else:
         dq_dst = DQ_ACC + bh * N_Q * D_PAD
     if LIMIT_RIGHT or HAS_DOCS:  # the diagonal (or the window's right edge), the document's start
-        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, full_lo, N_Q, N_K,
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, full_lo, N_Q,
                             LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
                             TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
     dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_lo, full_hi, N_Q,
-                        N_K, LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
+                        LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
                         TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
     # the window's left edge, the document's end, the end of the queries
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_hi, hi, N_Q, N_K,
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_hi, hi, N_Q,
                         LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
                         ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
     return dk, dv
@@ -441,14 +451,14 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         while g < GROUP:
             dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
                                 stride_qd, stride_dob, stride_dom, stride_dod, offs_n, k_doc, doc, lo, full_lo,
-                                full_hi, hi, N_Q, N_K, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
+                                full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
                                 LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
             g += 1
     else:
         for g in range(GROUP):  # GROUP == 1 is a compile-time constant (Triton specialises 1): no loop
             dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
                                 stride_qd, stride_dob, stride_dom, stride_dod, offs_n, k_doc, doc, lo, full_lo,
-                                full_hi, hi, N_Q, N_K, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
+                                full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
                                 LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
     dk_dst = _tile_src(DK + bkv * stride_dkb, N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     dv_dst = _tile_src(DV + bkv * stride_dvb, N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
@@ -483,7 +493,7 @@ def _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, start_n, 
         k_doc = 0
         if HAS_DOCS:
             k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
-        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, 0, N_K, LEFT, RIGHT, LIMIT_LEFT,
+        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT,
                            LIMIT_RIGHT, HAS_DOCS, False)
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # eq. 16
@@ -718,6 +728,12 @@ def _doc_span(doc_ids: Tensor | None) -> Tensor | None:
     return span
 
 
+def _limit(side: int | None) -> int:
+    """A window side as the kernels' LIMIT_* constexpr: 0 no limit, 1 a side of 0 (causal's right: a compile-time
+    constant in the masks), 2 any other."""
+    return 0 if side is None else 1 if side == 0 else 2
+
+
 def _doc_args(doc_ids: Tensor | None, doc_span: Tensor | None, dummy: Tensor) -> tuple[Tensor, Tensor, tuple]:
     """The kernels' DOC and SPAN arguments ((batch, N) ids, contiguous; spans) and their part of a launch key;
     without documents a placeholder the kernels never read."""
@@ -763,8 +779,8 @@ def _forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: 
             (_cdiv(n_q, cfg.block_m), bh, 1),
             (q, k, v, o, lse, doc, span, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, group, heads,
              left or 0, right or 0, scale * LOG2E),
-            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, LIMIT_LEFT=left is not None,
-                 LIMIT_RIGHT=right is not None, HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, TMA=tma,
+            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, LIMIT_LEFT=_limit(left),
+                 LIMIT_RIGHT=_limit(right), HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, TMA=tma,
                  INPUT_PRECISION=prec, INTERPRET=_INTERPRETED), cfg)
     return o.view(Q.shape), lse.view(Q.shape[:-1])
 
@@ -812,7 +828,7 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
     dq_acc = delta if deterministic else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
     prec = _input_precision(Q.dtype)
     plan = (_layout(q, k, v, o, do, lse), dev, left, right, group, heads, doc_key, cfgs, deterministic, prec)
-    common = dict(HEAD_DIM=d, D_PAD=d_pad, LIMIT_LEFT=left is not None, LIMIT_RIGHT=right is not None,
+    common = dict(HEAD_DIM=d, D_PAD=d_pad, LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right),
                   HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED)
     sides = (left or 0, right or 0, scale, scale * LOG2E)
     row_block = 16 if _INTERPRETED else 64
