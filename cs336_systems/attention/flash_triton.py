@@ -23,13 +23,21 @@ Causal (top-left aligned: query i sees keys 0..i, also when Nq != Nk): tiles ent
 are never visited; tiles entirely below it run a loop with no index comparisons; only tiles crossing the
 diagonal (or the end of the sequence) are masked. Causal programs are launched heaviest first.
 
+Features (``flash_attention``): grouped-query heads (a program reads key/value head bh // GROUP; the dK/dV
+program of a key/value head loops over its group's query heads, no atomics), sliding windows
+``(left, right)`` and packed documents (``doc_ids``). ``_tile_ranges`` gives every program the tiles that hold
+a visible pair (masked edge runs, an unmasked middle run); the others are never loaded. Causal is a window's
+right side of 0. Documents: per-position document bounds computed on the device (``_doc_span``) narrow the
+ranges where a sequence's ids are sorted; ids are compared only in masked tiles.
+
 One kernel per pass, two ways to address memory (``TMA`` constexpr, chosen per launch): tensor
 descriptors (``tl.make_tensor_descriptor``, built on the device per program and batch-head: loads and
 stores through Hopper's TMA unit, out-of-bounds rows zero-filled and clipped) where the tensors allow it
 (unit stride along d, 16-byte aligned bases and strides, sm_90+), else block pointers (any strides; any
 GPU; the CPU interpreter). ``_tile_src`` / ``_load_rows`` / ``_store_rows`` hide the difference.
 
-Supported: Q ``(..., Nq, d)``, K and V ``(..., Nk, d)`` with any leading dims (flattened into one
+Supported: Q ``(..., Nq, d)``, K and V ``(..., Nk, d)`` (``flash_attention``: K and V may have fewer heads, dim -3)
+with any leading dims (flattened into one
 batch x heads grid axis); any Nq, Nk >= 1; head dim 16..256, non-powers of two padded to the next power
 of two inside the kernel; fp16, bf16, fp32 (fp32 dots use TF32 unless
 ``torch.get_float32_matmul_precision() == "highest"``, PyTorch's default, in which case they are IEEE
