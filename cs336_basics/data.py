@@ -30,3 +30,13 @@ def get_batch(
     if device.type == "cuda":
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.contiguous().to(device), y.contiguous().to(device)
+
+
+def document_ids(token_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Document index of every position of packed sequences ``(..., T)``: 0 up to and including the first
+    ``eos_id``, then 1 up to and including the next, and so on (an end-of-document token belongs to the document
+    it ends). Passed as ``doc_ids`` to ``BasicsTransformerLM``, attention never crosses a document boundary."""
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+        raise ValueError(f"document_ids: token ids must be an integer tensor, got {token_ids.dtype}")
+    is_eos = (token_ids == eos_id).to(torch.int32)
+    return is_eos.cumsum(dim=-1, dtype=torch.int32) - is_eos  # EOS tokens strictly before each position

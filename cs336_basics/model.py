@@ -4,9 +4,10 @@
     for each block:  x = x + Attn(RMSNorm(x)) ;  x = x + SwiGLU(RMSNorm(x))
     logits = Linear(RMSNorm(x))            # untied LM head
 
-Attention is causal multi-head self-attention with RoPE on the queries and keys of every head; the
-attention kernel is picked by name (see ``cs336_basics.attention``). Shapes in comments:
-B batch, T sequence, D d_model, H heads, Dh head dim, V vocab.
+Attention is causal multi-head self-attention with RoPE on the queries and keys of every head, optionally
+with fewer key/value heads (``num_kv_heads``), a sliding window (``attention_window``) and packed documents
+(``forward(tokens, doc_ids)``); the attention kernel is picked by name (see ``cs336_basics.attention``).
+Shapes in comments: B batch, T sequence, D d_model, H heads, Hkv key/value heads, Dh head dim, V vocab.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from einops import rearrange
 from torch import Tensor
 
 # scaled_dot_product_attention: the course's fixed name here; defined beside the backends, re-exported
-from cs336_basics.attention import AttentionFn, get_attention_backend
+from cs336_basics.attention import AttentionFn, get_attention_backend, supports_attention_extras
 from cs336_basics.attention import scaled_dot_product_attention as scaled_dot_product_attention
 
 
@@ -119,9 +120,32 @@ class RotaryEmbedding(nn.Module):
         return rotated.flatten(-2).to(x.dtype)
 
 
+def _check_heads_and_window(d_model: int, num_heads: int, num_kv_heads: int | None,
+                            attention_window: int | None) -> int:
+    """Validate the attention shape; returns the number of key/value heads."""
+    if not isinstance(num_heads, int) or num_heads < 1 or d_model % num_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+    kv = num_heads if num_kv_heads is None else num_kv_heads
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or num_heads % kv:
+        raise ValueError(f"num_kv_heads must be a positive divisor of num_heads ({num_heads}) or None, "
+                         f"got {num_kv_heads!r}")
+    if attention_window is not None and (isinstance(attention_window, bool) or not isinstance(attention_window, int)
+                                         or attention_window < 1):
+        raise ValueError(f"attention_window must be a positive integer (keys per query, itself included) or None, "
+                         f"got {attention_window!r}")
+    return kv
+
+
 class CausalMultiHeadSelfAttention(nn.Module):
-    """Causal multi-head self-attention with RoPE on q and k; the kernel is ``attention_backend``
-    (a registered name, or a function ``(q, k, v, is_causal) -> out`` on ``(B, H, T, Dh)``)."""
+    """Causal multi-head self-attention with RoPE on q and k; the kernel is ``attention_backend`` (a registered
+    name, or a function ``(q, k, v, is_causal, *, window=None, doc_ids=None) -> out``: ``cs336_basics.attention``).
+
+    ``num_kv_heads`` (default ``num_heads``) key/value heads of ``head_dim`` each, shared by groups of
+    ``num_heads // num_kv_heads`` query heads (grouped-query attention, Ainslie et al. 2023; 1 is multi-query).
+    ``attention_window`` W: each query sees the W most recent keys, itself included (keys i-W+1..i, the
+    convention of Hugging Face transformers' sliding-window mask for Mistral, ``kv_idx > q_idx - W``);
+    ``None``: all earlier keys.
+    """
 
     def __init__(
         self,
@@ -131,14 +155,17 @@ class CausalMultiHeadSelfAttention(nn.Module):
         attention_backend: str | AttentionFn = "reference",
         device=None,
         dtype=None,
+        *,
+        num_kv_heads: int | None = None,
+        attention_window: int | None = None,
     ):
         super().__init__()
-        if num_heads < 1 or d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        kv = _check_heads_and_window(d_model, num_heads, num_kv_heads, attention_window)
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, d_model // num_heads
+        self.num_kv_heads, self.attention_window = kv, attention_window
         self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, kv * self.head_dim, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, kv * self.head_dim, device=device, dtype=dtype)
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
         self.positional_encoder = positional_encoder
         self.attention_backend_name = (
@@ -149,24 +176,43 @@ class CausalMultiHeadSelfAttention(nn.Module):
         self.attention_fn: AttentionFn = (
             get_attention_backend(attention_backend) if isinstance(attention_backend, str) else attention_backend
         )
+        self.takes_extras = supports_attention_extras(self.attention_fn)
+        if (kv != num_heads or attention_window is not None) and not self.takes_extras:
+            raise ValueError(
+                f"attention backend {self.attention_backend_name!r} takes only (q, k, v, is_causal): it cannot run "
+                f"num_kv_heads={kv} (of {num_heads} heads) or attention_window={attention_window}; use one that "
+                "takes window= and doc_ids= (reference, sdpa)"
+            )
 
-    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
+        """x: (..., T, D); doc_ids: optional (B, T) ints, attention stays within equal ids (packed documents)."""
         T = x.shape[-2]
-        q, k, v = (
-            rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_heads)
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        q = rearrange(self.q_proj(x), "... t (h d) -> ... h t d", h=self.num_heads)  # (B, H, T, Dh)
+        k, v = (
+            rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_kv_heads)  # (B, Hkv, T, Dh)
+            for proj in (self.k_proj, self.v_proj)
         )
         if self.positional_encoder is not None:
             if token_positions is None:
                 token_positions = torch.arange(T, device=x.device)
             pos = token_positions.unsqueeze(-2) if token_positions.dim() > 1 else token_positions  # add a head dim
             q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
-        out = self.attention_fn(q, k, v, True)  # (..., H, T, Dh)
+        extras = {}
+        if self.attention_window is not None and self.attention_window < T:  # a wider window hides nothing
+            extras["window"] = (self.attention_window - 1, 0)
+        if doc_ids is not None:
+            if not self.takes_extras:
+                raise ValueError(f"attention backend {self.attention_backend_name!r} takes only (q, k, v, "
+                                 "is_causal): it cannot run doc_ids; use one that takes window= and doc_ids= "
+                                 "(reference, sdpa)")
+            extras["doc_ids"] = doc_ids
+        out = self.attention_fn(q, k, v, True, **extras)  # (..., H, T, Dh)
         return self.output_proj(rearrange(out, "... h t d -> ... t (h d)"))
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: x + attn(ln1(x)), then + ffn(ln2(x))."""
+    """Pre-norm block: x + attn(ln1(x)), then + ffn(ln2(x)); ``num_kv_heads`` and ``attention_window`` as in
+    :class:`CausalMultiHeadSelfAttention`."""
 
     def __init__(
         self,
@@ -177,17 +223,21 @@ class TransformerBlock(nn.Module):
         attention_backend: str | AttentionFn = "reference",
         device=None,
         dtype=None,
+        *,
+        num_kv_heads: int | None = None,
+        attention_window: int | None = None,
     ):
         super().__init__()
         self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
         self.attn = CausalMultiHeadSelfAttention(
-            d_model, num_heads, positional_encoder, attention_backend, device=device, dtype=dtype
+            d_model, num_heads, positional_encoder, attention_backend, device=device, dtype=dtype,
+            num_kv_heads=num_kv_heads, attention_window=attention_window,
         )
         self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
         self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln1(x), token_positions)
+    def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), token_positions, doc_ids)
         return x + self.ffn(self.ln2(x))
 
 
@@ -195,7 +245,9 @@ class BasicsTransformerLM(nn.Module):
     """Token ids ``(B, T)`` -> logits ``(B, T, V)``.
 
     ``check_inputs`` validates token ids against the vocabulary (one device->host sync per forward;
-    turn it off for benchmarks once the data is known to be good).
+    turn it off for benchmarks once the data is known to be good). ``num_kv_heads`` (grouped-query
+    attention) and ``attention_window`` (sliding window of W keys, itself included) as in
+    :class:`CausalMultiHeadSelfAttention`; their defaults build the handout's model, parameter for parameter.
     """
 
     def __init__(
@@ -211,6 +263,9 @@ class BasicsTransformerLM(nn.Module):
         check_inputs: bool = True,
         device=None,
         dtype=None,
+        *,
+        num_kv_heads: int | None = None,
+        attention_window: int | None = None,
     ):
         super().__init__()
         for name, value in dict(
@@ -223,15 +278,16 @@ class BasicsTransformerLM(nn.Module):
         ).items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        _check_heads_and_window(d_model, num_heads, num_kv_heads, attention_window)
         self.vocab_size, self.context_length = vocab_size, context_length
         self.d_model, self.num_layers, self.num_heads, self.d_ff = d_model, num_layers, num_heads, d_ff
+        self.num_kv_heads, self.attention_window = num_kv_heads, attention_window
         self.check_inputs = check_inputs
         self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
         rope = RotaryEmbedding(context_length, d_model // num_heads, rope_theta, device=device)
         self.layers = nn.ModuleList(
-            TransformerBlock(d_model, num_heads, d_ff, rope, attention_backend, device=device, dtype=dtype)
+            TransformerBlock(d_model, num_heads, d_ff, rope, attention_backend, device=device, dtype=dtype,
+                             num_kv_heads=num_kv_heads, attention_window=attention_window)
             for _ in range(num_layers)
         )
         self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
@@ -249,10 +305,23 @@ class BasicsTransformerLM(nn.Module):
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got values in [{lo}, {hi}]")
 
-    def forward(self, token_ids: Tensor) -> Tensor:
+    def _validate_doc_ids(self, token_ids: Tensor, doc_ids: Tensor) -> None:
+        if not isinstance(doc_ids, Tensor) or doc_ids.dtype.is_floating_point or doc_ids.dtype.is_complex \
+                or doc_ids.dtype == torch.bool:
+            raise ValueError(f"doc_ids must be an integer tensor, got "
+                             f"{doc_ids.dtype if isinstance(doc_ids, Tensor) else type(doc_ids).__name__}")
+        if token_ids.dim() != 2 or doc_ids.shape != token_ids.shape:
+            raise ValueError(f"doc_ids must have the shape (batch, T) of the token ids, got doc_ids "
+                             f"{tuple(doc_ids.shape)} for token ids {tuple(token_ids.shape)}")
+
+    def forward(self, token_ids: Tensor, doc_ids: Tensor | None = None) -> Tensor:
+        """``doc_ids`` ``(B, T)`` ints: attention never crosses from one id to another (documents packed in a
+        sequence; positions are not restarted per document, RoPE scores depend only on the offset anyway)."""
         self._validate(token_ids)
+        if doc_ids is not None:
+            self._validate_doc_ids(token_ids, doc_ids)
         x = self.token_embeddings(token_ids)  # (B, T, D)
         positions = torch.arange(token_ids.shape[-1], device=token_ids.device)
-        for layer in self.layers:
-            x = layer(x, positions)
+        for layer in self.layers:  # doc_ids only when given: blocks wrapped by others may take two arguments
+            x = layer(x, positions) if doc_ids is None else layer(x, positions, doc_ids)
         return self.lm_head(self.ln_final(x))  # (B, T, V)

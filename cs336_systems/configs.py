@@ -35,6 +35,8 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     rope_theta: float = 10_000.0
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: num_heads
+    attention_window: int | None = None  # sliding window: keys per query, itself included; None: all earlier
     batch_size: int = 4
     dtype: str = "fp32"  # parameter dtype the preset is meant to be trained in
 
@@ -45,12 +47,23 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{f} must be a positive integer, got {v!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        kv = self.num_kv_heads
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.num_heads % kv):
+            raise ValueError(f"ModelConfig.num_kv_heads must be a positive divisor of num_heads ({self.num_heads}) "
+                             f"or None, got {kv!r}")
+        w = self.attention_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"ModelConfig.attention_window must be a positive integer or None, got {w!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {sorted(_DTYPES)}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -60,8 +73,9 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def model_kwargs(self) -> dict:
-        """Keyword arguments for ``BasicsTransformerLM``."""
-        return dict(
+        """Keyword arguments for ``BasicsTransformerLM`` (``num_kv_heads`` / ``attention_window`` only when set, so
+        the handout model's arguments stay as they were)."""
+        kwargs = dict(
             vocab_size=self.vocab_size,
             context_length=self.context_length,
             d_model=self.d_model,
@@ -70,6 +84,10 @@ class ModelConfig:
             d_ff=self.d_ff,
             rope_theta=self.rope_theta,
         )
+        for name in ("num_kv_heads", "attention_window"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -117,17 +135,23 @@ def parse_dtype(name: str) -> torch.dtype:
 def count_parameters(cfg: ModelConfig) -> int:
     """Exact parameter count of ``BasicsTransformerLM(**cfg.model_kwargs())``.
 
-    Embedding V*D; per block 4*D^2 (q, k, v, out projections, no bias) + 3*D*F (SwiGLU) + 2*D (two
-    RMSNorm gains); final RMSNorm D; untied LM head D*V.
+    Embedding V*D; per block 2*D^2 + 2*D*(Hkv*Dh) (q and out projections, k and v over the key/value heads; 4*D^2
+    without grouped-query attention; no bias) + 3*D*F (SwiGLU) + 2*D (two RMSNorm gains); final RMSNorm D;
+    untied LM head D*V.
     """
     d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
-    return v * d + n * (4 * d * d + 3 * d * f + 2 * d) + d + d * v
+    return v * d + n * (_attention_weights(cfg) + 3 * d * f + 2 * d) + d + d * v
+
+
+def _attention_weights(cfg: ModelConfig) -> int:
+    d = cfg.d_model
+    return 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim
 
 
 def matmul_parameters(cfg: ModelConfig) -> int:
     """Parameters that take part in a matrix multiply (all but the embedding lookup and norm gains)."""
     d, f, v, n = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.num_layers
-    return n * (4 * d * d + 3 * d * f) + d * v
+    return n * (_attention_weights(cfg) + 3 * d * f) + d * v
 
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = False) -> int:
@@ -135,6 +159,8 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = False
     layer, counted over the full T x T score matrix, as PaLM does). ``causal=True`` counts only the
     visible half of the scores (the convention of FlashAttention's benchmarks and of the 2026 leaderboard's
     4.74 PFLOP per step). Kaplan et al. 2020 (Scaling Laws, sec. 2.1) and Chowdhery et al. 2022 (PaLM, app. B).
+    Grouped-query heads leave the score FLOPs as they are (every query head still scores every key); a sliding
+    window or packed documents are not discounted (MFU then counts the scores as if all were visible).
     """
     attention = 4 * cfg.num_layers * seq_len * cfg.d_model
     return 2 * matmul_parameters(cfg) + (attention // 2 if causal else attention)

@@ -40,6 +40,9 @@ GIB = 2**30
 MINIATURE = dict(vocab_size=1000, context_length=32, d_model=64, d_ff=172, num_layers=3, num_heads=4, batch_size=2)
 
 
+ROUNDINGS = ("stochastic", "nearest")  # FusedAdamW's rounding of bf16 state (see the quality guard)
+
+
 @dataclass(kw_only=True)
 class LeaderboardConfig:
     """One leaderboard run. ``layers`` / ``context_length`` / ``batch_size`` shrink the model for quick runs."""
@@ -55,6 +58,7 @@ class LeaderboardConfig:
     rep_ms: float = 1.0
     memory_margin: float = 0.10  # the plan leaves this fraction of device memory free (the target is 5%)
     seed: int = 0
+    rounding: str = "stochastic"  # how ours stores bf16 parameters and AdamW moments: stochastic or nearest
 
     def __post_init__(self):
         if self.impl not in IMPLS:
@@ -67,6 +71,8 @@ class LeaderboardConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"leaderboard: {name} must be a positive number of milliseconds, got {value!r}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"leaderboard: rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
         if not 0.0 <= self.memory_margin < 1.0:
             raise ValueError(f"leaderboard: memory_margin must lie in [0, 1), got {self.memory_margin!r}")
 
@@ -200,7 +206,7 @@ def measure_block_saved_bytes(cfg: ModelConfig, device: torch.device, attention:
 
     rope = RotaryEmbedding(cfg.context_length, cfg.head_dim, cfg.rope_theta, device=device)
     block = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, rope, attention, device=device,
-                             dtype=torch.bfloat16)
+                             dtype=torch.bfloat16, num_kv_heads=cfg.num_kv_heads, attention_window=cfg.attention_window)
     x = torch.randn(cfg.batch_size, cfg.context_length, cfg.d_model, device=device, dtype=torch.bfloat16,
                     requires_grad=True)
     positions = torch.arange(cfg.context_length, device=device)
@@ -278,7 +284,8 @@ def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
             m.layers[i] = CheckpointedBlocks([m.layers[i]])
 
     own_names = own_state_names(model, checkpoint_first_blocks)
-    return Step(model, FusedAdamW(model.parameters()), inputs, targets, cfg.impl, own_names)
+    optimizer = FusedAdamW(model.parameters(), stochastic_rounding=cfg.rounding == "stochastic", seed=cfg.seed)
+    return Step(model, optimizer, inputs, targets, cfg.impl, own_names)
 
 
 def _sync(device: torch.device) -> None:
@@ -347,7 +354,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     record = {"impl": cfg.impl, "preset": model_cfg.name, "layers": model_cfg.num_layers,
               "context_length": model_cfg.context_length, "batch_size": model_cfg.batch_size,
               "d_model": model_cfg.d_model, "vocab_size": model_cfg.vocab_size,
-              "attention": cfg.attention_backend,
+              "attention": cfg.attention_backend, **({"rounding": cfg.rounding} if cfg.impl == "ours" else {}),
               "warmup_ms": cfg.warmup_ms, "rep_ms": cfg.rep_ms, **plan.as_record()}
     if cfg.impl == "ours":
         check_fits(plan, cfg.memory_margin)  # on the estimate: refuse before allocating anything
@@ -431,11 +438,12 @@ def markov_batches(vocab_size: int, batch_size: int, context_length: int, seed: 
 
 
 def quality_guard(device: torch.device | str, *, preset: str = "small", steps: int = 300, context_length: int = 256,
-                  batch_size: int = 8, lr: float = 1e-3, seed: int = 0, log=print) -> dict:
+                  batch_size: int = 8, lr: float = 1e-3, seed: int = 0, stochastic_rounding: bool = True,
+                  log=print) -> dict:
     """Train ``preset`` twice on the same Markov-chain batches: with the leaderboard's precision (bf16
-    parameters, gradients and AdamW state, fused loss and fused AdamW) and with the fp32-master reference
-    (fp32 parameters and state, bf16 autocast, full logits, our AdamW). Returns both final losses (mean of
-    the last 10 steps) and their relative difference."""
+    parameters, gradients and AdamW state, stochastically rounded unless ``stochastic_rounding=False``; fused
+    loss and fused AdamW) and with the fp32-master reference (fp32 parameters and state, bf16 autocast, full
+    logits, our AdamW). Returns both final losses (mean of the last 10 steps) and their relative difference."""
     import cs336_systems.attention  # noqa: F401  (registers our kernels' backend names)
     from cs336_basics.model import BasicsTransformerLM
     from cs336_basics.nn_utils import cross_entropy
@@ -454,7 +462,7 @@ def quality_guard(device: torch.device | str, *, preset: str = "small", steps: i
                                     dtype=dtype, check_inputs=False)
         if name == "bf16":
             defer_lm_head(model)
-            optimizer = FusedAdamW(model.parameters(), lr=lr)
+            optimizer = FusedAdamW(model.parameters(), lr=lr, stochastic_rounding=stochastic_rounding, seed=seed)
         else:
             optimizer = AdamW(model.parameters(), lr=lr)
         batches, losses = markov_batches(model_cfg.vocab_size, batch_size, context_length, seed), []
@@ -473,6 +481,6 @@ def quality_guard(device: torch.device | str, *, preset: str = "small", steps: i
         log(f"quality guard: {name}: loss {losses[0]:.3f} -> {final[name]:.3f} after {steps} steps")
         del model, optimizer
     return {"preset": preset, "steps": steps, "context_length": context_length, "batch_size": batch_size, "lr": lr,
-            "seed": seed,
+            "seed": seed, "stochastic_rounding": stochastic_rounding,
             "final_loss_bf16": final["bf16"], "final_loss_fp32_master": final["fp32_master"],
             "relative_difference": final["bf16"] / final["fp32_master"] - 1.0}

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from cs336_basics.attention import get_attention_backend, supports_attention_extras
+from cs336_basics.data import document_ids
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
@@ -87,6 +89,9 @@ class TrainConfig:
     optimizer: str | None = None  # "ours" or "fused" (FusedAdamW: under bf16, bf16 weights with fp32 masters)
     loss: str | None = None  # "unfused" or "fused" (chunked LM head + cross-entropy, no logits tensor)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
+    attention_window: int | None = None  # sliding window: keys per query, itself included; None: the preset's
+    eos_id: int | None = None  # end-of-document token: attention stays within each packed document (doc_ids)
     checkpoint_dir: str | None = None  # None: no checkpoints (train() still returns the final weights)
     checkpoint_every: int | None = None  # steps between checkpoints; None: only at the end (and on SIGTERM)
     resume: bool = False  # continue from the highest complete checkpoint in checkpoint_dir
@@ -148,13 +153,20 @@ class TrainConfig:
             raise ValueError(f"train: --activation-checkpointing {self.activation_checkpointing} exceeds the "
                              f"{self.preset} preset's {layers} blocks; choose k in 1..{layers}, none, selective or "
                              "nested")
+        model_config(self)  # --num-kv-heads, --attention-window against the preset
+        vocab = get_preset(self.preset).vocab_size
+        if self.eos_id is not None and (isinstance(self.eos_id, bool) or not isinstance(self.eos_id, int)
+                                        or not 0 <= self.eos_id < vocab):
+            raise ValueError(f"train: --eos-id must be a token id in 0..{vocab - 1} (the {self.preset} preset's "
+                             f"vocabulary), got {self.eos_id!r}")
         if self.attention is not None:
-            from cs336_basics.attention import get_attention_backend
-
             try:
-                get_attention_backend(self.attention)
+                fn = get_attention_backend(self.attention)
             except ValueError as err:
                 raise ValueError(f"train: --attention: {err}") from None
+            if self.uses_attention_extras and not supports_attention_extras(fn):
+                raise ValueError(f"train: --attention {self.attention} takes no window= / doc_ids= (grouped-query "
+                                 "heads, --attention-window, --eos-id); use one that does, e.g. sdpa or reference")
         for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
@@ -168,6 +180,24 @@ class TrainConfig:
             raise ValueError("train: --resume needs --checkpoint-dir DIR (the directory of the run to continue)")
         if self.checkpoint_every is not None and self.checkpoint_dir is None:
             raise ValueError("train: --checkpoint-every needs --checkpoint-dir DIR")
+
+
+    @property
+    def uses_attention_extras(self) -> bool:
+        """Whether the attention needs a backend that takes ``window=`` / ``doc_ids=`` and grouped k / v."""
+        m = model_config(self)
+        return m.kv_heads != m.num_heads or m.attention_window is not None or self.eos_id is not None
+
+
+def model_config(cfg: TrainConfig) -> ModelConfig:
+    """The preset of ``cfg`` with its attention options (``ValueError`` naming the flag for a bad one)."""
+    preset = get_preset(cfg.preset)
+    changes = {k: getattr(cfg, k) for k in ("num_kv_heads", "attention_window") if getattr(cfg, k) is not None}
+    try:
+        return preset.replace(**changes) if changes else preset
+    except ValueError as err:
+        flag = "--num-kv-heads" if "num_kv_heads" in str(err) else "--attention-window"
+        raise ValueError(f"train: {flag}: {str(err).removeprefix('ModelConfig.')} (preset {cfg.preset})") from None
 
 
 def unsupported(parallel: str, name: str, value) -> str | None:
@@ -208,6 +238,10 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         if unsupported(cfg.parallel, name, value) is not None:
             notes.append(f"{name}={value} not with --parallel {cfg.parallel}")
             value = _SAFE[name]
+        if name == "attention" and cfg.uses_attention_extras \
+                and not supports_attention_extras(get_attention_backend(value)):
+            notes.append(f"attention={value} takes no window= / doc_ids=")
+            value = "sdpa"
         picked[name] = value
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
@@ -343,7 +377,7 @@ def preflight(cfg: TrainConfig, info: DistInfo | None = None) -> None:
     device = _planned_device(cfg, info)
     _check_device(cfg, device)
     world, local_world = _world(info)
-    model_cfg = get_preset(cfg.preset)
+    model_cfg = model_config(cfg)
     T = cfg.context_length or model_cfg.context_length
     B = cfg.batch_size or model_cfg.batch_size
     if cfg.data is not None:
@@ -475,7 +509,9 @@ def _agree(value, rank: int, distributed: bool):
     return box[0]
 
 
-MODEL_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+# What makes a checkpoint's weights fit (the last two: None in checkpoints written before they existed).
+MODEL_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta", "num_kv_heads",
+                "attention_window")
 
 
 def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
@@ -495,7 +531,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     if world > 1 and not needs_process_group(cfg.parallel):
         raise ValueError(f"train: {world} processes but --parallel {cfg.parallel}: ranks would train apart")
 
-    model_cfg = get_preset(cfg.preset)
+    model_cfg = model_config(cfg)
     T = cfg.context_length or model_cfg.context_length
     B = cfg.batch_size or model_cfg.batch_size
     model_cfg = model_cfg.replace(context_length=max(T, model_cfg.context_length))
@@ -509,7 +545,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         saved = checkpoint.read_train_state(resume_from)
         start_step = saved["step"]
         mine = {k: getattr(model_cfg, k) for k in MODEL_FIELDS}
-        if saved["model"] != mine:
+        if any(saved["model"].get(k) != v for k, v in mine.items()):
             diff = ", ".join(f"{k} {saved['model'].get(k)} there, {v} here" for k, v in mine.items()
                              if saved["model"].get(k) != v)
             raise ValueError(f"train: checkpoint {resume_from} is of another model ({diff}); resume with "
@@ -517,7 +553,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
-        for k in ("precision", "optimizer", "loss", "activation_checkpointing"):  # checkpoints keep the same keys
+        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id"):  # keys of later versions
             if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
         if saved["global_batch"] != B * cfg.grad_accum * world:
@@ -557,11 +593,12 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     if cfg.compile:  # in place, after the optimizer (which may turn weights into bf16): state-dict keys unchanged
         for part in (model.layers if cfg.compile_scope == "blocks" else [model]):
             part.compile()
+    # doc_ids (packed documents, --eos-id) reach every block through the wrappers' and the model's forward.
     if cfg.loss == "fused":
         head = model.lm_head.weight
-        loss_fn = lambda x, y: linear_cross_entropy(wrapped(x), head, y)
+        loss_fn = lambda x, y, d: linear_cross_entropy(wrapped(x, d), head, y)
     else:
-        loss_fn = lambda x, y: cross_entropy(wrapped(x), y)
+        loss_fn = lambda x, y, d: cross_entropy(wrapped(x, d), y)
     # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
     no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)
     data = TokenBatches(cfg, model_cfg.vocab_size, T, B, rank, world, device)
@@ -576,7 +613,10 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     if rank == 0:
         log(f"train: {cfg.preset} ({n_params / 1e6:.1f}M params), {world} rank(s) x batch {B} x {cfg.grad_accum} "
             f"micro x context {T}, parallel={cfg.parallel}, {cfg.precision}, device {device}, "
-            f"activation checkpointing {cfg.activation_checkpointing}")
+            f"activation checkpointing {cfg.activation_checkpointing}"
+            + (f", {model_cfg.kv_heads} key/value heads" if model_cfg.kv_heads != model_cfg.num_heads else "")
+            + (f", attention window {model_cfg.attention_window}" if model_cfg.attention_window else "")
+            + (f", documents split at token {cfg.eos_id}" if cfg.eos_id is not None else ""))
         log(settings_line)
         if resume_from is not None:
             log(f"resuming from {resume_from} (step {start_step} of {cfg.steps})"
@@ -613,10 +653,11 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                 loss_sum = torch.zeros((), device=device)
                 for micro in range(cfg.grad_accum):
                     x, y = data.get(step, micro)
+                    doc_ids = None if cfg.eos_id is None else document_ids(x, cfg.eos_id)
                     last = micro == cfg.grad_accum - 1
                     with (contextlib.nullcontext() if last else no_sync()):
                         with autocast():
-                            loss = loss_fn(x, y) / cfg.grad_accum
+                            loss = loss_fn(x, y, doc_ids) / cfg.grad_accum
                         loss.backward()
                     loss_sum += loss.detach()
                 wrapped.finish_gradient_synchronization()

@@ -228,3 +228,52 @@ def test_fused_adamw_keeps_bf16_state_for_bf16_params(seed):
         assert p.dtype == torch.bfloat16 and opt.state[p]["exp_avg"].dtype == torch.bfloat16
         assert "master" not in opt.state[p]
         assert ((p.float() - r).norm() / r.norm()).item() < 3 * 2**-7
+
+
+def test_round_bf16_stochastic_is_unbiased(seed):
+    # Values strictly between two bf16 neighbours, both signs: every result is one of the two, and the mean of n
+    # roundings is within 5 standard deviations (ulp * sqrt(f (1 - f) / n) <= ulp / (2 sqrt(n))) of the value.
+    from cs336_systems.fused.adamw import round_bf16_stochastic
+
+    n = 20_000
+    down = torch.randn(16).bfloat16().float()
+    frac = torch.rand(16) * 0.9 + 0.05
+    ulp = (down.bfloat16().view(torch.int16) + 1).view(torch.bfloat16).float() - down  # next magnitude up
+    x = down + frac * ulp
+    rounded = round_bf16_stochastic(x.repeat(n, 1)).float()
+    assert ((rounded == down) | (rounded == down + ulp)).all()
+    assert ((rounded.mean(0) - x).abs() <= 5 * ulp.abs() / (2 * n**0.5)).all()
+
+
+@pytest.mark.parametrize("path", ["interpreter", "foreach", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fused_adamw_stochastic_rounding_keeps_small_changes(path, seed):
+    # One gradient, then zeros: v must decay as beta2^t. Rounded to nearest, bf16 v * 0.999 rounds back to v
+    # and v never decays (the failure stochastic rounding fixes); rounded stochastically, the mean over 4096
+    # elements tracks the exact decay (per-element rounding noise averages out to far below 1%).
+    steps, beta2 = 100, 0.999
+    device = "cuda" if path == "cuda" else "cpu"
+    got = {}
+    for stochastic in (False, True):
+        p = torch.nn.Parameter(torch.randn(4096, device=device).bfloat16())
+        opt = FusedAdamW([p], lr=1e-3, betas=(0.9, beta2), use_triton=path != "foreach",
+                         stochastic_rounding=stochastic)
+        g = torch.randn(4096, device=device).bfloat16()
+        for step in range(steps):
+            p.grad = g if step == 0 else torch.zeros_like(g)
+            opt.step()
+        v = opt.state[p]["exp_avg_sq"]
+        assert v.dtype == torch.bfloat16
+        got[stochastic] = (v.float().sum() / ((1 - beta2) * g.float().square().sum())).item()
+    exact = beta2 ** (steps - 1)
+    if path != "interpreter":  # Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest
+        assert got[False] > 0.99  # stuck at its first value: 10% above the exact decay
+    assert abs(got[True] / exact - 1) < 0.01
+
+
+def test_fused_adamw_stochastic_rounding_bad_input():
+    with pytest.raises(ValueError, match="stochastic_rounding must be True or False"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3))], stochastic_rounding="yes")
+    with pytest.raises(ValueError, match="bfloat16 state only"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3).half())], stochastic_rounding=True)
+    with pytest.raises(ValueError, match="seed"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3))], seed=-1)

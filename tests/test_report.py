@@ -126,3 +126,61 @@ def test_sharding_section_prefers_the_paired_run_over_a_later_scaling_run():
     assert _latest_run(rows, "bf16", 2) == paired
     assert _latest_run(rows, "bf16", 4) == newer_unpaired  # no paired run: the newest
     assert _latest_run(rows, "fp32", 2) == []
+
+
+def _feature_rows(config, shape, timings):
+    """Synthetic flash_features rows: ``timings`` maps impl -> (role, fwd ms, fwd+bwd ms) or (role, status)."""
+    rows = []
+    for impl, (role, *t) in timings.items():
+        row = {"config": config, "impl": impl, "role": role, "dtype": "bf16", **shape, "causal": True,
+               "visible_fraction": 0.117 if role != "reference" else 0.5, "visible_pairs": 1000}
+        if isinstance(t[0], str):
+            row["status"] = t[0]
+        else:
+            row.update(status="ok", forward_ms=t[0], forward_backward_ms=t[1], forward_backward_tflops=100.0)
+        rows.append(row)
+    return rows
+
+
+def test_flash_features_section_compares_ours_with_the_fastest_peer_of_its_run(tmp_path):
+    import json
+
+    res = tmp_path / "results"
+    _one_record(res)
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    assert "- `flash_features`" in text.split("## Not yet measured")[1]  # no records yet: listed, linked
+    assert "[flash_features (project" in text and "](#not-yet-measured)" in text
+
+    gqa = dict(batch=2, q_heads=32, kv_heads=8, seq_len=8192, head_dim=128)
+    old = write_records("flash_features", _feature_rows("gqa", gqa, {"triton": ("ours", 30.0, 99.0),
+                                                                     "flex": ("peer", 3.0, 9.0)}), res, device="cpu")
+    lines = [json.loads(x) for x in old.read_text().splitlines()]
+    for r in lines:  # an earlier run: the report must use the newer one only
+        r["provenance"]["date"] = "2026-01-01T00:00:00Z"
+    old.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    window = dict(batch=1, q_heads=16, kv_heads=16, seq_len=32768, head_dim=128, window_left=4096, window_right=0)
+    docs = dict(batch=4, q_heads=16, kv_heads=16, seq_len=8192, head_dim=64, n_docs=8, doc_seed=0,
+                doc_lengths=[[1024] * 8] * 4)
+    write_records("flash_features", [
+        *_feature_rows("gqa", gqa, {"triton": ("ours", 2.0, 6.0), "flex": ("peer", 3.0, 9.0),
+                                    "sdpa_cudnn": ("peer", 2.5, 7.5),
+                                    "sdpa_efficient": ("peer", "error: RuntimeError: No available kernel")}),
+        *_feature_rows("window", window, {"triton": ("ours", 1.0, 4.0), "flex": ("peer", 1.5, 5.0),
+                                          "sdpa_efficient_mask": ("peer", 9.0, 30.0),
+                                          "sdpa_cudnn": ("reference", 2.0, 8.0)}),
+        *_feature_rows("docs", docs, {"triton": ("ours", "error: ImportError: no flash_attention"),
+                                      "flex": ("peer", 1.0, 3.0)}),
+    ], res, device="cpu")
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    section = text.split("## flash_features\n")[1].split("\n## ")[0]
+    assert "### gqa: 2 x 32/8 heads x 8,192 x 128, causal" in section
+    assert "### window: 1 x 16 heads x 32,768 x 128, causal, window (4096, 0)" in section
+    assert "99.000" not in section and "30.000" in section  # the older gqa run is left out
+    assert "Ours / the fastest peer: fwd 0.80x (sdpa_cudnn 2.500 ms); fwd+bwd 0.80x (sdpa_cudnn 7.500 ms)" in section
+    assert "takes 8.000 ms forward+backward; ours with the mask 4.000 ms (0.50x)" in section
+    assert "No ratio: ours did not run (error: ImportError: no flash_attention)" in section
+    versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
+    assert "| [flash_features](#flash_features) | attention fwd+bwd, gqa (" in versus
+    assert "| 6.000 ms | sdpa_cudnn 7.500 ms | 0.80x |" in versus and "| 4.000 ms | flex 5.000 ms | 0.80x |" in versus
+    assert "| error: ImportError: no flash_attention | flex 3.000 ms | – |" in versus
+    assert "- `flash_features`" not in text.split("## Not yet measured")[1]

@@ -3,7 +3,8 @@
 The model knows nothing of checkpointing: :func:`apply_activation_checkpointing` replaces the
 entries of ``model.layers`` with wrapper modules that run a group of blocks under
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``. The model's forward loop
-(``for layer in self.layers: x = layer(x, positions)``) is unchanged.
+(``for layer in self.layers: x = layer(x, positions[, doc_ids])``) is unchanged; the wrappers pass
+``doc_ids`` (packed documents) on to their blocks.
 
 Strategies (``spec``):
 
@@ -51,9 +52,10 @@ def selective_context():
     return create_selective_checkpoint_contexts(save_matmuls_policy)
 
 
-def _run_blocks(blocks: nn.ModuleList | list[nn.Module], x: Tensor, positions: Tensor | None) -> Tensor:
+def _run_blocks(blocks: nn.ModuleList | list[nn.Module], x: Tensor, positions: Tensor | None,
+                doc_ids: Tensor | None = None) -> Tensor:
     for block in blocks:
-        x = block(x, positions)
+        x = block(x, positions) if doc_ids is None else block(x, positions, doc_ids)
     return x
 
 
@@ -64,10 +66,10 @@ class CheckpointedBlocks(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
 
-    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         if not torch.is_grad_enabled():  # inference: nothing is saved anyway
-            return _run_blocks(self.blocks, x, token_positions)
-        return checkpoint(_run_blocks, self.blocks, x, token_positions, use_reentrant=False)
+            return _run_blocks(self.blocks, x, token_positions, doc_ids)
+        return checkpoint(_run_blocks, self.blocks, x, token_positions, doc_ids, use_reentrant=False)
 
 
 class SelectiveCheckpointedBlock(nn.Module):
@@ -77,10 +79,11 @@ class SelectiveCheckpointedBlock(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList([block])
 
-    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         if not torch.is_grad_enabled():
-            return self.blocks[0](x, token_positions)
-        return checkpoint(self.blocks[0], x, token_positions, use_reentrant=False, context_fn=selective_context)
+            return _run_blocks(self.blocks, x, token_positions, doc_ids)
+        return checkpoint(_run_blocks, self.blocks, x, token_positions, doc_ids, use_reentrant=False,
+                          context_fn=selective_context)
 
 
 class NestedCheckpointedBlocks(nn.Module):
@@ -90,17 +93,17 @@ class NestedCheckpointedBlocks(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
 
-    def _segment(self, lo: int, hi: int, x: Tensor, positions: Tensor | None) -> Tensor:
+    def _segment(self, lo: int, hi: int, x: Tensor, positions: Tensor | None, doc_ids: Tensor | None) -> Tensor:
         if hi - lo == 1:
-            return self.blocks[lo](x, positions)
+            return _run_blocks(self.blocks[lo:hi], x, positions, doc_ids)
         mid = (lo + hi) // 2
-        x = checkpoint(self._segment, lo, mid, x, positions, use_reentrant=False)
-        return checkpoint(self._segment, mid, hi, x, positions, use_reentrant=False)
+        x = checkpoint(self._segment, lo, mid, x, positions, doc_ids, use_reentrant=False)
+        return checkpoint(self._segment, mid, hi, x, positions, doc_ids, use_reentrant=False)
 
-    def forward(self, x: Tensor, token_positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         if not torch.is_grad_enabled():
-            return _run_blocks(self.blocks, x, token_positions)
-        return self._segment(0, len(self.blocks), x, token_positions)
+            return _run_blocks(self.blocks, x, token_positions, doc_ids)
+        return self._segment(0, len(self.blocks), x, token_positions, doc_ids)
 
 
 def parse_checkpoint_spec(spec: str | int | None) -> str:

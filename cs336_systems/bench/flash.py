@@ -145,12 +145,12 @@ def time_impl(impl: str, shape: AttnShape, device: torch.device, modes: tuple[st
         return {**row, "status": reason}
     if impl == "flex":
         row["flex_compile"] = "fresh per shape"  # the report trusts flex timings only with this mark
-    with _strict_compile() if impl == "flex" else contextlib.nullcontext():
+    with strict_compile() if impl == "flex" else contextlib.nullcontext():
         return _time_impl(row, impl, shape, device, modes, warmup_ms, rep_ms, compile_apply, backward_of)
 
 
 @contextlib.contextmanager
-def _strict_compile():
+def strict_compile():
     """Hitting dynamo's recompile limit raises instead of falling back to eager, and compiled backwards
     keep their buffers (``do_bench`` calls backward repeatedly with ``retain_graph=True``)."""
     import torch._functorch.config

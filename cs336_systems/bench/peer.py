@@ -10,6 +10,8 @@ the ratio into our records. It uses nothing of ours but the preset's sizes.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,8 +66,10 @@ class PeerLM(nn.Module):
 
 def build_peer(model_kwargs: dict, device: torch.device, compile: bool = True):
     """The peer's model (compiled as a whole), its optimizer and its loss function."""
-    kwargs = {k: v for k, v in model_kwargs.items() if k in PeerLM.__init__.__code__.co_varnames}
-    model = PeerLM(**kwargs).to(device)
+    unknown = sorted(set(model_kwargs) - set(inspect.signature(PeerLM).parameters))
+    if unknown:  # e.g. num_kv_heads, attention_window: the peer would time another model
+        raise ValueError(f"peer: the plain-PyTorch peer has no {', '.join(unknown)}; compare it on a model without")
+    model = PeerLM(**model_kwargs).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     step_model = torch.compile(model) if compile else model
 

@@ -3,12 +3,11 @@ crash of one configuration's process) still leaves every finished configuration 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from cs336_systems.records import write_records
+from cs336_systems.records import append_records, write_records
 
 
 class RecordWriter:
@@ -18,14 +17,11 @@ class RecordWriter:
     def __init__(self, problem: str, results_dir: str | Path, device: torch.device | str | None, enabled: bool = True):
         self.problem, self.results_dir, self.device, self.enabled = problem, results_dir, device, enabled
         self.path: Path | None = None
-        self._provenance: dict | None = None
 
     def add(self, row: dict) -> None:
         if not self.enabled:
             return
         if self.path is None:
             self.path = write_records(self.problem, [row], self.results_dir, device=self.device)
-            self._provenance = json.loads(self.path.read_text().splitlines()[0])["provenance"]
-            return
-        with self.path.open("a") as f:
-            f.write(json.dumps({**row, "provenance": self._provenance}, default=str) + "\n")
+        else:
+            append_records(self.path, self.problem, [row])  # validated like the first row

@@ -1,5 +1,9 @@
 """``cs336-systems flash-bench``: FlashAttention-2 against its peers (flash_benchmarking, leaderboard).
 
+``--only features``: issue 21's shapes (``FEATURE_SHAPES``: grouped-query heads, a sliding window, packed
+documents) with ours, FlexAttention and the SDPA backends that apply, forward and forward+backward in one
+process on the same inputs (``bench/flash_features.py``); records go to ``results/flash_features``.
+
 ``--only shapes``: issue 18's shapes (``MODEL_SHAPES``: the models' attention, both leaderboards, the
 per-call floor) with ours and every peer called eagerly, forward and forward+backward, in one process on
 the same inputs, and a table of ours / fastest peer.
@@ -34,12 +38,20 @@ from cs336_systems.bench.flash import (
     time_impl,
     versus_peers,
 )
-from cs336_systems.records import write_records
+from cs336_systems.bench.flash_features import FEATURE_IMPLS, FEATURE_SHAPES, run_shape, versus_fastest_peer
+from cs336_systems.records import append_records, write_records
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sweep: seq 1k..16k, d 64 and 128, bf16")
-    p.add_argument("--only", choices=["sweep", "leaderboard", "shapes"], default=None)
+    p.add_argument("--only", choices=["sweep", "leaderboard", "shapes", "features"], default=None)
+    p.add_argument("--feature", nargs="+", choices=list(FEATURE_SHAPES), default=list(FEATURE_SHAPES),
+                   help="with --only features: which of issue 21's shapes")
+    p.add_argument("--feature-impl", nargs="+", choices=FEATURE_IMPLS, default=None,
+                   help="with --only features: implementations (default: ours, flex and the SDPA backends that "
+                        "apply to the shape)")
+    p.add_argument("--feature-rep-ms", type=float, default=300.0,
+                   help="do_bench rep per measurement with --only features")
     p.add_argument("--shape", nargs="+", choices=list(MODEL_SHAPES), default=list(MODEL_SHAPES),
                    help="with --only shapes: which of issue 18's shapes")
     p.add_argument("--auto-table", default=None,
@@ -71,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda")
     if args.only == "shapes":
         return _shapes(args, device)
+    if args.only == "features":
+        return _features(args, device)
     if args.only != "leaderboard":
         if args.quick:
             shapes = sweep_shapes([1024, 4096, 16384], [64, 128], ["bf16"])
@@ -125,5 +139,31 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
     print(_table(versus_peers(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
                                       "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
                                       "forward_backward_best_ms", "forward_backward_ratio"]))
+    print(f"wrote {path}")
+    return 0
+
+
+FEATURE_SHOW = ["config", "impl", "role", "status", "visible_fraction", "forward_ms", "forward_backward_ms",
+                "forward_backward_tflops", "max_abs_diff"]
+
+
+def _features(args: argparse.Namespace, device: torch.device) -> int:
+    path = None
+
+    def record(row: dict) -> None:  # as measured (a run cut at its time limit keeps its rows), each validated
+        nonlocal path
+        if path is None:
+            path = write_records("flash_features", [row], args.results_dir, device)
+        else:
+            append_records(path, "flash_features", [row])
+
+    rows = []
+    for name in tqdm(args.feature, desc="flash_features", unit="shape"):
+        rows += run_shape(name, FEATURE_SHAPES[name], device, args.feature_impl,
+                          warmup_ms=min(100.0, args.feature_rep_ms / 3), rep_ms=args.feature_rep_ms, on_row=record)
+    print(_table(rows, FEATURE_SHOW))
+    print(_table(versus_fastest_peer(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
+                                             "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
+                                             "forward_backward_best_ms", "forward_backward_ratio"]))
     print(f"wrote {path}")
     return 0

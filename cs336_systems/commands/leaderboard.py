@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from cs336_systems.leaderboard import HANDOUT_REP_MS, HANDOUT_WARMUP_MS, IMPLS, PROBLEM, QUALITY_PROBLEM
+from cs336_systems.leaderboard import HANDOUT_REP_MS, HANDOUT_WARMUP_MS, IMPLS, PROBLEM, QUALITY_PROBLEM, ROUNDINGS
 
 COLUMNS = ["impl", "layers", "context_length", "status", "step_ms", "tokens_per_s", "mfu", "peak_memory_gib",
            "plan_total_gib", "forward_ms", "loss_ms", "backward_ms", "optimizer_ms", "wall_s"]
@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first train the small preset 300 steps with these precisions and with fp32 masters, and "
                    "compare the losses (on a CPU: the tiny preset, a few steps)")
     p.add_argument("--seed", type=int, default=0, help="weights and batch (and the quality guard's data)")
+    p.add_argument("--rounding", choices=ROUNDINGS, default="stochastic",
+                   help="how the fused AdamW stores bf16 parameters and moments (the quality guard shows why "
+                   "stochastic is the default)")
     p.add_argument("--device", default=None, help="cuda (default where there is one) or cpu (a miniature model)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--no-save", action="store_true")
@@ -53,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
     warmup_ms, rep_ms = (HANDOUT_WARMUP_MS, HANDOUT_REP_MS) if args.handout_timing else (1.0, 1.0)
     configs = [LeaderboardConfig(impl=impl, layers=args.layers, context_length=args.context_length,
                                  batch_size=args.batch_size, device=args.device, attention=args.attention,
-                                 warmup_ms=warmup_ms, rep_ms=rep_ms, seed=args.seed) for impl in args.impl]
+                                 warmup_ms=warmup_ms, rep_ms=rep_ms, seed=args.seed, rounding=args.rounding)
+               for impl in args.impl]
     for cfg in configs:
         cfg.model_config()  # settings are checked before any work
     device = configs[0].torch_device
     if args.quality_check:
         on_gpu = device.type == "cuda"
-        guard = quality_guard(device, seed=args.seed,
+        guard = quality_guard(device, seed=args.seed, stochastic_rounding=args.rounding == "stochastic",
                               **({} if on_gpu else dict(preset="tiny", steps=8, context_length=32)))
         print(f"quality guard: bf16 everything ends {guard['relative_difference']:+.2%} from the fp32-master run")
         if not args.no_save:

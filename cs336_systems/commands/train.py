@@ -78,6 +78,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recompute activations in backward to save memory (not --checkpoint-dir, which saves the "
                    "run): none; selective (save matmul and attention outputs, recompute the rest); nested; or K = "
                    "checkpoint every K blocks (default: none)")
+    p.add_argument("--num-kv-heads", type=int, default=None, metavar="H",
+                   help="key/value heads, a divisor of the preset's heads (grouped-query attention; 1: multi-query); "
+                   "default: as many as query heads")
+    p.add_argument("--attention-window", type=int, default=None, metavar="W",
+                   help="sliding-window attention: each token sees the W most recent tokens, itself included "
+                   "(default: all earlier tokens)")
+    p.add_argument("--eos-id", type=int, default=None, metavar="ID",
+                   help="end-of-document token of the packed data: attention never crosses a document boundary "
+                   "(the token belongs to the document it ends; default: sequences attend across documents)")
     p.add_argument("--checkpoint-dir", default=DEFAULT_CHECKPOINT_DIR,
                    help="where checkpoints (step-NNNNNN/, DCP) and metrics.jsonl go; the end of a run and SIGTERM / "
                    f"Ctrl-C always write one; {TIME_FIELD} becomes the UTC start time (default: %(default)s)")
@@ -106,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
                       data=args.data, seed=args.seed, log_every=args.log_every, attention=args.attention,
                       compile=None if args.compile is None else args.compile == "yes",
                       compile_scope=args.compile_scope, optimizer=args.optimizer, loss=args.loss,
-                      activation_checkpointing=args.activation_checkpointing, device=args.device,
+                      activation_checkpointing=args.activation_checkpointing, num_kv_heads=args.num_kv_heads,
+                      attention_window=args.attention_window, eos_id=args.eos_id, device=args.device,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, export=args.export, metrics=args.metrics, tensorboard=args.tensorboard)
     if args.save:

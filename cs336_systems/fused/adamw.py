@@ -20,6 +20,14 @@ master. ``master_state_dict(model)`` returns the model's state with the fp32 mas
 copies (what a checkpoint should store). Parameters handed over in bf16 or fp16 (and not selected) keep
 their moments in that dtype, as ``cs336_basics.optimizer.AdamW`` does: the 2026 leaderboard's all-bf16
 configuration, with the arithmetic in fp32 and one rounding per stored value.
+
+``stochastic_rounding=True`` rounds those bf16 values (parameters without a master, and their moments)
+stochastically instead of to nearest (Gupta et al. 2015, "Deep learning with limited numerical precision";
+Zamirai et al. 2020, "Revisiting BFloat16 training"): unbiased, so changes smaller than half a bf16 ulp
+survive in expectation. To nearest, they are lost: ``v * beta2`` with beta2 = 0.999 rounds back to ``v``,
+so v stops decaying while its bias correction keeps growing, and the effective step size grows with the
+step count. The random bits come from Philox (Triton) or a ``torch.Generator`` (foreach path), keyed by
+the ``seed`` kept in the param groups (and so in checkpoints), the step and the bucket.
 """
 
 from __future__ import annotations
@@ -41,11 +49,20 @@ except ImportError:  # pragma: no cover - triton is a dependency; CPU-only insta
 
 if triton is not None:
     @triton.jit
+    def _round_bf16_stochastic(x, rand):
+        """fp32 -> bf16, up with probability (x - down) / ulp: 16 random bits added below bf16's last mantissa
+        bit, then truncation (sign-magnitude, so negative values round symmetrically)."""
+        bits = x.to(tl.uint32, bitcast=True) + (rand & 0xFFFF).to(tl.uint32)
+        return ((bits >> 16) << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+    @triton.jit
     def _adamw_kernel(ptrs_ptr, numels_ptr, block_tensor_ptr, block_start_ptr, decay, beta1c, beta2, beta2c,
-                      sqrt_bc2, eps, step_size, STATE_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, BLOCK: tl.constexpr):
+                      sqrt_bc2, eps, step_size, seed, STATE_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, STOCHASTIC: tl.constexpr,
+                      BLOCK: tl.constexpr):
         """One program updates BLOCK elements of one tensor; ``ptrs`` holds (master, m, v, grad, out) addresses
-        per tensor, so one launch covers every parameter of a bucket (multi-tensor apply)."""
+        per tensor, so one launch covers every parameter of a bucket (multi-tensor apply). STOCHASTIC: the
+        stored state (bf16) is rounded stochastically, with Philox streams keyed by ``seed`` and the block."""
         pid = tl.program_id(0)
         t = tl.load(block_tensor_ptr + pid).to(tl.int64)
         offs = tl.load(block_start_ptr + pid).to(tl.int64) + tl.arange(0, BLOCK)
@@ -63,9 +80,15 @@ if triton is not None:
         v = v * beta2 + beta2c * (g * g)
         denom = tl.div_rn(tl.sqrt_rn(v), sqrt_bc2) + eps
         p = p + step_size * tl.div_rn(m, denom)
-        tl.store(master_ptr + offs, p.to(STATE_DTYPE), mask=mask)
-        tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
-        tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
+        if STOCHASTIC:
+            r0, r1, r2, _ = tl.randint4x(seed, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+            tl.store(master_ptr + offs, _round_bf16_stochastic(p, r0), mask=mask)
+            tl.store(m_ptr + offs, _round_bf16_stochastic(m, r1), mask=mask)
+            tl.store(v_ptr + offs, _round_bf16_stochastic(v, r2), mask=mask)
+        else:
+            tl.store(master_ptr + offs, p.to(STATE_DTYPE), mask=mask)
+            tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
+            tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
         if HAS_OUT:
             out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
             tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
@@ -113,6 +136,19 @@ class _Launch:
         return self.table
 
 
+def round_bf16_stochastic(x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """``x`` (fp32) rounded to bf16 stochastically, as the Triton kernel does: random low 16 bits added to the
+    fp32 bit pattern, then truncated."""
+    noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
+    bits = (x.float().contiguous().view(torch.int32) + noise).bitwise_and_(-65536)
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
+def _launch_seed(seed: int, step: int, bucket: int) -> int:
+    """A distinct 63-bit Philox key per (seed, step, bucket)."""
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + bucket * 0x94D049BB133111EB) % (1 << 63)
+
+
 def is_matmul_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
     """The default selection: weights of ``Linear`` modules (the tensors autocast would cast every step)."""
     from cs336_basics.model import Linear
@@ -126,16 +162,24 @@ def low_precision_params(model: nn.Module, select: Callable = is_matmul_weight) 
 
 class FusedAdamW(torch.optim.Optimizer):
     """See the module docstring. ``low_precision``: the parameters to hold in ``compute_dtype`` (an fp32 master
-    each); ``use_triton``: None picks Triton for CUDA tensors (or under ``TRITON_INTERPRET=1``), foreach otherwise."""
+    each); ``use_triton``: None picks Triton for CUDA tensors (or under ``TRITON_INTERPRET=1``), foreach otherwise;
+    ``stochastic_rounding``: see the module docstring (``seed`` None draws one from torch's generator)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  compute_dtype: torch.dtype | None = None, low_precision: Iterable[nn.Parameter] = (),
-                 use_triton: bool | None = None):
+                 use_triton: bool | None = None, stochastic_rounding: bool = False, seed: int | None = None):
         check_adamw_hyperparameters(lr, betas, eps, weight_decay)
+        if not isinstance(stochastic_rounding, bool):
+            raise ValueError(f"FusedAdamW: stochastic_rounding must be True or False, got {stochastic_rounding!r}")
+        if seed is None:
+            seed = int(torch.randint(0, 1 << 62, (1,)).item())
+        elif not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"FusedAdamW: seed must be a non-negative int or None, got {seed!r}")
         if compute_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"FusedAdamW: compute_dtype must be None, float32, bfloat16 or float16, "
                              f"got {compute_dtype}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      stochastic_rounding=stochastic_rounding, seed=seed))
         self.use_triton = use_triton
         self._launches: dict[tuple, _Launch] = {}  # multi-tensor launch tables by bucket
         self._group_index = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
@@ -147,6 +191,10 @@ class FusedAdamW(torch.optim.Optimizer):
                                      f"handed over, got {p.dtype}")
                 if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
                     raise ValueError(f"FusedAdamW: parameters must be float32, bfloat16 or float16, got {p.dtype}")
+                if group["stochastic_rounding"] and p.dtype == torch.float16 and p not in low:
+                    raise ValueError("FusedAdamW: stochastic_rounding rounds bfloat16 state only; got a float16 "
+                                     "parameter without an fp32 master (use bfloat16, or low_precision with a "
+                                     "compute_dtype)")
                 state = self.state[p]
                 state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p)
@@ -182,15 +230,18 @@ class FusedAdamW(torch.optim.Optimizer):
             triton_ok = self._triton_ok(p) and p.grad.is_contiguous() and p.grad.dtype == p.dtype
             key = (self._group_index[p], triton_ok, state["step"], p.device, p.dtype, "master" in state)
             buckets.setdefault(key, []).append(p)
-        for (gi, triton_ok, step, *_), ps in buckets.items():
+        for bucket, ((gi, triton_ok, step, _, dtype, has_master), ps) in enumerate(buckets.items()):
             group = self.param_groups[gi]
-            args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"])
+            stochastic = group["stochastic_rounding"] and dtype == torch.bfloat16 and not has_master
+            seed = _launch_seed(group["seed"], step, bucket) if stochastic else None
+            args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"], seed)
             if triton_ok:
                 self._triton_update(*args)
             else:
                 self._foreach_update(*args)
 
-    def _triton_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
+    def _triton_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd, seed: int | None) -> None:
+        """One multi-tensor launch; ``seed`` not None: stochastic rounding of the (bf16) stored values."""
         key = tuple(id(p) for p in params)
         launch = self._launches.get(key)
         if launch is None:
@@ -208,11 +259,20 @@ class FusedAdamW(torch.optim.Optimizer):
         bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
         _adamw_kernel[(launch.n_blocks,)](
             table, launch.numels, launch.block_tensor, launch.block_start, 1.0 - lr * wd, 1.0 - beta1, beta2,
-            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, STATE_DTYPE=state_dtype, GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
-            HAS_OUT=has_out,
-            BLOCK=_BLOCK, num_warps=8)
+            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, seed or 0, STATE_DTYPE=state_dtype, GRAD_DTYPE=dtype,
+            OUT_DTYPE=dtype, HAS_OUT=has_out, STOCHASTIC=seed is not None, BLOCK=_BLOCK, num_warps=8)
 
-    def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd) -> None:
+    def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd, seed: int | None) -> None:
+        if seed is not None:  # bf16 state rounded stochastically: the arithmetic on fp32 copies, one rounding each
+            states = [params, [self.state[p]["exp_avg"] for p in params], [self.state[p]["exp_avg_sq"] for p in params]]
+            wide = [[t.float() for t in ts] for ts in states]
+            adamw_foreach_update(*wide[:1], [p.grad.float() for p in params], *wide[1:], step, lr, beta1, beta2, eps,
+                                 wd)
+            generator = torch.Generator(params[0].device).manual_seed(seed)
+            for ts, ws in zip(states, wide, strict=True):
+                for t, w in zip(ts, ws, strict=True):
+                    t.copy_(round_bf16_stochastic(w, generator))
+            return
         masters = [self.state[p].get("master", p) for p in params]
         grads = [p.grad.to(self.state[p]["exp_avg"].dtype) for p in params]  # fp32, or a bf16 / fp16 state's dtype
         adamw_foreach_update(masters, grads, [self.state[p]["exp_avg"] for p in params],
@@ -223,6 +283,9 @@ class FusedAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # state saved before stochastic rounding existed
+            group.setdefault("stochastic_rounding", False)
+            group.setdefault("seed", self.defaults["seed"])
         self._launches.clear()  # the state tensors are new: their addresses too
 
     def master_of(self, p: nn.Parameter) -> Tensor:

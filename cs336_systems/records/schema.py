@@ -28,6 +28,7 @@ TORCH_COMPILE = "torch_compile"
 MFU_TARGET = "mfu_target"
 FLASH_BENCHMARKING = "flash_benchmarking"
 FLASH_LEADERBOARD = "flash_leaderboard"
+FLASH_FEATURES = "flash_features"  # grouped-query heads, sliding window, packed documents vs peers (issue 21)
 COMM_PROBLEM = "distributed_communication_single_node"
 DDP_PROBLEM = "ddp_bucketed_benchmarking"  # every ddp-bench variant's records
 SHARD_PROBLEM = "optimizer_state_sharding_accounting"  # every shard-bench variant's records (FSDP's too)
@@ -170,7 +171,8 @@ _STEP_MEASURED = {**_f("loss impl", STR), "peer_compiled": BOOL,  # the training
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
-                  **_f("compile_scope error", STR)}
+                  **_f("compile_scope error", STR),  # bench --impl ours peer: the peer's step beside ours
+                  **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM)}
 
 _PRECISION_ROWS = {  # cs336-systems precision: accumulation loops and the autocast dtype table
     **_f("autocast dtype gradients logits loss summand accumulator loop", STR),
@@ -206,7 +208,6 @@ _kind(BENCHMARKING_MIXED_PRECISION, "cs336-systems precision (autocast dtypes) a
 _kind(TRAINING_STEP, "bench --problem training_step rows (--impl ours or peer), and the "
       "checks beside them (check=fused_ce_memory, check=loss)", {},
       {**_STEP_CONFIG, **_STEP_MEASURED,
-       **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM),
        **_f("check path", STR),
        **_f("tokens d_model vocab seed", INT),
        **_f("inputs_gib peak_gib peak_above_inputs_gib bf16_logits_gib fraction_of_bf16_logits ms tflops lr "
@@ -215,7 +216,7 @@ _kind(TRAINING_STEP, "bench --problem training_step rows (--impl ours or peer), 
 _kind(LEADERBOARD_2026, "cs336-systems leaderboard: one 8B training step (ours or the handout's naive one), its "
       "memory plan and, with --check-logits, the comparison with the handout's model",
       {**_f("impl preset status", STR), **_f("layers context_length batch_size", INT)},
-      {**_f("d_model vocab_size plan_uncheckpointed_blocks", INT), **_f("attention error", STR),
+      {**_f("d_model vocab_size plan_uncheckpointed_blocks", INT), **_f("attention error rounding", STR),
        **_f("warmup_ms rep_ms step_ms tokens_per_s model_tflop achieved_tflops matmul_peak_tflops mfu "
             "peak_memory_gib device_memory_gib wall_s forward_ms loss_ms backward_ms optimizer_ms "
             "logits_rel_error loss_ours loss_reference", NUM),
@@ -224,7 +225,8 @@ _kind(LEADERBOARD_2026, "cs336-systems leaderboard: one 8B training step (ours o
             "plan_total_gib plan_block_saved_gib", NUM), "plan_block_saved_measured": BOOL})
 _kind(LEADERBOARD_2026_QUALITY, "cs336-systems leaderboard --quality-check: bf16 everything vs fp32 masters",
       {**_f("preset", STR), **_f("steps context_length batch_size", INT)},
-      {"seed": INT, **_f("lr final_loss_bf16 final_loss_fp32_master relative_difference", NUM)})
+      {"seed": INT, "stochastic_rounding": BOOL,
+       **_f("lr final_loss_bf16 final_loss_fp32_master relative_difference", NUM)})
 _kind(MIXED_PRECISION_ACCUMULATION, "cs336-systems precision: one accumulation loop",
       _f("kind loop accumulator summand", STR), _f("abs_error exact result summand_as_stored", NUM))
 _kind(NSYS_PROFILE, "cs336-systems profile: kernel table of one configuration",
@@ -251,6 +253,14 @@ _kind(FLASH_BENCHMARKING, "cs336-systems flash-bench --only sweep: one implement
       _FLASH_CONFIG, _FLASH_MEASURED)
 _kind(FLASH_LEADERBOARD, "cs336-systems flash-bench --only leaderboard: one implementation at a leaderboard shape",
       {**_FLASH_CONFIG, "config": STR}, {**_FLASH_MEASURED, "matmul_peak_tflops": NUM, "suite": STR})
+_kind(FLASH_FEATURES, "cs336-systems flash-bench --only features: one implementation at one of issue 21's shapes "
+      "(grouped-query heads, a sliding window, packed documents), its role ours / peer / reference",
+      {**_f("config impl role dtype status", STR), **_f("batch q_heads kv_heads seq_len head_dim", INT),
+       "causal": BOOL},
+      {**_f("window_left window_right n_docs doc_seed visible_pairs", INT), "doc_lengths": LIST,
+       **_f("visible_fraction forward_ms forward_backward_ms forward_tflops forward_backward_tflops mask_build_ms "
+            "max_abs_diff", NUM),
+       **_f("mask diff_against flex_compile note error", STR)})
 _kind(COMM_PROBLEM, "cs336-systems comm-bench: one all-reduce size on one world size",
       {**_f("backend device_type", STR), "size_mb": NUM, **_f("world_size warmup iters", INT)},
       {**_f("algbw_gbps busbw_gbps latency_mean_ms latency_median_ms latency_min_ms latency_std_ms", NUM),

@@ -47,6 +47,7 @@ SECTION_MODULES: list[tuple[str, tuple[str, ...]]] = [
     ("scaling", ("data_parallel_scaling",)),  # issue #7, not a handout problem: our wrappers on 2-8 GPUs
     ("leaderboard_2026", ("leaderboard_2026",)),  # the 2026 leaderboard: the 8B training step
     ("training_step", ("training_step",)),  # issue 19, not a handout problem: our step vs a compiled PyTorch script
+    ("flash_features", ("flash_features",)),  # issue 21, not a handout problem: GQA, windows, packed documents
 ]
 
 # The summary's rows: (section anchor, label) for the problems of the 2025 and 2026 handouts (in handout
@@ -74,7 +75,9 @@ HANDOUT_PROBLEMS: list[tuple[str, str]] = [
 ]
 PROJECT_TARGETS: list[tuple[str, str]] = [("mfu_target", "mfu_target (project)"),
                                           ("data_parallel_scaling", "data_parallel_scaling (project)"),
-                                          ("training_step", "training_step (project: vs a compiled PyTorch script)")]
+                                          ("training_step", "training_step (project: vs a compiled PyTorch script)"),
+                                          ("flash_features", "flash_features (project: grouped-query heads, windows, "
+                                                             "packed documents vs FlexAttention and SDPA)")]
 # The 2026 handout's written calculations: answered on paper, not measured; named below the summary.
 WRITTEN_PROBLEMS = ("alternate_ring_all_reduce", "data_parallel_calcs", "fsdp_calcs", "tp_calcs", "fsdp_tp_calcs")
 

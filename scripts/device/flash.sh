@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
-#   bash scripts/device/flash.sh [tests] [floor] [tune] [shapes] [lb] [sweep]
+#   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [tune] [shapes] [lb] [sweep] [features]
 # tests: the GPU tests; floor: tiny-call timing and profile; tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
-# lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128).
+# lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128);
+# features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
+# (FEATURES_ARGS, e.g. "--feature gqa"). CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
 OUT=${OUT:-/tmp/flash-out}; mkdir -p "$OUT/results"
@@ -23,6 +25,8 @@ for s in "$@"; do
           --lb-shape leaderboard --lb-rep-ms 1000 --results-dir "$OUT/results" ;;
     sweep) step 200 sweep python3 -m cs336_systems flash-bench --only sweep --impl triton sdpa_cudnn --dtype bf16 \
              --head-dim 64 128 --seq-len 1024 4096 16384 --results-dir "$OUT/results" ;;
+    features) step 540 features python3 -m cs336_systems flash-bench --only features ${FEATURES_ARGS:-} \
+                --results-dir "$OUT/results" ;;
   esac
 done
 (cd "$OUT" && tar czf results.tgz results && rm -rf results && tar czf logs.tgz log-*.txt && rm -f log-*.txt)

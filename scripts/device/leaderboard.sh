@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The 2026 leaderboard (issue 20) in one device call on an H200, everything under $OUT:
-#   CS336_GIT_COMMIT=<commit> bash scripts/device/leaderboard.sh [reduced] [full] [guard] [tests]
+#   CS336_GIT_COMMIT=<commit> bash scripts/device/leaderboard.sh [cold] [reduced] [full] [guard] [shapes] [tests]
 # reduced: 2 layers at context 8192 with the logits check; full: the handout's naive step (its OOM) and ours at
-# full size (FULL_IMPLS); guard: the bf16 quality guard (small, 300 steps) for each of GUARD_SEEDS; tests: the
+# full size (FULL_IMPLS, FULL_ARGS); guard: the bf16 quality guard (small, 300 steps) for each of GUARD_SEEDS (with
+# GUARD_ARGS, e.g. --rounding nearest); cold: TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR start empty; tests: the
 # GPU tests of what the step uses; shapes: issue 18's attention shapes against the SDPA backends (SHAPE_IMPLS).
 set -u
 OUT=${OUT:-/tmp/leaderboard-out}; mkdir -p "$OUT/results"
@@ -12,14 +13,15 @@ started=$(date +%s)
 lb() { python3 -m cs336_systems leaderboard --results-dir "$OUT/results" "$@"; }
 for s in "$@"; do
   case $s in
+    cold) export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) ;;
     reduced) timeout "${LIMIT_reduced:-90}" bash -c "$(declare -f lb); OUT=$OUT; lb --layers ${REDUCED_LAYERS:-2} \
                --context-length ${REDUCED_CONTEXT:-8192} --check-logits" \
                2>&1 | tee "$OUT/log-reduced.txt" | grep -E "logits|^\| ours|error" ;;
-    full) timeout "${LIMIT_full:-330}" bash -c "$(declare -f lb); OUT=$OUT; lb --impl ${FULL_IMPLS:-naive ours}" 2>&1 \
+    full) timeout "${LIMIT_full:-330}" bash -c "$(declare -f lb); OUT=$OUT; lb --impl ${FULL_IMPLS:-naive ours} ${FULL_ARGS:-}" 2>&1 \
             | tee "$OUT/log-full.txt" | grep -vE "^\|:|^  " ;;
     guard) for seed in ${GUARD_SEEDS:-0}; do
              timeout "${LIMIT_guard:-100}" bash -c "$(declare -f lb); OUT=$OUT; lb --quality-check --seed $seed --layers 1 \
-               --context-length 1024" 2>&1 | tee -a "$OUT/log-guard.txt" | grep -E "quality|error"
+               --context-length 1024 ${GUARD_ARGS:-}" 2>&1 | tee -a "$OUT/log-guard.txt" | grep -E "quality|error"
            done ;;
     shapes) timeout "${LIMIT_shapes:-150}" python3 -m cs336_systems flash-bench --only shapes \
               --impl ${SHAPE_IMPLS:-triton sdpa_cudnn sdpa_flash flex} --shape-rep-ms ${SHAPE_REP_MS:-300} \
