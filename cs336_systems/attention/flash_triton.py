@@ -719,8 +719,8 @@ def _doc_span(doc_ids: Tensor | None) -> Tensor | None:
     so the layers of a model that share one ``doc_ids`` compute it once."""
     if doc_ids is None:
         return None
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
+    cache = not torch.compiler.is_compiling() and not doc_ids.is_inference()  # inference tensors have no version
+    if cache:
         hit = _SPAN_CACHE[0]
         if hit is not None and hit[0]() is doc_ids and hit[1] == doc_ids._version:
             return hit[2]
@@ -731,7 +731,7 @@ def _doc_span(doc_ids: Tensor | None) -> Tensor | None:
     end = torch.searchsorted(ids, ids, side="right", out_int32=True)
     is_sorted = (ids[:, 1:] >= ids[:, :-1]).all(dim=1)
     span = torch.stack((start, end), dim=1).masked_fill(~is_sorted[:, None, None], -1)
-    if not compiling:
+    if cache:
         _SPAN_CACHE[0] = (weakref.ref(doc_ids), doc_ids._version, span)
     return span
 
