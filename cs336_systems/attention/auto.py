@@ -6,8 +6,10 @@ backward, the training case) on one GPU model. A call uses our kernel when it ru
 model and the nearest measured shape (same head dim, dtype and causality; nearest in sequence length,
 then in batch x heads, on a log scale) had ours no slower than the fastest SDPA backend; otherwise (CPU,
 another GPU, no measurement, Nq != Nk) it calls ``F.scaled_dot_product_attention``. Decisions are cached
-per (shape, dtype, causality, device). Registered through the ``cs336_basics.attention_backends`` entry
-points, so ``BasicsTransformerLM(attention_backend="flash_auto")`` works without importing this package.
+per (shape, dtype, causality, device). Windows and packed documents (``window=``, ``doc_ids=``) run ours on a
+CUDA GPU and SDPA with an explicit mask elsewhere; grouped-query heads follow the table. Registered through the
+``cs336_basics.attention_backends`` entry points, so ``BasicsTransformerLM(attention_backend="flash_auto")``
+works without importing this package.
 """
 
 from __future__ import annotations
@@ -53,9 +55,14 @@ _choices: dict[tuple, str] = {}
 
 
 @register_attention_backend("flash_auto")
-def flash_auto_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
-    """Backend ``flash_auto``: (B, H, T, d) tensors; ours or SDPA by the measured table."""
-    key = (q.shape, k.shape[-2], q.dtype, is_causal, q.device)
+def flash_auto_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *, window=None,
+                         doc_ids: Tensor | None = None) -> Tensor:
+    """Backend ``flash_auto``: q (B, Hq, T, d), k and v (B, Hkv, T, d); ours or SDPA by the measured table. On a
+    CUDA GPU a call with a window or documents always runs ours (it skips the tiles no query sees; SDPA would
+    take a dense mask); grouped heads alone are chosen by the table as B x Hq heads. Off CUDA: SDPA
+    (``enable_gqa`` and an explicit mask, through cs336_basics' ``sdpa`` backend)."""
+    extras = {name: x for name, x in (("window", window), ("doc_ids", doc_ids)) if x is not None}
+    key = (q.shape, k.shape, q.dtype, is_causal, q.device)
     choice = _choices.get(key)
     if choice is None:
         choice = "sdpa"
@@ -63,8 +70,10 @@ def flash_auto_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Te
             bh = math.prod(q.shape[:-2])
             choice = choose(bh, q.shape[-2], q.shape[-1], q.dtype, is_causal, torch.cuda.get_device_name(q.device))
         _choices[key] = choice
-    if choice == "flash_triton":
-        from cs336_systems.attention.flash_triton import FlashAttention2Triton
+    if choice == "flash_triton" or (extras and q.device.type == "cuda"):
+        from cs336_systems.attention.flash_triton import flash_attention
 
-        return FlashAttention2Triton.apply(q, k, v, is_causal)
+        return flash_attention(q, k, v, is_causal, **extras)
+    if extras or k.shape[:-2] != q.shape[:-2]:
+        return sdpa_attention(q, k, v, is_causal, **extras)
     return sdpa_attention(q, k, v, is_causal)

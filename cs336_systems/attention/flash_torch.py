@@ -160,6 +160,16 @@ flash_attention_torch = FlashAttention2Torch.apply
 
 
 @register_attention_backend("flash_torch")
-def flash_torch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
-    """Attention backend ``flash_torch``: (B, H, T, d) tensors."""
+def flash_torch_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *, window=None,
+                          doc_ids: Tensor | None = None) -> Tensor:
+    """Attention backend ``flash_torch``: q (B, Hq, T, d), k and v (B, Hkv, T, d). Grouped heads run by repeating
+    each key/value head for its query heads (a copy; autograd sums the copies' gradients); windows and documents
+    are not supported here (``ValueError``: use ``flash_triton``)."""
+    if window is not None or doc_ids is not None:
+        raise ValueError("the flash_torch backend supports neither window nor doc_ids; use flash_triton "
+                         "(cs336_systems.attention.flash_attention) or sdpa")
+    check_attention_inputs(q, k, v, extra_dtypes=(torch.float64,), grouped=True)
+    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     return FlashAttention2Torch.apply(q, k, v, is_causal)

@@ -23,13 +23,21 @@ Causal (top-left aligned: query i sees keys 0..i, also when Nq != Nk): tiles ent
 are never visited; tiles entirely below it run a loop with no index comparisons; only tiles crossing the
 diagonal (or the end of the sequence) are masked. Causal programs are launched heaviest first.
 
+Features (``flash_attention``): grouped-query heads (a program reads key/value head bh // GROUP; the dK/dV
+program of a key/value head loops over its group's query heads, no atomics), sliding windows
+``(left, right)`` and packed documents (``doc_ids``). ``_tile_ranges`` gives every program the tiles that hold
+a visible pair (masked edge runs, an unmasked middle run); the others are never loaded. Causal is a window's
+right side of 0. Documents: per-position document bounds computed on the device (``_doc_span``) narrow the
+ranges where a sequence's ids are sorted; ids are compared only in masked tiles.
+
 One kernel per pass, two ways to address memory (``TMA`` constexpr, chosen per launch): tensor
 descriptors (``tl.make_tensor_descriptor``, built on the device per program and batch-head: loads and
 stores through Hopper's TMA unit, out-of-bounds rows zero-filled and clipped) where the tensors allow it
 (unit stride along d, 16-byte aligned bases and strides, sm_90+), else block pointers (any strides; any
 GPU; the CPU interpreter). ``_tile_src`` / ``_load_rows`` / ``_store_rows`` hide the difference.
 
-Supported: Q ``(..., Nq, d)``, K and V ``(..., Nk, d)`` with any leading dims (flattened into one
+Supported: Q ``(..., Nq, d)``, K and V ``(..., Nk, d)`` (``flash_attention``: K and V may have fewer heads, dim -3)
+with any leading dims (flattened into one
 batch x heads grid axis); any Nq, Nk >= 1; head dim 16..256, non-powers of two padded to the next power
 of two inside the kernel; fp16, bf16, fp32 (fp32 dots use TF32 unless
 ``torch.get_float32_matmul_precision() == "highest"``, PyTorch's default, in which case they are IEEE
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import torch
 import triton
@@ -51,7 +60,15 @@ from torch import Tensor
 
 from cs336_basics.attention import register_attention_backend
 from cs336_systems.attention import _tuning
-from cs336_systems.attention._common import check_attention_inputs, check_grad_output, check_is_causal
+from cs336_systems.attention._common import (
+    check_attention_inputs,
+    check_doc_ids,
+    check_grad_output,
+    check_is_causal,
+    check_scale,
+    check_window,
+    normalize_window,
+)
 from cs336_systems.attention._tuning import FlashConfig, KernelConfig
 
 LOG2E = 1.4426950408889634
@@ -100,51 +117,101 @@ def _store_rows(dst, start, x, TMA: tl.constexpr):
 
 
 @triton.jit
-def _query_tile_bounds(start_m, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
-    """For a query tile at start_m: key tiles [0, full_hi) need no mask, [full_hi, mask_hi) are masked
-    (causal: crossing the diagonal; or running past N_K); later ones are never visited."""
-    if IS_CAUSAL:
-        full_hi = tl.minimum((start_m + 1) // BLOCK_N, N_K // BLOCK_N) * BLOCK_N
-        mask_hi = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        full_hi = (N_K // BLOCK_N) * BLOCK_N
-        mask_hi = N_K
-    return full_hi, mask_hi
+def _doc_spans(SPAN, start, n_rows, BLOCK_ROWS: tl.constexpr):
+    """Document bounds of the rows [start, start + BLOCK_ROWS) from SPAN (one sequence's ``(2, N)`` int32
+    starts and ends of each position's document; -1 where the ids are not sorted): the range of columns some
+    row may see and the range every row sees (empty unless the rows lie in one document)."""
+    last = tl.minimum(start + BLOCK_ROWS, n_rows) - 1
+    first_start = tl.load(SPAN + start)
+    known = first_start >= 0
+    any_lo = tl.maximum(first_start, 0)
+    any_hi = tl.where(known, tl.load(SPAN + n_rows + last), n_rows)
+    all_lo = tl.load(SPAN + last)
+    all_hi = tl.where(known, tl.load(SPAN + n_rows + start), 0)
+    return any_lo, any_hi, all_lo, all_hi
 
 
 @triton.jit
-def _key_tile_bounds(start_n, N_Q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
-    """For a key tile at start_n: query tiles [lo, mid) are masked (crossing the diagonal), [mid, full_end)
-    unmasked, [tail, end) masked (past N_Q); earlier query tiles see none of these keys."""
-    end = tl.cdiv(N_Q, BLOCK_M) * BLOCK_M
-    full_end = (N_Q // BLOCK_M) * BLOCK_M
-    if IS_CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        mid = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, end)
+def _tile_ranges(start, n_rows, N_COLS, LEFT, RIGHT, any_lo, any_hi, all_lo, all_hi, BLOCK_ROWS: tl.constexpr,
+                 BLOCK_COLS: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
+                 HAS_DOCS: tl.constexpr):
+    """Rows r in [start, start + BLOCK_ROWS) see columns c with r - LEFT <= c <= r + RIGHT (each side only if
+    limited: LIMIT_* is 0 for no limit, else 1 where the side is 0, 2 otherwise) and, with documents, c in their
+    document ([any_lo, any_hi) bounds what some row may see, [all_lo, all_hi) what every row sees). Returns
+    column tiles ``lo <= full_lo <= full_hi <= hi``: [lo, full_lo) and [full_hi, hi) need the mask,
+    [full_lo, full_hi) are visible to every row and lie inside N_COLS; other tiles hold no visible pair and are
+    never loaded. Queries over keys (forward, dQ) and, with the sides swapped, keys over queries (dK, dV) use
+    it alike."""
+    last = tl.minimum(start + BLOCK_ROWS, n_rows) - 1  # rows past n_rows are never stored: ignore them
+    lo = 0
+    hi = N_COLS
+    f_lo = 0
+    f_hi = N_COLS
+    if LIMIT_LEFT:
+        lo = tl.maximum(start - LEFT, 0)
+        f_lo = tl.maximum(last - LEFT, 0)
+    if LIMIT_RIGHT:
+        hi = tl.minimum(last + RIGHT + 1, N_COLS)
+        f_hi = tl.minimum(start + RIGHT + 1, N_COLS)
+    if HAS_DOCS:
+        lo = tl.maximum(lo, any_lo)
+        hi = tl.minimum(hi, any_hi)
+        f_lo = tl.maximum(f_lo, all_lo)
+        f_hi = tl.minimum(f_hi, all_hi)
+    lo_t = (lo // BLOCK_COLS) * BLOCK_COLS
+    hi_t = tl.where(hi > lo, tl.cdiv(hi, BLOCK_COLS) * BLOCK_COLS, lo_t)  # no visible pair: no tile
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(f_lo, BLOCK_COLS) * BLOCK_COLS, lo_t), hi_t)
+    full_hi = tl.minimum(tl.maximum((f_hi // BLOCK_COLS) * BLOCK_COLS, full_lo), hi_t)
+    return lo_t, full_lo, full_hi, hi_t
+
+
+@triton.jit
+def _visible(offs_q, offs_k, q_doc, k_doc, n_valid, LEFT, RIGHT, LIMIT_LEFT: tl.constexpr,
+             LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, KEY_TILE: tl.constexpr):
+    """Which (query, key) pairs of a masked tile are visible; the index tensors broadcast to the tile (queries
+    along one axis, keys along the other). The tile's own rows past n_valid are not: keys past N_K in a
+    program that owns a query tile (``KEY_TILE=False``), queries past N_Q in one that owns a key tile (whose
+    own key rows past N_K are zero and never stored)."""
+    if KEY_TILE:
+        visible = offs_q < n_valid
     else:
-        lo = 0
-        mid = 0
-    tail = tl.maximum(mid, full_end)
-    return lo, mid, full_end, tail, end
+        visible = offs_k < n_valid
+    if LIMIT_LEFT == 1:
+        visible = visible & (offs_k >= offs_q)
+    elif LIMIT_LEFT:
+        visible = visible & (offs_k >= offs_q - LEFT)
+    if LIMIT_RIGHT == 1:  # causal: a compile-time 0 keeps the diagonal tiles' arithmetic as before windows
+        visible = visible & (offs_k <= offs_q)
+    elif LIMIT_RIGHT:
+        visible = visible & (offs_k <= offs_q + RIGHT)
+    if HAS_DOCS:
+        visible = visible & (q_doc == k_doc)
+    return visible
 
 
 # Forward ------------------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, start_n, N_K, qk_scale, BLOCK_N: tl.constexpr,
-              EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, TMA: tl.constexpr,
-              INPUT_PRECISION: tl.constexpr):
+def _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT, qk_scale,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, LIMIT_LEFT: tl.constexpr,
+              LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One key tile of the online softmax (Algorithm 1, lines 8-13)."""
     k = _load_rows(k_src, start_n, MASKED, not EVEN_D, TMA)
     qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N), fp32
     if MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        visible = offs_n[None, :] < N_K
-        if IS_CAUSAL:
-            visible = visible & (offs_m[:, None] >= offs_n[None, :])
+        k_doc = 0
+        if HAS_DOCS:
+            k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
+        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT,
+                           LIMIT_RIGHT, HAS_DOCS, False)
         qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # finite: every row sees key 0 in its first tile
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # finite: every row sees every key of this tile
+        m_ref = m_new
+    p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = _load_rows(v_src, start_n, MASKED, not EVEN_D, TMA)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=INPUT_PRECISION)
@@ -152,50 +219,77 @@ def _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, start_n, N_K, qk_scale, BL
 
 
 @triton.jit
-def _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, lo, hi, N_K, qk_scale, BLOCK_N: tl.constexpr,
-              EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, TMA: tl.constexpr,
+def _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, lo, hi, N_K, LEFT, RIGHT, qk_scale,
+              BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, LIMIT_LEFT: tl.constexpr,
+              LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
               INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """Key tiles [lo, hi). A pipelined ``for`` when compiled; a ``while`` in the interpreter, whose
     ``range`` cannot take run-time bounds under numpy >= 2.4."""
     if INTERPRET:
         start_n = lo
         while start_n < hi:
-            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, start_n, N_K, qk_scale, BLOCK_N,
-                                      EVEN_D, MASKED, IS_CAUSAL, TMA, INPUT_PRECISION)
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT,
+                                      qk_scale, BLOCK_N, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
+                                      INPUT_PRECISION)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, start_n, N_K, qk_scale, BLOCK_N,
-                                      EVEN_D, MASKED, IS_CAUSAL, TMA, INPUT_PRECISION)
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT,
+                                      qk_scale, BLOCK_N, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
+                                      INPUT_PRECISION)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _flash_fwd_kernel(Q, K, V, O, L, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
-                      stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, qk_scale,
-                      HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
-                      INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                      stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
+                      LEFT, RIGHT, qk_scale,
+                      HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr,
+                      EVEN_D: tl.constexpr, TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+    """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP."""
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:  # the last query tiles see the most keys: launch them first
+    if LIMIT_RIGHT and not LIMIT_LEFT:  # causal: the last query tiles see the most keys, launch them first
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1).to(tl.int64)
+    bkv = bh // GROUP
     start_m = pid_m * BLOCK_M
     q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    k_src = _tile_src(K + bh * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    v_src = _tile_src(V + bh * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    full_hi, mask_hi = _query_tile_bounds(start_m, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, 0, full_hi, N_K, qk_scale, BLOCK_N, EVEN_D,
-                              False, IS_CAUSAL, TMA, INPUT_PRECISION, INTERPRET)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, full_hi, mask_hi, N_K, qk_scale, BLOCK_N,
-                              EVEN_D, True, IS_CAUSAL, TMA, INPUT_PRECISION, INTERPRET)
-    acc = acc / l_i[:, None]  # Algorithm 1 line 15
-    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # line 16, back to natural log
+    doc = DOC
+    q_doc = 0
+    any_lo = 0
+    any_hi = 0
+    all_lo = 0
+    all_hi = 0
+    if HAS_DOCS:
+        b = bh // HEADS
+        doc = DOC + b * N_Q
+        q_doc = tl.load(doc + offs_m, mask=offs_m < N_Q, other=0)[:, None]
+        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + b * 2 * N_Q, start_m, N_Q, BLOCK_M)
+    lo, full_lo, full_hi, hi = _tile_ranges(start_m, N_Q, N_K, LEFT, RIGHT, any_lo, any_hi, all_lo, all_hi, BLOCK_M,
+                                            BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
+    if LIMIT_LEFT or HAS_DOCS:  # the window's left edge or the document's start
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, lo, full_lo, N_K, LEFT, RIGHT,
+                                  qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
+                                  INPUT_PRECISION, INTERPRET)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, full_lo, full_hi, N_K, LEFT, RIGHT,
+                              qk_scale, BLOCK_N, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
+                              INPUT_PRECISION, INTERPRET)
+    # the diagonal (or the window's right edge), the document's end, the end of the keys
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, full_hi, hi, N_K, LEFT, RIGHT,
+                              qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
+                              INPUT_PRECISION, INTERPRET)
+    # Algorithm 1 lines 15-16; a row that sees no key (possible with a window when Nq > Nk) gets O = 0, L = -inf
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back to natural log
     o_dst = _tile_src(O + bh * stride_ob, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     _store_rows(o_dst, start_m, acc.to(O.dtype.element_ty), TMA)
     tl.store(L + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
@@ -228,6 +322,9 @@ def _row_stats(L, Delta, offs_m, N_Q, MASKED: tl.constexpr):
     """log2-unit logsumexp and D of the query rows offs_m (L and Delta already offset to the batch-head)."""
     if MASKED:
         lse2 = tl.load(L + offs_m, mask=offs_m < N_Q, other=0.0) * 1.4426950408889634
+        # a row that sees no key (L = -inf) only occurs in masked tiles: P = exp2(S - inf) = 0 rather than inf
+        # (which times a zero key row past N_K would be NaN)
+        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)
     else:
         lse2 = tl.load(L + offs_m) * 1.4426950408889634
@@ -236,10 +333,10 @@ def _row_stats(L, Delta, offs_m, N_Q, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, start_m, N_Q, qk_scale,
-               BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, LEFT, RIGHT,
+               qk_scale, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+               LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
+               ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One query tile's contribution to dK, dV of a key tile on transposed score tiles; with ATOMIC_DQ
     also its dS K added to the query tile's rows of the fp32 dQ accumulator (the fifth matmul)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -248,9 +345,11 @@ def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, start_m, N
     sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M) = S^T, eq. 13
     pT = tl.math.exp2(sT * qk_scale - lse2[None, :])  # eq. 14 in log2 units
     if MASKED:
-        visible = offs_m[None, :] < N_Q
-        if IS_CAUSAL:
-            visible = visible & (offs_m[None, :] >= offs_n[:, None])
+        q_doc = 0
+        if HAS_DOCS:
+            q_doc = tl.load(doc + offs_m, mask=offs_m < N_Q, other=0)[None, :]
+        visible = _visible(offs_m[None, :], offs_n[:, None], q_doc, k_doc, N_Q, LEFT, RIGHT, LIMIT_LEFT,
+                           LIMIT_RIGHT, HAS_DOCS, True)
         pT = tl.where(visible, pT, 0.0)
     do = _load_rows(do_src, start_m, MASKED, not EVEN_D, TMA)
     dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # eq. 15
@@ -269,65 +368,108 @@ def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, start_m, N
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, lo, hi, N_Q, qk_scale,
-               BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-               INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, hi, N_Q, LEFT, RIGHT,
+               qk_scale, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
+               LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
+               ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """Query tiles [lo, hi) (see _fwd_loop for the two loop forms)."""
     if INTERPRET:
         start_m = lo
         while start_m < hi:
-            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, start_m, N_Q, qk_scale,
-                                BLOCK_M, D_PAD, EVEN_D, MASKED, IS_CAUSAL, TMA, ATOMIC_DQ, INPUT_PRECISION,
-                                INTERPRET)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q,
+                                LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
+                                HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
             start_m += BLOCK_M
     else:
         for start_m in range(lo, hi, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, start_m, N_Q, qk_scale,
-                                BLOCK_M, D_PAD, EVEN_D, MASKED, IS_CAUSAL, TMA, ATOMIC_DQ, INPUT_PRECISION,
-                                INTERPRET)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q,
+                                LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
+                                HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
     return dk, dv
 
 
 @triton.jit
-def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC,
-                           stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
-                           stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
-                           stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
-                           N_Q, N_K, sm_scale, qk_scale,
-                           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                           TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                           INTERPRET: tl.constexpr):
-    """A program per key tile: dK, dV of its keys (and, with ATOMIC_DQ, every dQ contribution)."""
-    start_n = tl.program_id(0) * BLOCK_N  # causal: the first key tiles, seen by the most queries, go first
-    bh = tl.program_id(1).to(tl.int64)
+def _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bh, stride_qb, stride_qm, stride_qd, stride_dob, stride_dom,
+               stride_dod, offs_n, k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
+               LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
+               ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The query tiles of one query head (batch-head bh) that see this key tile."""
     L += bh * N_Q
     Delta += bh * N_Q
     q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     do_src = _tile_src(DO + bh * stride_dob, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    k_src = _tile_src(K + bh * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    v_src = _tile_src(V + bh * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     if ATOMIC_DQ and TMA and not INTERPRET:
         dq_dst = tl.make_tensor_descriptor(DQ_ACC + bh * N_Q * D_PAD, shape=[N_Q, D_PAD], strides=[D_PAD, 1],
                                            block_shape=[BLOCK_M, D_PAD])
     else:
         dq_dst = DQ_ACC + bh * N_Q * D_PAD
+    if LIMIT_RIGHT or HAS_DOCS:  # the diagonal (or the window's right edge), the document's start
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, full_lo, N_Q,
+                            LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
+                            TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_lo, full_hi, N_Q,
+                        LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
+                        TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+    # the window's left edge, the document's end, the end of the queries
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_hi, hi, N_Q,
+                        LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
+                        ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+    return dk, dv
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
+                           stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                           stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
+                           stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
+                           N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+                           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
+                           HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                           INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """A program per (key tile, batch x key/value head): dK, dV of its keys summed over the GROUP query heads
+    that read them (no atomics), and, with ATOMIC_DQ, every dQ contribution of those pairs."""
+    start_n = tl.program_id(0) * BLOCK_N  # causal: the first key tiles, seen by the most queries, go first
+    bkv = tl.program_id(1).to(tl.int64)
+    k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     # Key rows past N_K are zero and their dK/dV rows are never stored: no key mask is needed here.
     k = _load_rows(k_src, start_n, True, not EVEN_D, TMA)
     v = _load_rows(v_src, start_n, True, not EVEN_D, TMA)
     offs_n = start_n + tl.arange(0, BLOCK_N)
+    doc = DOC
+    k_doc = 0
+    any_lo = 0
+    any_hi = 0
+    all_lo = 0
+    all_hi = 0
+    if HAS_DOCS:  # Nq == Nk: the queries that may see a key are those of its document
+        b = bkv // HEADS
+        doc = DOC + b * N_K
+        k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[:, None]
+        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + b * 2 * N_K, start_n, N_K, BLOCK_N)
+    # key j is seen by queries j - RIGHT .. j + LEFT: the query-tile view with the sides swapped
+    lo, full_lo, full_hi, hi = _tile_ranges(start_n, N_K, N_Q, RIGHT, LEFT, any_lo, any_hi, all_lo, all_hi, BLOCK_N,
+                                            BLOCK_M, LIMIT_RIGHT, LIMIT_LEFT, HAS_DOCS)
     dk = tl.zeros((BLOCK_N, D_PAD), tl.float32)
     dv = tl.zeros((BLOCK_N, D_PAD), tl.float32)
-    lo, mid, full_end, tail, end = _key_tile_bounds(start_n, N_Q, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, lo, mid, N_Q, qk_scale, BLOCK_M,
-                        D_PAD, EVEN_D, True, IS_CAUSAL, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, mid, full_end, N_Q, qk_scale,
-                        BLOCK_M, D_PAD, EVEN_D, False, IS_CAUSAL, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, tail, end, N_Q, qk_scale,
-                        BLOCK_M, D_PAD, EVEN_D, True, IS_CAUSAL, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
-    dk_dst = _tile_src(DK + bh * stride_dkb, N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    dv_dst = _tile_src(DV + bh * stride_dvb, N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    if INTERPRET:
+        g = 0
+        while g < GROUP:
+            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
+                                stride_qd, stride_dob, stride_dom, stride_dod, offs_n, k_doc, doc, lo, full_lo,
+                                full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
+                                LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+            g += 1
+    else:
+        for g in range(GROUP):  # GROUP == 1 is a compile-time constant (Triton specialises 1): no loop
+            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
+                                stride_qd, stride_dob, stride_dom, stride_dod, offs_n, k_doc, doc, lo, full_lo,
+                                full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
+                                LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+    dk_dst = _tile_src(DK + bkv * stride_dkb, N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    dv_dst = _tile_src(DV + bkv * stride_dvb, N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     _store_rows(dk_dst, start_n, (dk * sm_scale).to(DK.dtype.element_ty), TMA)
     _store_rows(dv_dst, start_n, dv.to(DV.dtype.element_ty), TMA)
 
@@ -346,9 +488,9 @@ def _flash_bwd_dq_postprocess(DQ_ACC, DQ, stride_dqb, stride_dqm, stride_dqd, N_
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, start_n, N_K, qk_scale, BLOCK_N: tl.constexpr,
-             EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, TMA: tl.constexpr,
-             INPUT_PRECISION: tl.constexpr):
+def _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT, qk_scale,
+             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, LIMIT_LEFT: tl.constexpr,
+             LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """One key tile's contribution to dQ of a query tile (eqs. 13-18), recomputing P (deterministic mode)."""
     k = _load_rows(k_src, start_n, MASKED, not EVEN_D, TMA)
     v = _load_rows(v_src, start_n, MASKED, not EVEN_D, TMA)
@@ -356,9 +498,11 @@ def _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, start_n, N_K, qk_scal
     p = tl.math.exp2(s * qk_scale - lse2[:, None])  # eq. 14
     if MASKED:
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        visible = offs_n[None, :] < N_K
-        if IS_CAUSAL:
-            visible = visible & (offs_m[:, None] >= offs_n[None, :])
+        k_doc = 0
+        if HAS_DOCS:
+            k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
+        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT,
+                           LIMIT_RIGHT, HAS_DOCS, False)
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # eq. 16
     ds = p * (dp - delta[:, None])  # eq. 17
@@ -366,51 +510,70 @@ def _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, start_n, N_K, qk_scal
 
 
 @triton.jit
-def _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, lo, hi, N_K, qk_scale, BLOCK_N: tl.constexpr,
-             EVEN_D: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, TMA: tl.constexpr,
-             INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, lo, hi, N_K, LEFT, RIGHT, qk_scale,
+             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr, LIMIT_LEFT: tl.constexpr,
+             LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+             INTERPRET: tl.constexpr):
     """Key tiles [lo, hi) (see _fwd_loop for the two loop forms)."""
     if INTERPRET:
         start_n = lo
         while start_n < hi:
-            dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, start_n, N_K, qk_scale, BLOCK_N, EVEN_D,
-                          MASKED, IS_CAUSAL, TMA, INPUT_PRECISION)
+            dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT,
+                          qk_scale, BLOCK_N, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, start_n, N_K, qk_scale, BLOCK_N, EVEN_D,
-                          MASKED, IS_CAUSAL, TMA, INPUT_PRECISION)
+            dq = _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT,
+                          qk_scale, BLOCK_N, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION)
     return dq
 
 
 @triton.jit
-def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ,
+def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
                          stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                          stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
-                         stride_dqb, stride_dqm, stride_dqd, N_Q, N_K, sm_scale, qk_scale,
+                         stride_dqb, stride_dqm, stride_dqd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
                          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-                         TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                         BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
+                         HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """Deterministic mode: a program per query tile walks its key tiles and writes its dQ rows once."""
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:
+    if LIMIT_RIGHT and not LIMIT_LEFT:
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1).to(tl.int64)
+    bkv = bh // GROUP
     start_m = pid_m * BLOCK_M
     q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     do_src = _tile_src(DO + bh * stride_dob, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    k_src = _tile_src(K + bh * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    v_src = _tile_src(V + bh * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     do = _load_rows(do_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     lse2, delta = _row_stats(L + bh * N_Q, Delta + bh * N_Q, offs_m, N_Q, True)
     dq = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    full_hi, mask_hi = _query_tile_bounds(start_m, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, 0, full_hi, N_K, qk_scale, BLOCK_N, EVEN_D, False,
-                  IS_CAUSAL, TMA, INPUT_PRECISION, INTERPRET)
-    dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, full_hi, mask_hi, N_K, qk_scale, BLOCK_N, EVEN_D,
-                  True, IS_CAUSAL, TMA, INPUT_PRECISION, INTERPRET)
+    doc = DOC
+    q_doc = 0
+    any_lo = 0
+    any_hi = 0
+    all_lo = 0
+    all_hi = 0
+    if HAS_DOCS:
+        b = bh // HEADS
+        doc = DOC + b * N_Q
+        q_doc = tl.load(doc + offs_m, mask=offs_m < N_Q, other=0)[:, None]
+        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + b * 2 * N_Q, start_m, N_Q, BLOCK_M)
+    lo, full_lo, full_hi, hi = _tile_ranges(start_m, N_Q, N_K, LEFT, RIGHT, any_lo, any_hi, all_lo, all_hi, BLOCK_M,
+                                            BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
+    if LIMIT_LEFT or HAS_DOCS:
+        dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, lo, full_lo, N_K, LEFT, RIGHT,
+                      qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION,
+                      INTERPRET)
+    dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, full_lo, full_hi, N_K, LEFT, RIGHT,
+                  qk_scale, BLOCK_N, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
+    dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, full_hi, hi, N_K, LEFT, RIGHT,
+                  qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
     dq_dst = _tile_src(DQ + bh * stride_dqb, N_Q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     _store_rows(dq_dst, start_m, (dq * sm_scale).to(DQ.dtype.element_ty), TMA)
 
@@ -532,19 +695,79 @@ def _launch(kernel, key: tuple, grid: tuple[int, int, int], args: tuple, constex
         _LAUNCHES[key] = (compiled, tuple(constexprs[n] for n in names))
 
 
-def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False,
-                  config: FlashConfig | None = None) -> tuple[Tensor, Tensor]:
-    """Launch the forward kernel: returns O (like Q) and the logsumexp L (fp32, ``Q.shape[:-1]``)."""
+
+
+def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, scale) -> tuple[int | None, int | None,
+                                                                                              float]:
+    """Validate a call's inputs (``ValueError`` naming the problem) and normalise its mask: (left, right, scale)."""
     check_is_causal(is_causal)
-    check_attention_inputs(Q, K, V)
+    check_attention_inputs(Q, K, V, grouped=True)
+    check_window(window)
+    check_doc_ids(doc_ids, Q, K)
+    check_scale(scale)
+    left, right = normalize_window(window, is_causal, Q.shape[-2], K.shape[-2])
+    return left, right, 1.0 / math.sqrt(Q.shape[-1]) if scale is None else float(scale)
+
+
+_SPAN_CACHE: list = [None]  # [(weakref to doc_ids, its version, its span)]: layers of a model share one doc_ids
+
+
+def _doc_span(doc_ids: Tensor | None) -> Tensor | None:
+    """``(batch, 2, N)`` int32: where each position's document starts and ends ([start, end) along N) when the
+    ids of that sequence are sorted (packed documents), -1 where they are not (then every tile is masked and
+    none skipped). Device ops only, no host synchronisation; cached for the last ``doc_ids`` seen (eagerly),
+    so the layers of a model that share one ``doc_ids`` compute it once."""
+    if doc_ids is None:
+        return None
+    cache = not torch.compiler.is_compiling() and not doc_ids.is_inference()  # inference tensors have no version
+    if cache:
+        hit = _SPAN_CACHE[0]
+        if hit is not None and hit[0]() is doc_ids and hit[1] == doc_ids._version:
+            return hit[2]
+    ids = doc_ids.reshape(-1, doc_ids.shape[-1])
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    start = torch.searchsorted(ids, ids, side="left", out_int32=True)  # meaningful where the row is sorted
+    end = torch.searchsorted(ids, ids, side="right", out_int32=True)
+    is_sorted = (ids[:, 1:] >= ids[:, :-1]).all(dim=1)
+    span = torch.stack((start, end), dim=1).masked_fill(~is_sorted[:, None, None], -1)
+    if cache:
+        _SPAN_CACHE[0] = (weakref.ref(doc_ids), doc_ids._version, span)
+    return span
+
+
+def _limit(side: int | None) -> int:
+    """A window side as the kernels' LIMIT_* constexpr: 0 no limit, 1 a side of 0 (causal's right: a compile-time
+    constant in the masks), 2 any other."""
+    return 0 if side is None else 1 if side == 0 else 2
+
+
+def _doc_args(doc_ids: Tensor | None, doc_span: Tensor | None, dummy: Tensor) -> tuple[Tensor, Tensor, tuple]:
+    """The kernels' DOC and SPAN arguments ((batch, N) ids, contiguous; spans) and their part of a launch key;
+    without documents a placeholder the kernels never read."""
+    if doc_ids is None:
+        return dummy, dummy, ()
+    ids = doc_ids.reshape(-1, doc_ids.shape[-1])
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    return ids, doc_span, _layout(ids, doc_span)
+
+
+def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, config: FlashConfig | None = None, *,
+                  window: tuple[int, int] | None = None, doc_ids: Tensor | None = None,
+                  scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Launch the forward kernel: returns O (like Q) and the logsumexp L (fp32, ``Q.shape[:-1]``; -inf for a row
+    that sees no key). Arguments as in :func:`flash_attention`."""
+    left, right, scale = _check_call(Q, K, V, is_causal, window, doc_ids, scale)
     _check_runnable(Q)
-    return _forward(Q, K, V, is_causal, config)
+    return _forward(Q, K, V, config, left, right, doc_ids, _doc_span(doc_ids), scale)
 
 
-def _forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool, config: FlashConfig | None) -> tuple[Tensor, Tensor]:
-    """flash_forward on validated inputs."""
+def _forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: int | None, right: int | None,
+             doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    """flash_forward on validated inputs and a normalised mask (see normalize_window; doc_span from _doc_span)."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
-        o, lse = _forward(*_interpreter_upcast(Q, K, V), is_causal, config)
+        o, lse = _forward(*_interpreter_upcast(Q, K, V), config, left, right, doc_ids, doc_span, scale)
         return o.to(Q.dtype), lse
     q, k, v = _as_3d(Q), _as_3d(K), _as_3d(V)
     bh, n_q, d = q.shape
@@ -555,39 +778,47 @@ def _forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool, config: FlashConf
     lse = torch.empty((bh, n_q), device=Q.device, dtype=torch.float32)
     if bh == 0:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
         return o.view(Q.shape), lse.view(Q.shape[:-1])
+    group, heads = bh // k.shape[0], Q.shape[-3] if Q.ndim >= 3 else 1
+    doc, span, doc_key = _doc_args(doc_ids, doc_span, lse)
     tma = _use_tma(cfg, q, k, v, o)
     prec = _input_precision(Q.dtype)
-    _launch(_flash_fwd_kernel, ("fwd", _layout(q, k, v), Q.device, is_causal, cfg, tma, prec),
+    _launch(_flash_fwd_kernel,
+            ("fwd", _layout(q, k, v, o), Q.device, left, right, group, heads, doc_key, cfg, tma, prec),
             (_cdiv(n_q, cfg.block_m), bh, 1),
-            (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, LOG2E / math.sqrt(d)),
-            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
-                 EVEN_D=d == d_pad, TMA=tma, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED), cfg)
+            (q, k, v, o, lse, doc, span, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, group, heads,
+             left or 0, right or 0, scale * LOG2E),
+            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, LIMIT_LEFT=_limit(left),
+                 LIMIT_RIGHT=_limit(right), HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, TMA=tma,
+                 INPUT_PRECISION=prec, INTERPRET=_INTERPRETED), cfg)
     return o.view(Q.shape), lse.view(Q.shape[:-1])
 
 
 def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool = False,
-                   config: FlashConfig | None = None, *, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                   config: FlashConfig | None = None, *, deterministic: bool = False,
+                   window: tuple[int, int] | None = None, doc_ids: Tensor | None = None,
+                   scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the backward; returns (dQ, dK, dV). Default: D preprocessing, the fused dK/dV/dQ-atomic kernel
     and the dQ postprocessing (five matmuls per tile pair). ``deterministic=True``: the atomic-free dK/dV
     and dQ kernels (seven matmuls), bitwise reproducible."""
-    check_is_causal(is_causal)
-    check_attention_inputs(Q, K, V)
+    left, right, scale = _check_call(Q, K, V, is_causal, window, doc_ids, scale)
     check_grad_output(dO, O)
     _check_runnable(Q)
-    return _backward(Q, K, V, O, L, dO, is_causal, config, bool(deterministic))
+    return _backward(Q, K, V, O, L, dO, config, bool(deterministic), left, right, doc_ids, _doc_span(doc_ids), scale)
 
 
-def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool,
-              config: FlashConfig | None, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, config: FlashConfig | None,
+              deterministic: bool, left: int | None, right: int | None, doc_ids: Tensor | None,
+              doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """flash_backward on validated inputs (dO is only checked against O here)."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
-        grads = _backward(*_interpreter_upcast(Q, K, V, O), L, dO.float(), is_causal, config, deterministic)
+        grads = _backward(*_interpreter_upcast(Q, K, V, O), L, dO.float(), config, deterministic, left, right,
+                          doc_ids, doc_span, scale)
         return tuple(g.to(t.dtype) for g, t in zip(grads, (Q, K, V), strict=True))
     if dO.dtype != Q.dtype:
         dO = dO.to(Q.dtype)
     q, k, v, o, do = _as_3d(Q), _as_3d(K), _as_3d(V), _as_3d(O), _as_3d(dO)
     bh, n_q, d = q.shape
-    n_k = k.shape[1]
+    bh_kv, n_k = k.shape[0], k.shape[1]
     d_pad = _d_pad(d)
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     lse = L.reshape(bh, n_q)
@@ -596,16 +827,18 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
     dev = Q.device
     delta = torch.empty((bh, n_q), device=dev, dtype=torch.float32)
     dq = torch.empty((bh, n_q, d), device=dev, dtype=Q.dtype)
-    dk = torch.empty((bh, n_k, d), device=dev, dtype=K.dtype)
-    dv = torch.empty((bh, n_k, d), device=dev, dtype=V.dtype)
+    dk = torch.empty((bh_kv, n_k, d), device=dev, dtype=K.dtype)
+    dv = torch.empty((bh_kv, n_k, d), device=dev, dtype=V.dtype)
     if bh == 0:
         return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
+    group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
+    doc, span, doc_key = _doc_args(doc_ids, doc_span, delta)
     dq_acc = delta if deterministic else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
-    sm_scale = 1.0 / math.sqrt(d)
     prec = _input_precision(Q.dtype)
-    plan = (_layout(q, k, v, o, do, lse), dev, is_causal, cfgs, deterministic, prec)
-    common = dict(HEAD_DIM=d, D_PAD=d_pad, IS_CAUSAL=is_causal, EVEN_D=d == d_pad, INPUT_PRECISION=prec,
-                  INTERPRET=_INTERPRETED)
+    plan = (_layout(q, k, v, o, do, lse), dev, left, right, group, heads, doc_key, cfgs, deterministic, prec)
+    common = dict(HEAD_DIM=d, D_PAD=d_pad, LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right),
+                  HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED)
+    sides = (left or 0, right or 0, scale, scale * LOG2E)
     row_block = 16 if _INTERPRETED else 64
     rows_cfg = KernelConfig(row_block, row_block, 4, 1)
     _launch(_flash_bwd_preprocess, ("pre", plan), (_cdiv(n_q, row_block), bh, 1),
@@ -613,83 +846,152 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
             dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, ZERO_DQ=not deterministic), rows_cfg)
     cfg = cfgs.dkdv if deterministic else cfgs.bwd
     tma = _use_tma(cfg, q, k, v, do, dk, dv)
-    _launch(_flash_bwd_dkdv_kernel, ("dkdv", plan, tma), (_cdiv(n_k, cfg.block_n), bh, 1),
-            (q, k, v, do, lse, delta, dk, dv, dq_acc, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-             *dk.stride(), *dv.stride(), n_q, n_k, sm_scale, sm_scale * LOG2E),
+    # a program per key tile and key/value head: the heads per batch on that axis are the key/value heads
+    _launch(_flash_bwd_dkdv_kernel, ("dkdv", plan, tma), (_cdiv(n_k, cfg.block_n), bh_kv, 1),
+            (q, k, v, do, lse, delta, dk, dv, dq_acc, doc, span, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+             *dk.stride(), *dv.stride(), n_q, n_k, group, heads // group, *sides),
             dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, ATOMIC_DQ=not deterministic, **common), cfg)
     if deterministic:
         cfg = cfgs.dq
         tma = _use_tma(cfg, q, k, v, do, dq)
         _launch(_flash_bwd_dq_kernel, ("dq", plan, tma), (_cdiv(n_q, cfg.block_m), bh, 1),
-                (q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-                 n_q, n_k, sm_scale, sm_scale * LOG2E),
+                (q, k, v, do, lse, delta, dq, doc, span, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+                 *dq.stride(), n_q, n_k, group, heads, *sides),
                 dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common), cfg)
     else:
         _launch(_flash_bwd_dq_postprocess, ("post", plan), (_cdiv(n_q, row_block), bh, 1),
-                (dq_acc, dq, *dq.stride(), n_q, sm_scale), dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block),
+                (dq_acc, dq, *dq.stride(), n_q, scale), dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block),
                 rows_cfg)
     return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
 
 
 # ------------------------------------------------------------- custom ops (opaque to torch.compile)
 # Only used while torch.compile traces (eager calls launch directly: a Python custom op costs tens of
-# microseconds per call, which is most of a small attention call). The autograd.Function validates.
+# microseconds per call, which is most of a small attention call). The autograd.Functions validate. A window
+# side of -1 is no limit.
 @torch.library.custom_op("cs336_systems::flash_fwd", mutates_args=())
-def _flash_fwd_op(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
+def _flash_fwd_op(Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, doc_span: Tensor | None, left: int,
+                  right: int, scale: float) -> tuple[Tensor, Tensor]:
     _check_runnable(Q)
-    return _forward(Q, K, V, is_causal, None)
+    return _forward(Q, K, V, None, _side(left), _side(right), doc_ids, doc_span, scale)
 
 
 @_flash_fwd_op.register_fake
-def _(Q, K, V, is_causal):
+def _(Q, K, V, doc_ids, doc_span, left, right, scale):
     return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("cs336_systems::flash_bwd", mutates_args=())
-def _flash_bwd_op(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool,
+def _flash_bwd_op(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, doc_ids: Tensor | None,
+                  doc_span: Tensor | None, left: int, right: int, scale: float,
                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     check_grad_output(dO, O)
-    return _backward(Q, K, V, O, L, dO, is_causal, None, deterministic)
+    return _backward(Q, K, V, O, L, dO, None, deterministic, _side(left), _side(right), doc_ids, doc_span, scale)
 
 
 @_flash_bwd_op.register_fake
-def _(Q, K, V, O, L, dO, is_causal, deterministic):
+def _(Q, K, V, O, L, dO, doc_ids, doc_span, left, right, scale, deterministic):
     return Q.new_empty(Q.shape), K.new_empty(K.shape), V.new_empty(V.shape)
 
 
-# ----------------------------------------------------------------------------------- autograd.Function
+def _side(limit: int | None) -> int | None:
+    """A window side between the op encoding (-1: no limit) and the launchers' (None: no limit)."""
+    if limit is None:
+        return -1
+    return None if limit < 0 else limit
+
+
+def _run_forward(Q: Tensor, K: Tensor, V: Tensor, left: int | None, right: int | None, doc_ids: Tensor | None,
+                 doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    if torch.compiler.is_compiling():
+        return _flash_fwd_op(Q, K, V, doc_ids, doc_span, _side(left), _side(right), scale)
+    _check_runnable(Q)
+    return _forward(Q, K, V, None, left, right, doc_ids, doc_span, scale)
+
+
+def _run_backward(ctx, dO: Tensor, L: Tensor, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, doc_ids: Tensor | None,
+                  doc_span: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+    left, right, scale = ctx.mask
+    if torch.compiler.is_compiling():
+        return _flash_bwd_op(Q, K, V, O, L, dO, doc_ids, doc_span, _side(left), _side(right), scale, deterministic)
+    check_grad_output(dO, O)
+    return _backward(Q, K, V, O, L, dO, None, deterministic, left, right, doc_ids, doc_span, scale)
+
+
+def _check_deterministic(deterministic) -> None:
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be a bool (True or False), got {deterministic!r}")
+
+
+# ----------------------------------------------------------------------------------- autograd.Functions
 class FlashAttention2Triton(torch.autograd.Function):
     """FlashAttention-2 with Triton kernels. ``apply(Q, K, V, is_causal=False, deterministic=False) -> O``;
     causal masking is top-left aligned (query i sees keys 0..i). Saves L (``Q.shape[:-1]``, natural-log
     logsumexp), Q, K, V, O for the backward. ``deterministic`` (or
-    ``torch.use_deterministic_algorithms(True)``) selects the atomic-free backward."""
+    ``torch.use_deterministic_algorithms(True)``) selects the atomic-free backward. The course's interface:
+    grouped heads, windows and documents go through :func:`flash_attention`."""
 
     @staticmethod
     def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, deterministic: bool = False) -> Tensor:
         check_is_causal(is_causal)
-        if not isinstance(deterministic, bool):
-            raise ValueError(f"deterministic must be a bool (True or False), got {deterministic!r}")
+        _check_deterministic(deterministic)
         check_attention_inputs(Q, K, V)  # fail before any kernel, also under torch.compile
-        if torch.compiler.is_compiling():
-            O, L = _flash_fwd_op(Q, K, V, is_causal)
-        else:
-            _check_runnable(Q)
-            O, L = _forward(Q, K, V, is_causal, None)
+        left, right = normalize_window(None, is_causal, Q.shape[-2], K.shape[-2])
+        scale = 1.0 / math.sqrt(Q.shape[-1])
+        O, L = _run_forward(Q, K, V, left, right, None, None, scale)
         ctx.save_for_backward(L, Q, K, V, O)
-        ctx.is_causal = is_causal
+        ctx.mask = (left, right, scale)
         ctx.deterministic = deterministic
         return O
 
     @staticmethod
     def backward(ctx, dO: Tensor):
         L, Q, K, V, O = ctx.saved_tensors
-        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
-        if torch.compiler.is_compiling():
-            dQ, dK, dV = _flash_bwd_op(Q, K, V, O, L, dO, ctx.is_causal, deterministic)
-        else:
-            check_grad_output(dO, O)
-            dQ, dK, dV = _backward(Q, K, V, O, L, dO, ctx.is_causal, None, deterministic)
-        return dQ, dK, dV, None, None
+        return *_run_backward(ctx, dO, L, Q, K, V, O, None, None), None, None
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """:func:`flash_attention`'s autograd.Function: ``apply(Q, K, V, doc_ids, left, right, scale, deterministic)``
+    on validated inputs (left/right: window sides, None for no limit, causal is right = 0). Saves L, Q, K, V,
+    O, doc_ids and their spans."""
+
+    @staticmethod
+    def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, left: int | None, right: int | None,
+                scale: float, deterministic: bool) -> Tensor:
+        doc_span = _doc_span(doc_ids)
+        O, L = _run_forward(Q, K, V, left, right, doc_ids, doc_span, scale)
+        ctx.save_for_backward(L, Q, K, V, O, doc_ids, doc_span)
+        ctx.mask = (left, right, scale)
+        ctx.deterministic = deterministic
+        return O
+
+    @staticmethod
+    def backward(ctx, dO: Tensor):
+        L, Q, K, V, O, doc_ids, doc_span = ctx.saved_tensors
+        return *_run_backward(ctx, dO, L, Q, K, V, O, doc_ids, doc_span), None, None, None, None, None
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, *,
+                    window: tuple[int, int] | None = None, doc_ids: Tensor | None = None, scale: float | None = None,
+                    deterministic: bool = False) -> Tensor:
+    """softmax(scale * q k^T + mask) v with Triton forward and backward kernels, differentiable.
+
+    - ``q`` (..., Hq, Nq, d), ``k`` and ``v`` (..., Hkv, Nk, d) with Hq a multiple of Hkv: query head h reads
+      key/value head h // (Hq // Hkv) (grouped-query; Hkv = 1 is multi-query); dK and dV sum over each group.
+      (..., N, d) inputs with equal leading dims behave as ``FlashAttention2Triton``.
+    - ``is_causal``: query i sees keys j <= i (top-left aligned).
+    - ``window=(left, right)``: query i sees keys i - left <= j <= i + right (with ``is_causal`` the right side
+      is 0); None: no limit.
+    - ``doc_ids`` (batch, N) integers (needs Nq == Nk): query i sees key j only where their ids are equal.
+      Tiles are skipped where the ids of a sequence are sorted (packed documents); any ids are correct.
+    - ``scale``: default 1/sqrt(d). ``deterministic``: the atomic-free, bitwise-reproducible backward.
+    Tiles with no visible pair are never loaded. A query row that sees no key (a window with Nq > Nk) gets
+    output 0, L = -inf and zero gradients.
+    """
+    left, right, scale = _check_call(q, k, v, is_causal, window, doc_ids, scale)
+    _check_deterministic(deterministic)
+    return FlashAttentionTriton.apply(q, k, v, doc_ids, left, right, scale, deterministic)
 
 
 def flash_attention_triton(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, *,
@@ -699,10 +1001,11 @@ def flash_attention_triton(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = Fa
 
 
 @register_attention_backend("flash_triton")
-def flash_triton_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
-    """Attention backend ``flash_triton``: (B, H, T, d) tensors."""
-    return FlashAttention2Triton.apply(q, k, v, is_causal)
+def flash_triton_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *,
+                           window: tuple[int, int] | None = None, doc_ids: Tensor | None = None) -> Tensor:
+    """Attention backend ``flash_triton``: q (B, Hq, T, d), k and v (B, Hkv, T, d); :func:`flash_attention`."""
+    return flash_attention(q, k, v, is_causal, window=window, doc_ids=doc_ids)
 
 
-__all__ = ["FlashAttention2Triton", "flash_attention_triton", "flash_backward", "flash_forward",
-           "flash_triton_attention"]
+__all__ = ["FlashAttention2Triton", "FlashAttentionTriton", "flash_attention", "flash_attention_triton",
+           "flash_backward", "flash_forward", "flash_triton_attention"]
