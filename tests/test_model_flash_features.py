@@ -26,7 +26,8 @@ from cs336_basics.nn_utils import cross_entropy
 TAKES_EXTRAS = supports_attention_extras(get_attention_backend("flash_triton"))
 pytestmark = pytest.mark.skipif(not TAKES_EXTRAS, reason="flash_triton does not take window= / doc_ids= yet")
 
-TINY = dict(vocab_size=41, context_length=64, d_model=32, num_layers=2, num_heads=4, d_ff=48)
+# head dim 16: the kernel's smallest
+TINY = dict(vocab_size=41, context_length=64, d_model=64, num_layers=2, num_heads=4, d_ff=48)
 EXTRAS = [dict(num_kv_heads=2), dict(num_kv_heads=1, attention_window=5), dict(attention_window=40),
           dict(num_kv_heads=2, attention_window=7)]
 

@@ -69,10 +69,13 @@ def main() -> None:
         return host
 
     qd, kd, vd = (t.detach() for t in (q, k, v))
-    o, lse = ft._forward(qd, kd, vd, causal, None)
-    for name, call in [("_forward (launcher only)", lambda: ft._forward(qd, kd, vd, causal, None)),
+    left, right = ft.normalize_window(None, causal, q.shape[-2], k.shape[-2])
+    scale = q.shape[-1] ** -0.5
+    o, lse = ft._forward(qd, kd, vd, None, left, right, None, None, scale)
+    for name, call in [("_forward (launcher only)",
+                        lambda: ft._forward(qd, kd, vd, None, left, right, None, None, scale)),
                        ("_backward (launchers only)",
-                        lambda: ft._backward(qd, kd, vd, o, lse, do, causal, None, False)),
+                        lambda: ft._backward(qd, kd, vd, o, lse, do, None, False, left, right, None, None, scale)),
                        ("apply, no grad", lambda: fn(qd, kd, vd, causal)),
                        ("apply, recording the graph", lambda: fn(q, k, v, causal)),
                        ("torch.empty_like x2", lambda: (torch.empty_like(qd), torch.empty_like(qd))),
