@@ -21,6 +21,8 @@ Idempotent: a second run changes nothing. Every changed field is named in the re
   ``transport``, NCCL CTA caps ``nccl_max_ctas``, high-priority streams, SM carveout, and CPU binding,
   which was an environment variable recorded in ``nccl_env``): gathered in one ``experiment`` object
   per row, default values (None, False, "collective") left out; ``nccl_env`` keeps ``NCCL_*`` only.
+* ``COMMIT_CORRECTIONS``: runs whose recorded commit was wrong (named per file, with the reason and the
+  commit whose tree ran).
 * FlexAttention sweep timings taken before each shape got a fresh compile (no ``flex_compile``):
   past dynamo's recompile limit they ran eagerly, so ``status`` becomes ``discarded: eager fallback``
   (the timings stay in the record).
@@ -73,12 +75,25 @@ def inferred_commit(problem: str, date: str) -> str:
     return out
 
 
+# record file (relative to results/) -> (recorded commit, the commit whose tree ran, why)
+COMMIT_CORRECTIONS = {
+    f"leaderboard_2026/20261124-{stamp}-nvidia-h200.jsonl": (
+        "9325235", "a560477", "the command took CS336_GIT_COMMIT from `git rev-parse` on the device, whose copy of "
+        ".git is the session's starting checkout; the working tree sent was main at a560477")
+    for stamp in ("125831", "125845")
+}
+
+
 def _mark(row: dict, field: str, why: str) -> None:
     row["provenance"].setdefault("migrated", {})[field] = why
 
 
 def migrate_provenance(problem: str, path: Path, row: dict) -> None:
     prov = row["provenance"]
+    wrong, right, why = COMMIT_CORRECTIONS.get(f"{problem}/{path.name}", (None, None, None))
+    if wrong is not None and prov.get("git_commit") == wrong:
+        prov["git_commit"] = right
+        _mark(row, "git_commit", f"corrected from {wrong}: {why}")
     if prov.get("git_commit") in (None, "", "unknown"):
         prov["git_commit"] = inferred_commit(problem, prov["date"])
         _mark(row, "git_commit", "inferred: the last commit before the record's date touching "
