@@ -77,6 +77,28 @@ def main() -> None:
     }
     for name, call in rows.items():
         print(f"{name:38s} {host_us(call):8.1f} us/call")
+    # Inside apply + backward: the time spent in each layer, and whether any launch missed the cache.
+    spent = {"forward (autograd.Function)": 0.0, "backward (autograd.Function)": 0.0, "_backward": 0.0}
+    originals = (ft.FlashAttention2Triton.forward, ft.FlashAttention2Triton.backward, ft._backward)
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return wrapper
+
+    ft.FlashAttention2Triton.forward = staticmethod(timed("forward (autograd.Function)", originals[0]))
+    ft.FlashAttention2Triton.backward = staticmethod(timed("backward (autograd.Function)", originals[1]))
+    ft._backward = timed("_backward", originals[2])
+    launches = len(ft._LAUNCHES)
+    n = 1000
+    total = host_us(lambda: apply(q, k, v, True).backward(do), n)
+    print(f"apply + backward, instrumented: {total:.1f} us/call; cached launches {launches} -> {len(ft._LAUNCHES)}")
+    for name, seconds in spent.items():
+        print(f"  in {name:30s} {seconds / (n + 20) * 1e6:8.1f} us/call")
 
 
 if __name__ == "__main__":
