@@ -90,6 +90,30 @@ def main() -> None:
                 spent[name] += time.perf_counter() - t0
         return wrapper
 
+    stream = torch.cuda.current_stream().cuda_stream
+    micro = {
+        "triton.set_allocator": lambda: ft.triton.set_allocator(ft._tma_workspace),
+        "_tma_ready(q, k, v, o)": lambda: ft._tma_ready(qd, kd, vd, o),
+        "_tma_workspace": lambda: ft._tma_workspace(4096, 128, stream),
+        "forward launcher, block pointers": lambda: ft._forward(qd, kd, vd, no_tma, left, right, None, None, scale),
+        "forward launcher, TMA (again)": lambda: ft._forward(qd, kd, vd, None, left, right, None, None, scale),
+        "forward launcher, TMA, q requiring grad": lambda: ft._forward(q, k, v, None, left, right, None, None, scale),
+        "apply, forward only": lambda: apply(q, k, v, True),
+    }
+    for name, call in micro.items():
+        print(f"{name:38s} {host_us(call):8.1f} us/call")
+    for kernel_key in ("fwd", "pre", "dkdv", "post"):
+        spent[f"_launch {kernel_key}"] = 0.0
+    original_launch = ft._launch
+
+    def timed_launch(kernel, key, *args):
+        t0 = time.perf_counter()
+        try:
+            return original_launch(kernel, key, *args)
+        finally:
+            spent[f"_launch {key[0]}"] += time.perf_counter() - t0
+
+    ft._launch = timed_launch
     ft.FlashAttention2Triton.forward = staticmethod(timed("forward (autograd.Function)", originals[0]))
     ft.FlashAttention2Triton.backward = staticmethod(timed("backward (autograd.Function)", originals[1]))
     ft._backward = timed("_backward", originals[2])
