@@ -166,6 +166,27 @@ def _tile_ranges(start, n_rows, N_COLS, LEFT, RIGHT, any_lo, any_hi, all_lo, all
 
 
 @triton.jit
+def _tile_plan(DOC, SPAN, batch, start, offs, n_rows, N_COLS, LEFT, RIGHT, BLOCK_ROWS: tl.constexpr,
+               BLOCK_COLS: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr):
+    """What one program visits, for every kernel: its rows' document ids (a column; 0 without documents), the
+    ids of its sequence (rows and columns share them: documents need Nq == Nk) and the column tiles of
+    ``_tile_ranges``."""
+    doc = DOC
+    row_doc = 0
+    any_lo = 0
+    any_hi = 0
+    all_lo = 0
+    all_hi = 0
+    if HAS_DOCS:
+        doc = DOC + batch * n_rows
+        row_doc = tl.load(doc + offs, mask=offs < n_rows, other=0)[:, None]
+        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + batch * 2 * n_rows, start, n_rows, BLOCK_ROWS)
+    lo, full_lo, full_hi, hi = _tile_ranges(start, n_rows, N_COLS, LEFT, RIGHT, any_lo, any_hi, all_lo, all_hi,
+                                            BLOCK_ROWS, BLOCK_COLS, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
+    return doc, row_doc, lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def _visible(offs_q, offs_k, q_doc, k_doc, n_valid, LEFT, RIGHT, LIMIT_LEFT: tl.constexpr,
              LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, KEY_TILE: tl.constexpr):
     """Which (query, key) pairs of a masked tile are visible; the index tensors broadcast to the tile (queries
@@ -263,19 +284,8 @@ def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd,
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    doc = DOC
-    q_doc = 0
-    any_lo = 0
-    any_hi = 0
-    all_lo = 0
-    all_hi = 0
-    if HAS_DOCS:
-        b = bh // HEADS
-        doc = DOC + b * N_Q
-        q_doc = tl.load(doc + offs_m, mask=offs_m < N_Q, other=0)[:, None]
-        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + b * 2 * N_Q, start_m, N_Q, BLOCK_M)
-    lo, full_lo, full_hi, hi = _tile_ranges(start_m, N_Q, N_K, LEFT, RIGHT, any_lo, any_hi, all_lo, all_hi, BLOCK_M,
-                                            BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
+    doc, q_doc, lo, full_lo, full_hi, hi = _tile_plan(DOC, SPAN, bh // HEADS, start_m, offs_m, N_Q, N_K, LEFT, RIGHT,
+                                                      BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
     if LIMIT_LEFT or HAS_DOCS:  # the window's left edge or the document's start
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, lo, full_lo, N_K, LEFT, RIGHT,
                                   qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
@@ -438,20 +448,10 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     k = _load_rows(k_src, start_n, True, not EVEN_D, TMA)
     v = _load_rows(v_src, start_n, True, not EVEN_D, TMA)
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    doc = DOC
-    k_doc = 0
-    any_lo = 0
-    any_hi = 0
-    all_lo = 0
-    all_hi = 0
-    if HAS_DOCS:  # Nq == Nk: the queries that may see a key are those of its document
-        b = bkv // HEADS
-        doc = DOC + b * N_K
-        k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[:, None]
-        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + b * 2 * N_K, start_n, N_K, BLOCK_N)
-    # key j is seen by queries j - RIGHT .. j + LEFT: the query-tile view with the sides swapped
-    lo, full_lo, full_hi, hi = _tile_ranges(start_n, N_K, N_Q, RIGHT, LEFT, any_lo, any_hi, all_lo, all_hi, BLOCK_N,
-                                            BLOCK_M, LIMIT_RIGHT, LIMIT_LEFT, HAS_DOCS)
+    # key j is seen by queries j - RIGHT .. j + LEFT (and those of its document): the query tiles' view with the
+    # sides swapped
+    doc, k_doc, lo, full_lo, full_hi, hi = _tile_plan(DOC, SPAN, bkv // HEADS, start_n, offs_n, N_K, N_Q, RIGHT, LEFT,
+                                                      BLOCK_N, BLOCK_M, LIMIT_RIGHT, LIMIT_LEFT, HAS_DOCS)
     dk = tl.zeros((BLOCK_N, D_PAD), tl.float32)
     dv = tl.zeros((BLOCK_N, D_PAD), tl.float32)
     if INTERPRET:
@@ -553,19 +553,8 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     lse2, delta = _row_stats(L + bh * N_Q, Delta + bh * N_Q, offs_m, N_Q, True)
     dq = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    doc = DOC
-    q_doc = 0
-    any_lo = 0
-    any_hi = 0
-    all_lo = 0
-    all_hi = 0
-    if HAS_DOCS:
-        b = bh // HEADS
-        doc = DOC + b * N_Q
-        q_doc = tl.load(doc + offs_m, mask=offs_m < N_Q, other=0)[:, None]
-        any_lo, any_hi, all_lo, all_hi = _doc_spans(SPAN + b * 2 * N_Q, start_m, N_Q, BLOCK_M)
-    lo, full_lo, full_hi, hi = _tile_ranges(start_m, N_Q, N_K, LEFT, RIGHT, any_lo, any_hi, all_lo, all_hi, BLOCK_M,
-                                            BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
+    doc, q_doc, lo, full_lo, full_hi, hi = _tile_plan(DOC, SPAN, bh // HEADS, start_m, offs_m, N_Q, N_K, LEFT, RIGHT,
+                                                      BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
     if LIMIT_LEFT or HAS_DOCS:
         dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, lo, full_lo, N_K, LEFT, RIGHT,
                       qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION,

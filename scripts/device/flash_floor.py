@@ -56,31 +56,7 @@ def main() -> None:
     if not args.profile:
         return
     fn = impls["ours"]
-    from cs336_systems.attention import flash_triton as ft
-
-    def host_us(call, n=500):
-        call()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        host = (time.perf_counter() - t0) / n * 1e6
-        torch.cuda.synchronize()
-        return host
-
-    qd, kd, vd = (t.detach() for t in (q, k, v))
-    left, right = ft.normalize_window(None, causal, q.shape[-2], k.shape[-2])
-    scale = q.shape[-1] ** -0.5
-    o, lse = ft._forward(qd, kd, vd, None, left, right, None, None, scale)
-    for name, call in [("_forward (launcher only)",
-                        lambda: ft._forward(qd, kd, vd, None, left, right, None, None, scale)),
-                       ("_backward (launchers only)",
-                        lambda: ft._backward(qd, kd, vd, o, lse, do, None, False, left, right, None, None, scale)),
-                       ("apply, no grad", lambda: fn(qd, kd, vd, causal)),
-                       ("apply, recording the graph", lambda: fn(q, k, v, causal)),
-                       ("torch.empty_like x2", lambda: (torch.empty_like(qd), torch.empty_like(qd))),
-                       ("sdpa flash forward", lambda: impls["sdpa_flash"](q, k, v, causal))]:
-        print(f"host time per call: {name:28s} {host_us(call):8.1f} us")
+    # the host time of each layer of a call: scripts/device/flash_host.py
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(200):
