@@ -273,6 +273,23 @@ def test_deterministic_backward_is_bitwise_reproducible(seed):
         assert torch.equal(a, b)
 
 
+def test_atomic_free_default_matches_the_deterministic_backward_bitwise(seed):
+    """A config with ``atomic_dq=False`` (the table's choice at head dim 128) runs the deterministic kernels by
+    default: the same bits as ``deterministic=True``, and the table keeps that choice under pinned tiles."""
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention.flash_triton import flash_backward, flash_forward
+
+    kc = _tuning.KernelConfig(16, 16, 1, 1)
+    q, k, v, do = (torch.randn(2, 37, 16, device=DEVICE) for _ in range(4))
+    o, lse = flash_forward(q, k, v, True)
+    free = flash_backward(q, k, v, o, lse, do, True, _tuning.FlashConfig(kc, kc, kc, kc, atomic_dq=False))
+    det = flash_backward(q, k, v, o, lse, do, True, _tuning.FlashConfig(kc, kc, kc, kc), deterministic=True)
+    assert all(torch.equal(a, b) for a, b in zip(free, det, strict=True))
+    assert not _tuning._table(128, 2, tma=True).atomic_dq and _tuning._table(64, 2, tma=True).atomic_dq
+    pins = {"capability": [9, 0], "configs": {"bwd|d128|bfloat16": kc}}
+    assert not _tuning.resolve(128, torch.bfloat16, 4096, (9, 0), pins).atomic_dq
+
+
 def test_kernel_config_rejects_bad_tiles():
     from cs336_systems.attention._tuning import KernelConfig
 

@@ -47,9 +47,13 @@ class FlashConfig:
     bwd: KernelConfig  # fused dK/dV + atomic dQ: a program owns a key tile (block_n), walks query tiles
     dkdv: KernelConfig  # deterministic mode: the same kernel without the dQ atomics
     dq: KernelConfig  # deterministic mode: a program owns a query tile (block_m), walks key tiles
+    # False: the default backward is the atomic-free pair (dkdv, dq) too. At head dim 128 its two recomputed
+    # matmuls cost less than the fused kernel's fp32 dQ reduce-adds (scripts/device/flash_bwd_probe.py, H100:
+    # 0.62 vs 0.73-0.77 ms at 1 x 16 x 4,096; 7.0 vs 8.1-8.4 ms with a 4,096 window at 32,768)
+    atomic_dq: bool = True
 
 
-KERNELS = tuple(f.name for f in fields(FlashConfig))
+KERNELS = tuple(f.name for f in fields(FlashConfig) if f.type in (KernelConfig, "KernelConfig"))
 _CPU = KernelConfig(16, 16, 1, 1)
 CPU_CONFIG = FlashConfig(_CPU, _CPU, _CPU, _CPU)
 
@@ -66,7 +70,8 @@ def _table(d_pad: int, elem_bytes: int, tma: bool) -> FlashConfig:
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma))
     if d_pad <= 128:
-        return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma))
+        return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
+                           atomic_dq=False)
     return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1))
 
 
@@ -114,7 +119,7 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     for kernel in KERNELS:
         picked[kernel] = (configs.get(pinned_key(kernel, d_pad, dtype, n_q))
                           or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel))
-    return FlashConfig(**picked)
+    return FlashConfig(**picked, atomic_dq=table.atomic_dq)
 
 
 @functools.cache
