@@ -277,3 +277,18 @@ def test_fused_adamw_stochastic_rounding_bad_input():
         FusedAdamW([torch.nn.Parameter(torch.randn(3).half())], stochastic_rounding=True)
     with pytest.raises(ValueError, match="seed"):
         FusedAdamW([torch.nn.Parameter(torch.randn(3))], seed=-1)
+
+
+def test_fused_adamw_draws_its_seed_from_the_global_stream_only_for_stochastic_rounding():
+    # Other code's random draws (data order, dropout) stay as they were unless stochastic rounding needs a seed.
+    def next_draw(**kw) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+        torch.manual_seed(0)
+        FusedAdamW([p], **kw)
+        return torch.rand(3)
+
+    torch.manual_seed(0)
+    untouched = torch.rand(3)
+    assert torch.equal(next_draw(), untouched)
+    assert torch.equal(next_draw(stochastic_rounding=True, seed=7), untouched)
+    assert not torch.equal(next_draw(stochastic_rounding=True), untouched)

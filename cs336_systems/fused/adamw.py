@@ -163,7 +163,8 @@ def low_precision_params(model: nn.Module, select: Callable = is_matmul_weight) 
 class FusedAdamW(torch.optim.Optimizer):
     """See the module docstring. ``low_precision``: the parameters to hold in ``compute_dtype`` (an fp32 master
     each); ``use_triton``: None picks Triton for CUDA tensors (or under ``TRITON_INTERPRET=1``), foreach otherwise;
-    ``stochastic_rounding``: see the module docstring (``seed`` None draws one from torch's generator)."""
+    ``stochastic_rounding``: see the module docstring (``seed`` None draws one from torch's generator when
+    stochastic rounding is on)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  compute_dtype: torch.dtype | None = None, low_precision: Iterable[nn.Parameter] = (),
@@ -171,8 +172,8 @@ class FusedAdamW(torch.optim.Optimizer):
         check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         if not isinstance(stochastic_rounding, bool):
             raise ValueError(f"FusedAdamW: stochastic_rounding must be True or False, got {stochastic_rounding!r}")
-        if seed is None:
-            seed = int(torch.randint(0, 1 << 62, (1,)).item())
+        if seed is None:  # drawn only when used, so that other users' random streams stay as they were
+            seed = int(torch.randint(0, 1 << 62, (1,)).item()) if stochastic_rounding else 0
         elif not isinstance(seed, int) or seed < 0:
             raise ValueError(f"FusedAdamW: seed must be a non-negative int or None, got {seed!r}")
         if compute_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
