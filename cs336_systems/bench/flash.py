@@ -238,16 +238,18 @@ MODEL_SHAPES = {
 PEERS = ("sdpa_cudnn", "sdpa_flash", "flex")
 
 
-def versus_peers(rows: list[dict]) -> list[dict]:
-    """Per config: ours and the fastest peer (forward and forward+backward) and the ratio ours / best."""
+def versus_peers(rows: list[dict], modes: tuple[str, ...] = ("forward", "forward_backward"),
+                 is_ours: Callable[[dict], bool] = lambda r: r["impl"] == "triton",
+                 is_peer: Callable[[dict], bool] = lambda r: r["impl"] in PEERS) -> list[dict]:
+    """Per config: ours and the fastest peer per mode (of the rows that ran) and the ratio ours / best."""
     out = []
     for config in dict.fromkeys(r["config"] for r in rows):
         group = [r for r in rows if r["config"] == config and r.get("status") == "ok"]
-        ours = next((r for r in group if r["impl"] == "triton"), None)
+        ours = next((r for r in group if is_ours(r)), None)
         row = {"config": config}
-        for mode in ("forward", "forward_backward"):
-            peers = [(r[f"{mode}_ms"], r["impl"]) for r in group if r["impl"] in PEERS and f"{mode}_ms" in r]
-            if ours is None or not peers:
+        for mode in modes:
+            peers = [(r[f"{mode}_ms"], r["impl"]) for r in group if is_peer(r) and f"{mode}_ms" in r]
+            if ours is None or not peers or f"{mode}_ms" not in ours:
                 continue
             best_ms, best = min(peers)
             row.update({f"{mode}_ours_ms": ours[f"{mode}_ms"], f"{mode}_best_peer": best,

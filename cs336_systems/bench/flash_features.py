@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.bench.e2e import is_oom
-from cs336_systems.bench.flash import DTYPES, strict_compile
+from cs336_systems.bench.flash import DTYPES, strict_compile, versus_peers
 from cs336_systems.bench.harness import timed
 
 SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
@@ -390,18 +390,6 @@ def run_shape(config: str, shape: FeatureShape, device: torch.device | str, impl
 
 
 def versus_fastest_peer(rows: list[dict]) -> list[dict]:
-    """Per config: ours and the fastest peer of the same rows, per mode, and the ratio ours / peer."""
-    out = []
-    for config in dict.fromkeys(r["config"] for r in rows):
-        group = [r for r in rows if r["config"] == config and r["status"] == "ok"]
-        ours = next((r for r in group if r["role"] == "ours"), None)
-        line = {"config": config}
-        for mode in MODES:
-            peers = [(r[f"{mode}_ms"], r["impl"]) for r in group if r["role"] == "peer" and f"{mode}_ms" in r]
-            if ours is None or not peers or f"{mode}_ms" not in ours:
-                continue
-            best_ms, best = min(peers)
-            line.update({f"{mode}_ours_ms": ours[f"{mode}_ms"], f"{mode}_best_peer": best,
-                         f"{mode}_best_ms": best_ms, f"{mode}_ratio": ours[f"{mode}_ms"] / best_ms})
-        out.append(line)
-    return out
+    """Per config: ours and the fastest peer of the same rows, per mode, and the ratio ours / peer (reference
+    rows are not peers)."""
+    return versus_peers(rows, MODES, is_ours=lambda r: r["role"] == "ours", is_peer=lambda r: r["role"] == "peer")
