@@ -11,6 +11,8 @@ rounding step of the dtype at the data's magnitude (for values near zero).
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import subprocess
@@ -236,24 +238,25 @@ VARIANT_GRID = [((2,), 37, 53, 48, True), ((1, 2), 70, 33, 64, False), ((3,), 40
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["ptr", "tma"])
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("backward", ["atomic", "deterministic", "single"])
 @pytest.mark.parametrize(("lead", "n_q", "n_k", "d", "causal"), VARIANT_GRID)
-def test_kernel_forms_match_fp64_reference(tma, deterministic, lead, n_q, n_k, d, causal, seed):
-    """Block-pointer and tensor-descriptor addressing, atomic and deterministic backward, in the
-    interpreter, with tiles of 16 and 32 rows so that boundary and diagonal tiles occur."""
+def test_kernel_forms_match_fp64_reference(tma, backward, lead, n_q, n_k, d, causal, seed):
+    """Block-pointer and tensor-descriptor addressing, the atomic, deterministic and single-kernel backwards, in
+    the interpreter, with tiles of 16 and 32 rows so that boundary and diagonal tiles occur (the single kernel's
+    programs own a 32-row key tile and a 16-row query tile, so some have no key tile)."""
     from cs336_systems.attention._tuning import FlashConfig, KernelConfig
-    from cs336_systems.attention.flash_triton import _as_3d, _tma_ready, flash_backward, flash_forward
+    from cs336_systems.attention.flash_triton import _tma_ready, flash_backward, flash_forward
 
     if DEVICE == "cuda":
         pytest.skip("the GPU variant test covers the kernel forms on CUDA")
     q = torch.randn(*lead, n_q, d)
     k, v = torch.randn(*lead, n_k, d), torch.randn(*lead, n_k, d)
     do = torch.randn(*lead, n_q, d)
-    assert _tma_ready(_as_3d(q), _as_3d(k), _as_3d(v)), "these inputs must be able to take the descriptor path"
+    assert _tma_ready(q, k, v), "these inputs must be able to take the descriptor path"
     kc, kn = KernelConfig(32, 16, 1, 1, tma=tma), KernelConfig(16, 32, 1, 1, tma=tma)
-    cfg = FlashConfig(kc, kn, kn, kc)
+    cfg = FlashConfig(kc, kn, kn, kc, single_max_n=1 << 20 if backward == "single" else 0)
     o, lse = flash_forward(q, k, v, causal, config=cfg)
-    grads = flash_backward(q, k, v, o, lse, do, causal, config=cfg, deterministic=deterministic)
+    grads = flash_backward(q, k, v, o, lse, do, causal, config=cfg, deterministic=backward == "deterministic")
     ref = run_reference(q, k, v, do, causal)
     for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), (o, lse, *grads), ref):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
@@ -434,6 +437,29 @@ def test_gpu_deterministic_backward_is_bitwise_reproducible(d, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_single_kernel_backward_is_bitwise_reproducible(d, seed):
+    """The single-kernel backward (the default at short sequences) has no atomics: bit-identical gradients
+    across runs, within the 2x rule, at the xl model's context-512 shape and grouped heads."""
+    from cs336_systems.attention import _tuning
+
+    dtype = torch.bfloat16
+    q, k, v, do, ref, naive = _gpu_case((4, 25), 512, 512, d, True, dtype)
+    assert _tuning.config_for(q.device, 512, d, dtype).single_max_n >= 512, "512 no longer takes this path"
+
+    def run():
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        o = FlashAttention2Triton.apply(qq, kk, vv, True)
+        lse = next(t for t in o.grad_fn.saved_tensors if t.shape == q.shape[:-1])
+        o.backward(do)
+        return o.detach(), lse.detach(), qq.grad, kk.grad, vv.grad
+
+    first = run()
+    assert all(torch.equal(a, b) for a, b in zip(first, run()))
+    _assert_within_twice_naive(first, ref, naive, dtype, what="single: ")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_large_logits_stay_finite(dtype, seed):
     """Scores of several hundred (|q|, |k| ~ 30): the online softmax must not overflow or produce NaN."""
@@ -516,6 +542,7 @@ def test_gpu_kernel_forms_within_twice_naive_error(lead, n_q, n_k, d, causal, se
     for tma in (False, True):
         a, b = KernelConfig(64, 64, 4, 3, tma=tma), KernelConfig(32, 64, 4, 3, tma=tma)
         configs.append(FlashConfig(a, b, b, KernelConfig(64, 32, 4, 3, tma=tma)))
+    configs += [dataclasses.replace(c, single_max_n=1 << 20) for c in configs[:2]]  # the single-kernel backward
     for cfg in configs:
         o, lse = flash_forward(q, k, v, causal, config=cfg)
         for deterministic in (False, True):
@@ -528,11 +555,11 @@ def test_gpu_variant_falls_back_on_layouts_descriptors_cannot_describe(seed):
     """A view whose base is 8 bytes off a 16-byte boundary cannot be a tensor descriptor: the tma config
     must run the block-pointer kernels and still be right."""
     from cs336_systems.attention._tuning import FlashConfig, KernelConfig
-    from cs336_systems.attention.flash_triton import _as_3d, _tma_ready, flash_forward
+    from cs336_systems.attention.flash_triton import _tma_ready, flash_forward
 
     wide = torch.randn(2, 300, 2 * 40 + 8, device="cuda", dtype=torch.bfloat16)
     q = wide[..., 4:44]  # base 8 bytes past the allocation's: not 16-byte aligned
-    assert not _tma_ready(_as_3d(q))
+    assert not _tma_ready(q)
     kc = KernelConfig(64, 64, 4, 2, tma=True)
     o, _ = flash_forward(q, q, q, True, config=FlashConfig(kc, kc, kc, kc))
     ref, _ = reference(q.float(), q.float(), q.float(), True, dtype=torch.float32)
@@ -556,15 +583,38 @@ def test_flash_auto_chooses_by_the_nearest_measured_shape():
 
 
 def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
-    """``_launch``'s direct path must hand the compiled kernel the arguments in the JIT's order (run-time
-    arguments, then the constexprs in signature order, whatever order the caller's dict has)."""
+    """``_Launch`` compiles through the JIT once, then calls the compiled module's C launcher directly: grid,
+    stream, function, metadata, no scratch and no hooks, the pointers as integers, the scalars, then the
+    constexprs in signature order (whatever order the caller's dict has); while a launch hook is set it goes
+    through Triton's own path instead."""
+    import triton
+
     from cs336_systems.attention import _tuning, flash_triton
 
     calls = []
 
+    class Pointer:
+        def __init__(self, p):
+            self.p = p
+
+        def data_ptr(self):
+            return self.p
+
+    class Run:
+        global_scratch_size = global_scratch_align = profile_scratch_size = 0
+        num_ctas, launch_cooperative_grid, launch_pdl = 1, False, False
+
+        def launch(self, *args):
+            calls.append(("c", args))
+
     class Compiled:
+        run, function, packed_metadata = Run(), "fn", (4, 1, 0)
+
+        def _init_handles(self):
+            pass
+
         def __getitem__(self, grid):
-            return lambda *args: calls.append(("direct", grid, args))
+            return lambda *args: calls.append(("triton", grid, args))
 
     class Kernel:
         arg_names = ("A", "B", "N", "X", "Y")
@@ -576,12 +626,39 @@ def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
             return run
 
     monkeypatch.setattr(flash_triton, "_INTERPRETED", False)
-    monkeypatch.setattr(flash_triton, "_LAUNCHES", {})
-    cfg = _tuning.KernelConfig(16, 16)
-    for args in (("a", "b", 7), ("a2", "b2", 7)):
-        flash_triton._launch(Kernel(), ("key",), (3, 2, 1), args, {"Y": 2, "X": 1}, cfg)
-    assert calls[0] == ("jit", (3, 2, 1), ("a", "b", 7), {"Y": 2, "X": 1})
-    assert calls[1] == ("direct", (3, 2, 1), ("a2", "b2", 7, 1, 2))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    launch = flash_triton._Launch(Kernel(), {"Y": 2, "X": 1}, _tuning.KernelConfig(16, 16))
+    a, b = Pointer(1024), Pointer(2048)
+    launch((3, 2, 1), (a, b), (7,))
+    launch((3, 2, 1), (b, a), (7,))
+    assert calls[0] == ("jit", (3, 2, 1), (a, b, 7), {"Y": 2, "X": 1})
+    assert calls[1] == ("c", (3, 2, 1, 77, "fn", False, False, None, None, (4, 1, 0), None, None, None, 2048, 1024,
+                              7, 1, 2))
+    hooks = triton.knobs.runtime.launch_enter_hook
+    hook = lambda metadata: None
+    hooks.add(hook)
+    try:
+        launch((3, 2, 1), (a, b), (7,))
+    finally:
+        hooks.remove(hook)
+    assert calls[2] == ("triton", (3, 2, 1), (a, b, 7, 1, 2))
+
+
+def test_launch_plans_address_inputs_without_views():
+    """The launchers index the caller's tensors with one batch-head stride where the leading dims allow it, and
+    copy only where they do not (or where d is strided)."""
+    from cs336_systems.attention.flash_triton import _bh_stride, _rows
+
+    x = torch.randn(2, 3, 5, 16)
+    assert _bh_stride(x) == 5 * 16 and _rows(x)[0] is x
+    t = x.transpose(0, 1)  # (3, 2, 5, 16): heads outer, batch inner -> one stride of 5*16 walks neither order
+    assert _bh_stride(t) is None and _rows(t)[0].is_contiguous()
+    sliced = torch.randn(2, 6, 5, 16)[:, :3]  # a head slice: batch stride 6*5*16 != 3 * head stride
+    assert _bh_stride(sliced) is None
+    one_batch = torch.randn(1, 6, 5, 16)[:, ::2]  # batch of 1: the head stride alone walks it
+    assert _bh_stride(one_batch) == 2 * 5 * 16 and _rows(one_batch)[0] is one_batch
+    assert _rows(x.transpose(-1, -2).contiguous().transpose(-1, -2))[1][2] == 1  # d strided: copied
 
 
 def test_flash_bench_peer_ratios_and_auto_table():

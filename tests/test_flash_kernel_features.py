@@ -13,6 +13,7 @@ error (SDPA with ``enable_gqa`` and the same explicit mask, in bf16) plus the dt
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -29,6 +30,7 @@ from cs336_systems.attention.flash_triton import FlashAttention2Triton, flash_ba
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("O", "L", "dQ", "dK", "dV")
+BACKWARDS = ("atomic", "deterministic", "single")  # the fused five-matmul kernel, the atomic-free pair, one kernel
 
 
 def reference_mask(n_q, n_k, is_causal=False, window=None, doc_ids=None, device=DEVICE):
@@ -170,9 +172,9 @@ SKIP_CASES = {
 }
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("backward", BACKWARDS)
 @pytest.mark.parametrize("case", list(SKIP_CASES))
-def test_tiles_without_visible_pairs_are_never_loaded(case, deterministic, seed):
+def test_tiles_without_visible_pairs_are_never_loaded(case, backward, seed):
     (b, hq, hkv, n_q, n_k, d), causal, window, docs, rows, poisoned = SKIP_CASES[case]
     q, k, v, do = make_inputs(b, hq, hkv, n_q, n_k, d)
     doc_ids = None if docs is None else packed_ids(b, docs)
@@ -181,7 +183,7 @@ def test_tiles_without_visible_pairs_are_never_loaded(case, deterministic, seed)
     k[..., poisoned, :] = float("nan")
     v[..., poisoned, :] = float("nan")
     cfg = KernelConfig(16, 16, 1, 1)
-    ours = _run_launchers(q, k, v, do, causal, window, doc_ids, FlashConfig(cfg, cfg, cfg, cfg), deterministic)
+    ours = _run_launchers(q, k, v, do, causal, window, doc_ids, FlashConfig(cfg, cfg, cfg, cfg), backward)
     checked = ours[:3]  # O, L, dQ of the checked query rows
     for name, a in zip(NAMES, checked):
         part = a[..., rows] if name == "L" else a[..., rows, :]
@@ -203,10 +205,12 @@ def _complement(rows: slice, n: int) -> torch.Tensor:
     return keep
 
 
-def _run_launchers(q, k, v, do, causal, window, doc_ids, config, deterministic):
+def _run_launchers(q, k, v, do, causal, window, doc_ids, config, backward):
+    """Our forward and the named backward (``BACKWARDS``) through the launchers."""
+    config = dataclasses.replace(config, single_max_n=1 << 20 if backward == "single" else 0)
     o, lse = flash_forward(q, k, v, causal, config, window=window, doc_ids=doc_ids)
     grads = flash_backward(q, k, v, o, lse, do, causal, config, window=window, doc_ids=doc_ids,
-                           deterministic=deterministic)
+                           deterministic=backward == "deterministic")
     return (o, lse, *grads)
 
 
@@ -224,9 +228,9 @@ def test_kernel_forms_and_tile_shapes(case, tma, seed):
     kc, kn = KernelConfig(32, 16, 1, 1, tma=tma), KernelConfig(16, 32, 1, 1, tma=tma)
     cfg = FlashConfig(kc, kn, kn, kc)
     ref = run_reference(q, k, v, do, reference_mask(q.shape[-2], k.shape[-2], causal, window, doc_ids))
-    for deterministic in (False, True):
-        ours = _run_launchers(q, k, v, do, causal, window, doc_ids, cfg, deterministic)
-        assert_matches(ours, ref, what=f"det={deterministic} ")
+    for backward in BACKWARDS:
+        ours = _run_launchers(q, k, v, do, causal, window, doc_ids, cfg, backward)
+        assert_matches(ours, ref, what=f"{backward} ")
 
 
 def test_scale_and_non_contiguous_inputs(seed):
@@ -415,6 +419,9 @@ GPU_CASES = {
     "window_small": (2, 4, 4, 777, 64, True, (40, 0), 0),
     "docs_window_gqa": (2, 8, 2, 1333, 128, True, (300, 0), 5),
     "docs_bidirectional": (1, 4, 4, 1024, 64, False, None, 3),
+    # short sequences: the single-kernel backward by default
+    "single_gqa_docs": (3, 12, 4, 500, 64, True, None, 3),
+    "single_window_d128": (2, 8, 8, 384, 128, True, (100, 0), 0),
 }
 
 
@@ -435,7 +442,7 @@ def test_gpu_bf16_within_twice_sdpa_error(case, deterministic, seed):
 
 @pytest.mark.gpu
 def test_gpu_kernel_forms_with_features(seed):
-    """Both addressing forms (block pointers, TMA) and both backwards with every feature at once."""
+    """Both addressing forms (block pointers, TMA) and the three backwards with every feature at once."""
     dtype = torch.bfloat16
     q, k, v, do = make_inputs(2, 8, 2, 1100, 1100, 64, dtype)
     doc_ids = packed_ids(2, _uneven_lengths(1100, 4))
@@ -445,9 +452,9 @@ def test_gpu_kernel_forms_with_features(seed):
     for tma in (False, True):
         a, b = KernelConfig(64, 64, 4, 3, tma=tma), KernelConfig(32, 64, 4, 3, tma=tma)
         cfg = FlashConfig(a, b, b, KernelConfig(64, 32, 4, 3, tma=tma))
-        for deterministic in (False, True):
-            ours = _run_launchers(q, k, v, do, True, (250, 0), doc_ids, cfg, deterministic)
-            _assert_within_twice_peer(ours, ref, peer, dtype, what=f"tma={tma} det={deterministic}: ")
+        for backward in BACKWARDS:
+            ours = _run_launchers(q, k, v, do, True, (250, 0), doc_ids, cfg, backward)
+            _assert_within_twice_peer(ours, ref, peer, dtype, what=f"tma={tma} {backward}: ")
 
 
 @pytest.mark.gpu

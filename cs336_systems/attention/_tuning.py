@@ -51,28 +51,35 @@ class FlashConfig:
     # matmuls cost less than the fused kernel's fp32 dQ reduce-adds (scripts/device/flash_bwd_probe.py, H100:
     # 0.62 vs 0.73-0.77 ms at 1 x 16 x 4,096; 7.0 vs 8.1-8.4 ms with a 4,096 window at 32,768)
     atomic_dq: bool = True
+    # Sequences (max of Nq, Nk) up to this length run the whole backward as one kernel (with ``dkdv``'s tiles):
+    # program i computes dK, dV of key tile i and dQ of query tile i, with D from the O and dO tiles. Seven
+    # matmuls per tile pair instead of five, but one launch instead of three, where launches are the cost.
+    single_max_n: int = 0
 
 
 KERNELS = tuple(f.name for f in fields(FlashConfig) if f.type in (KernelConfig, "KernelConfig"))
 _CPU = KernelConfig(16, 16, 1, 1)
-CPU_CONFIG = FlashConfig(_CPU, _CPU, _CPU, _CPU)
+CPU_CONFIG = FlashConfig(_CPU, _CPU, _CPU, _CPU, single_max_n=64)  # the interpreter runs both backward forms
+SINGLE_MAX_N = 512  # the GPU tables' single-kernel limit (scripts/device/flash_host.py --single measures it)
 
 
 def _table(d_pad: int, elem_bytes: int, tma: bool) -> FlashConfig:
     """Code defaults by padded head dim and element size (H100 sweeps; notes in docs)."""
-    K = KernelConfig
+    K, single = KernelConfig, SINGLE_MAX_N
     if elem_bytes == 4:  # fp32: twice the shared memory per element, so smaller tiles
         if d_pad <= 64:
-            return FlashConfig(K(64, 32, 4, 3), K(32, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2))
+            return FlashConfig(K(64, 32, 4, 3), K(32, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2), single_max_n=single)
         if d_pad <= 128:
-            return FlashConfig(K(64, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2))
-        return FlashConfig(K(32, 16, 4, 2), K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1))
+            return FlashConfig(K(64, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2), single_max_n=single)
+        return FlashConfig(K(32, 16, 4, 2), K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1),
+                           single_max_n=single)
     if d_pad <= 64:
-        return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma))
+        return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
+                           single_max_n=single)
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
-                           atomic_dq=False)
-    return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1))
+                           atomic_dq=False, single_max_n=single)
+    return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_n=single)
 
 
 def seq_bucket(n: int) -> int:
@@ -119,7 +126,7 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     for kernel in KERNELS:
         picked[kernel] = (configs.get(pinned_key(kernel, d_pad, dtype, n_q))
                           or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel))
-    return FlashConfig(**picked, atomic_dq=table.atomic_dq)
+    return FlashConfig(**picked, atomic_dq=table.atomic_dq, single_max_n=table.single_max_n)
 
 
 @functools.cache

@@ -62,9 +62,9 @@ from torch import Tensor
 from cs336_basics.attention import register_attention_backend
 from cs336_systems.attention import _tuning
 from cs336_systems.attention._common import (
-    check_attention_inputs,
     check_doc_ids,
     check_grad_output,
+    check_inputs_cached,
     check_is_causal,
     check_scale,
     check_window,
@@ -329,30 +329,44 @@ def _flash_bwd_preprocess(O, DO, Delta, DQ_ACC, stride_ob, stride_om, stride_od,
 
 
 @triton.jit
-def _row_stats(L, Delta, offs_m, N_Q, MASKED: tl.constexpr):
-    """log2-unit logsumexp and D of the query rows offs_m (L and Delta already offset to the batch-head)."""
+def _row_lse2(L, offs_m, N_Q, MASKED: tl.constexpr):
+    """log2-unit logsumexp of the query rows offs_m (L already offset to the batch-head)."""
     if MASKED:
         lse2 = tl.load(L + offs_m, mask=offs_m < N_Q, other=0.0) * 1.4426950408889634
         # a row that sees no key (L = -inf) only occurs in masked tiles: P = exp2(S - inf) = 0 rather than inf
         # (which times a zero key row past N_K would be NaN)
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-        delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)
     else:
         lse2 = tl.load(L + offs_m) * 1.4426950408889634
+    return lse2
+
+
+@triton.jit
+def _row_stats(L, Delta, offs_m, N_Q, MASKED: tl.constexpr):
+    """log2-unit logsumexp and D of the query rows offs_m (L and Delta already offset to the batch-head)."""
+    lse2 = _row_lse2(L, offs_m, N_Q, MASKED)
+    if MASKED:
+        delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)
+    else:
         delta = tl.load(Delta + offs_m)
     return lse2, delta
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, LEFT, RIGHT,
+def _dkdv_step(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q, LEFT, RIGHT,
                qk_scale, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
                LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               INTERPRET: tl.constexpr):
     """One query tile's contribution to dK, dV of a key tile on transposed score tiles; with ATOMIC_DQ
-    also its dS K added to the query tile's rows of the fp32 dQ accumulator (the fifth matmul)."""
+    also its dS K added to the query tile's rows of the fp32 dQ accumulator (the fifth matmul). DELTA_FROM_O:
+    D of the tile's rows from its O and dO tiles here, instead of the preprocessing kernel's Delta."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_src, start_m, MASKED, not EVEN_D, TMA)
-    lse2, delta = _row_stats(L, Delta, offs_m, N_Q, MASKED)
+    if DELTA_FROM_O:
+        lse2 = _row_lse2(L, offs_m, N_Q, MASKED)
+    else:
+        lse2, delta = _row_stats(L, Delta, offs_m, N_Q, MASKED)
     sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M) = S^T, eq. 13
     pT = tl.math.exp2(sT * qk_scale - lse2[None, :])  # eq. 14 in log2 units
     if MASKED:
@@ -365,6 +379,9 @@ def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc
     do = _load_rows(do_src, start_m, MASKED, not EVEN_D, TMA)
     dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=INPUT_PRECISION)  # eq. 15
     dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # eq. 16, transposed
+    if DELTA_FROM_O:
+        o = _load_rows(o_src, start_m, MASKED, not EVEN_D, TMA)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     dsT = (pT * (dpT - delta[None, :])).to(q.dtype)  # eq. 17
     dk = tl.dot(dsT, q, dk, input_precision=INPUT_PRECISION)  # eq. 19 (unscaled)
     if ATOMIC_DQ:
@@ -379,70 +396,74 @@ def _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, hi, N_Q, LEFT, RIGHT,
+def _dkdv_loop(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, hi, N_Q, LEFT, RIGHT,
                qk_scale, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
                LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+               ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               INTERPRET: tl.constexpr):
     """Query tiles [lo, hi) (see _fwd_loop for the two loop forms)."""
     if INTERPRET:
         start_m = lo
         while start_m < hi:
-            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q,
-                                LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
-                                HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m,
+                                N_Q, LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
+                                HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O, INPUT_PRECISION, INTERPRET)
             start_m += BLOCK_M
     else:
         for start_m in range(lo, hi, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m, N_Q,
-                                LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
-                                HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, start_m,
+                                N_Q, LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, MASKED, LIMIT_LEFT, LIMIT_RIGHT,
+                                HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O, INPUT_PRECISION, INTERPRET)
     return dk, dv
 
 
 @triton.jit
-def _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bh, stride_qb, stride_qm, stride_qd, stride_dob, stride_dom,
-               stride_dod, offs_n, k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale,
-               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
-               LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, TMA: tl.constexpr,
-               ATOMIC_DQ: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _dkdv_head(dk, dv, k, v, Q, DO, O, L, Delta, DQ_ACC, bh, stride_qb, stride_qm, stride_qd, stride_dob,
+               stride_dom, stride_dod, stride_ob, stride_om, stride_od, offs_n, k_doc, doc, lo, full_lo, full_hi, hi,
+               N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+               EVEN_D: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr,
+               TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               INTERPRET: tl.constexpr):
     """The query tiles of one query head (batch-head bh) that see this key tile."""
     L += bh * N_Q
     Delta += bh * N_Q
     q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     do_src = _tile_src(DO + bh * stride_dob, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    if DELTA_FROM_O:
+        o_src = _tile_src(O + bh * stride_ob, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    else:
+        o_src = do_src  # not read
     if ATOMIC_DQ and TMA and not INTERPRET:
         dq_dst = tl.make_tensor_descriptor(DQ_ACC + bh * N_Q * D_PAD, shape=[N_Q, D_PAD], strides=[D_PAD, 1],
                                            block_shape=[BLOCK_M, D_PAD])
     else:
         dq_dst = DQ_ACC + bh * N_Q * D_PAD
     if LIMIT_RIGHT or HAS_DOCS:  # the diagonal (or the window's right edge), the document's start
-        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, full_lo, N_Q,
-                            LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
-                            TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_lo, full_hi, N_Q,
-                        LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
-                        TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+        dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, lo, full_lo,
+                            N_Q, LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT,
+                            HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O, INPUT_PRECISION, INTERPRET)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_lo, full_hi,
+                        N_Q, LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS,
+                        TMA, ATOMIC_DQ, DELTA_FROM_O, INPUT_PRECISION, INTERPRET)
     # the window's left edge, the document's end, the end of the queries
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_hi, hi, N_Q,
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_src, do_src, o_src, dq_dst, L, Delta, offs_n, k_doc, doc, full_hi, hi, N_Q,
                         LEFT, RIGHT, qk_scale, BLOCK_M, D_PAD, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA,
-                        ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+                        ATOMIC_DQ, DELTA_FROM_O, INPUT_PRECISION, INTERPRET)
     return dk, dv
 
 
 @triton.jit
-def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
-                           stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
-                           stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
-                           stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
-                           N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
-                           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
-                           HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                           INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """A program per (key tile, batch x key/value head): dK, dV of its keys summed over the GROUP query heads
-    that read them (no atomics), and, with ATOMIC_DQ, every dQ contribution of those pairs."""
-    start_n = tl.program_id(0) * BLOCK_N  # causal: the first key tiles, seen by the most queries, go first
-    bkv = tl.program_id(1).to(tl.int64)
+def _dkdv_tile(Q, K, V, DO, O, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, bkv, start_n,
+               stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+               stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, stride_dkb, stride_dkn, stride_dkd,
+               stride_dvb, stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr,
+               TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """dK, dV of the key tile [start_n, start_n + BLOCK_N) of key/value head bkv (HEADS of them per batch),
+    summed over the GROUP query heads that read it (no atomics); with ATOMIC_DQ also every dQ contribution of
+    those pairs."""
     k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     # Key rows past N_K are zero and their dK/dV rows are never stored: no key mask is needed here.
@@ -458,21 +479,43 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     if INTERPRET:
         g = 0
         while g < GROUP:
-            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
-                                stride_qd, stride_dob, stride_dom, stride_dod, offs_n, k_doc, doc, lo, full_lo,
-                                full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
-                                LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, O, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
+                                stride_qd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, offs_n,
+                                k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD,
+                                BLOCK_M, EVEN_D, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O,
+                                INPUT_PRECISION, INTERPRET)
             g += 1
     else:
         for g in range(GROUP):  # GROUP == 1 is a compile-time constant (Triton specialises 1): no loop
-            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
-                                stride_qd, stride_dob, stride_dom, stride_dod, offs_n, k_doc, doc, lo, full_lo,
-                                full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, EVEN_D,
-                                LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, INPUT_PRECISION, INTERPRET)
+            dk, dv = _dkdv_head(dk, dv, k, v, Q, DO, O, L, Delta, DQ_ACC, bkv * GROUP + g, stride_qb, stride_qm,
+                                stride_qd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, offs_n,
+                                k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD,
+                                BLOCK_M, EVEN_D, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O,
+                                INPUT_PRECISION, INTERPRET)
     dk_dst = _tile_src(DK + bkv * stride_dkb, N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     dv_dst = _tile_src(DV + bkv * stride_dvb, N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     _store_rows(dk_dst, start_n, (dk * sm_scale).to(DK.dtype.element_ty), TMA)
     _store_rows(dv_dst, start_n, dv.to(DV.dtype.element_ty), TMA)
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
+                           stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                           stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
+                           stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
+                           N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+                           HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
+                           HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                           INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """A program per (key tile, batch x key/value head): ``_dkdv_tile`` with D from the preprocessing kernel.
+    Causal: the first key tiles, seen by the most queries, go first."""
+    _dkdv_tile(Q, K, V, DO, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, tl.program_id(1).to(tl.int64),
+               tl.program_id(0) * BLOCK_N, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+               stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod, stride_dob, stride_dom, stride_dod,
+               stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT,
+               RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D,
+               TMA, ATOMIC_DQ, False, INPUT_PRECISION, INTERPRET)
 
 
 @triton.jit
@@ -530,21 +573,15 @@ def _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, lo, hi, N
 
 
 @triton.jit
-def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
-                         stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
-                         stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
-                         stride_dqb, stride_dqm, stride_dqd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
-                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
-                         HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """Deterministic mode: a program per query tile walks its key tiles and writes its dQ rows once."""
-    pid_m = tl.program_id(0)
-    if LIMIT_RIGHT and not LIMIT_LEFT:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1).to(tl.int64)
-    bkv = bh // GROUP
-    start_m = pid_m * BLOCK_M
+def _dq_tile(Q, K, V, DO, O, L, Delta, DQ, DOC, SPAN, bh, bkv, batch, start_m,
+             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+             stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, stride_dqb, stride_dqm, stride_dqd,
+             N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale,
+             HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr,
+             TMA: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """dQ of the query tile [start_m, start_m + BLOCK_M) of batch-head bh (key/value head bkv, sequence batch):
+    walks its key tiles and writes its dQ rows once (no atomics). DELTA_FROM_O: D from the O and dO tiles."""
     q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     do_src = _tile_src(DO + bh * stride_dob, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
@@ -552,9 +589,15 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     do = _load_rows(do_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    lse2, delta = _row_stats(L + bh * N_Q, Delta + bh * N_Q, offs_m, N_Q, True)
+    if DELTA_FROM_O:
+        lse2 = _row_lse2(L + bh * N_Q, offs_m, N_Q, True)
+        o_src = _tile_src(O + bh * stride_ob, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+        o = _load_rows(o_src, start_m, True, not EVEN_D, TMA)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    else:
+        lse2, delta = _row_stats(L + bh * N_Q, Delta + bh * N_Q, offs_m, N_Q, True)
     dq = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    doc, q_doc, lo, full_lo, full_hi, hi = _tile_plan(DOC, SPAN, bh // HEADS, start_m, offs_m, N_Q, N_K, LEFT, RIGHT,
+    doc, q_doc, lo, full_lo, full_hi, hi = _tile_plan(DOC, SPAN, batch, start_m, offs_m, N_Q, N_K, LEFT, RIGHT,
                                                       BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS)
     if LIMIT_LEFT or HAS_DOCS:
         dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, lo, full_lo, N_K, LEFT, RIGHT,
@@ -566,6 +609,64 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
                   qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
     dq_dst = _tile_src(DQ + bh * stride_dqb, N_Q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     _store_rows(dq_dst, start_m, (dq * sm_scale).to(DQ.dtype.element_ty), TMA)
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
+                         stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                         stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
+                         stride_dqb, stride_dqm, stride_dqd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
+                         HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """Deterministic mode: a program per (query tile, batch x query head), ``_dq_tile`` with D from the
+    preprocessing kernel; causal launches the last (heaviest) query tiles first."""
+    pid_m = tl.program_id(0)
+    if LIMIT_RIGHT and not LIMIT_LEFT:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1).to(tl.int64)
+    _dq_tile(Q, K, V, DO, DO, L, Delta, DQ, DOC, SPAN, bh, bh // GROUP, bh // HEADS, pid_m * BLOCK_M,
+             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
+             stride_dob, stride_dom, stride_dod, stride_dob, stride_dom, stride_dod, stride_dqb, stride_dqm,
+             stride_dqd, N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, LIMIT_LEFT,
+             LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, INPUT_PRECISION, INTERPRET)
+
+
+@triton.jit
+def _flash_bwd_single_kernel(Q, K, V, O, DO, L, DQ, DK, DV, DOC, SPAN,
+                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                             stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od,
+                             stride_dob, stride_dom, stride_dod, stride_dqb, stride_dqm, stride_dqd,
+                             stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
+                             N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+                             HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
+                             HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
+                             INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The whole backward in one launch, for short sequences (where launches, not arithmetic, are the cost):
+    program i of key/value head bkv (HEADS per batch) computes dK, dV of key tile i and then dQ of query tile i of
+    each of the GROUP query heads, taking D from the O and dO tiles it loads (no preprocessing, no dQ accumulator,
+    no atomics: bitwise reproducible). Causal work balances itself: a low i has a heavy key tile and a light query
+    tile, a high i the reverse."""
+    pid = tl.program_id(0)
+    bkv = tl.program_id(1).to(tl.int64)
+    if pid * BLOCK_N < N_K:
+        _dkdv_tile(Q, K, V, DO, O, L, L, DK, DV, L, DOC, SPAN, bkv, pid * BLOCK_N, stride_qb, stride_qm, stride_qd,
+                   stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd, stride_dob, stride_dom,
+                   stride_dod, stride_ob, stride_om, stride_od, stride_dkb, stride_dkn, stride_dkd, stride_dvb,
+                   stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD,
+                   BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, True, INPUT_PRECISION,
+                   INTERPRET)
+    if pid * BLOCK_M < N_Q:
+        g = 0
+        while g < GROUP:
+            _dq_tile(Q, K, V, DO, O, L, L, DQ, DOC, SPAN, bkv * GROUP + g, bkv, bkv // HEADS, pid * BLOCK_M,
+                     stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
+                     stride_vd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, stride_dqb,
+                     stride_dqm, stride_dqd, N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M,
+                     BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, True, INPUT_PRECISION, INTERPRET)
+            g += 1
 
 
 # --------------------------------------------------------------------------------------------- launchers
@@ -594,10 +695,29 @@ def _interpreter_upcast(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(t.float() for t in tensors)
 
 
-def _as_3d(t: Tensor) -> Tensor:
-    """(..., N, d) -> (BH, N, d); a view where the strides allow, and unit stride along d."""
-    t3 = t if t.ndim == 3 else t.reshape(-1, t.shape[-2], t.shape[-1])
-    return t3 if t3.stride(-1) == 1 or t3.shape[-1] == 1 else t3.contiguous()
+def _bh_stride(t: Tensor) -> int | None:
+    """The stride of the leading dims of ``(..., N, d)`` flattened into one batch-head axis, or None where no
+    single stride walks them (then the launcher copies): the kernels address ``t`` itself, never a view."""
+    step, want = 0, None  # want: the stride the next outer dim of size > 1 must have
+    for size, stride in zip(reversed(t.shape[:-2]), reversed(t.stride()[:-2]), strict=True):
+        if size == 1:
+            continue
+        if want is None:
+            step = stride
+        elif stride != want:
+            return None
+        want = stride * size
+    return step
+
+
+def _rows(t: Tensor) -> tuple[Tensor, tuple[int, int, int]]:
+    """``t`` (contiguous if its layout needs it: leading dims that do not flatten, or d not of unit stride) and
+    its (batch-head, row, column) strides."""
+    bh = _bh_stride(t)
+    if bh is None or (t.stride(-1) != 1 and t.shape[-1] != 1):
+        t = t.contiguous()
+        bh = _bh_stride(t)
+    return t, (bh, t.stride(-2), t.stride(-1))
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -621,77 +741,130 @@ def _has_tma(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def _tma_fits(device: torch.device, elem_size: int, ptrs: tuple[int, ...], strides: tuple[tuple, ...]) -> bool:
+    """Whether per-batch-head 2-D descriptors can describe tensors with these data pointers and (batch-head,
+    row, column) strides: unit stride along d, 16-byte aligned bases, row strides and batch-head strides."""
+    return _has_tma(device) and all(
+        s[2] == 1 and p % 16 == 0 and (s[1] * elem_size) % 16 == 0 and (s[0] * elem_size) % 16 == 0
+        for p, s in zip(ptrs, strides, strict=True))
+
+
 def _tma_ready(*tensors: Tensor) -> bool:
-    """Whether per-batch-head 2-D descriptors can describe these (BH, N, d) tensors: unit stride along d,
-    16-byte aligned bases, row strides and batch-head strides."""
-    if not _has_tma(tensors[0].device):
-        return False
-    for t in tensors:
-        size = t.element_size()
-        if t.stride(2) != 1 or (t.data_ptr() % 16) or (t.stride(1) * size) % 16 or (t.stride(0) * size) % 16:
-            return False
-    return True
+    """``_tma_fits`` for these tensors as the launchers address them (``_rows``)."""
+    rows = [_rows(t) for t in tensors]
+    return _tma_fits(tensors[0].device, tensors[0].element_size(), tuple(r[0].data_ptr() for r in rows),
+                     tuple(r[1] for r in rows))
 
 
 _WORKSPACES: dict[tuple[int, int], Tensor] = {}
 
 
-def _tma_workspace(size: int, alignment: int, stream: int) -> Tensor:
+def _workspace(device_index: int, stream: int, size: int) -> Tensor:
     """Global memory in which the kernels build their tensor descriptors (one per program and tensor).
     One buffer per (device, stream), grown when too small: kernels on one stream run one after another,
     so they can share it, and a call allocates nothing."""
-    key = (torch.cuda.current_device(), stream)
+    key = (device_index, stream)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < size:
-        buf = _WORKSPACES[key] = torch.empty(max(size, 1 << 16), dtype=torch.int8, device="cuda")
+        buf = _WORKSPACES[key] = torch.empty(max(size, 1 << 16), dtype=torch.int8,
+                                             device=torch.device("cuda", device_index))
     return buf
 
 
-def _use_tma(cfg: KernelConfig, *tensors: Tensor) -> bool:
-    if not (cfg.tma and _tma_ready(*tensors)):
-        return False
-    if not _INTERPRETED:
-        # Triton keeps the allocator in a ContextVar: set it in the thread that launches (autograd runs the
-        # backward in its own thread).
-        triton.set_allocator(_tma_workspace)
-    return True
+def _tma_workspace(size: int, alignment: int, stream: int) -> Tensor:
+    """Triton's allocator interface (``triton.set_allocator``) to ``_workspace``; buffers are 256-byte aligned."""
+    return _workspace(torch.cuda.current_device(), stream, size)
 
 
-_LAUNCHES: dict[tuple, tuple] = {}
+def _direct_launcher(compiled, tail: tuple):
+    """``compiled[grid](*args, *tail)`` without Triton's per-launch Python (a closure, the device and stream
+    look-ups, launch metadata, two empty hook chains, a scratch allocator call, and a CUDA pointer query per
+    tensor argument, which integer pointers skip): a function ``(grid, pointers, scalars)`` that calls the
+    compiled module's C launcher. Falls back to Triton's path while launch hooks are set (a profiler that
+    uses them, such as Proton) or where the launcher's layout is not the one this was written for."""
+    run = getattr(compiled, "run", None)
+    launch = getattr(run, "launch", None)
+    fields = ("global_scratch_size", "global_scratch_align", "profile_scratch_size", "num_ctas",
+              "launch_cooperative_grid", "launch_pdl")
+    hooks = triton.knobs.runtime
+
+    def slow(grid, pointers, scalars):
+        triton.set_allocator(_tma_workspace)  # a context variable: the thread that launches sets it
+        compiled[grid](*pointers, *scalars, *tail)
+
+    if launch is None or not all(hasattr(run, f) for f in fields) or run.profile_scratch_size:
+        return slow
+    compiled._init_handles()
+    function, packed = compiled.function, compiled.packed_metadata
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    scratch = run.global_scratch_size * run.num_ctas
+    current_device, current_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
+
+    def fast(grid, pointers, scalars):
+        if hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls:
+            return slow(grid, pointers, scalars)
+        device = current_device()
+        stream = current_stream(device)
+        ws = _workspace(device, stream, grid[0] * grid[1] * grid[2] * scratch) if scratch else None
+        launch(grid[0], grid[1], grid[2], stream, function, coop, pdl, ws, None, packed, None, None, None,
+               *[p.data_ptr() for p in pointers], *scalars, *tail)
+
+    return fast
 
 
-def _layout(*tensors: Tensor) -> tuple:
-    """What Triton specialises a launch on for these tensors (plus shapes and strides, which fix the
-    integer arguments): a cache key for ``_launch``."""
-    return tuple((t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors)
+class _Launch:
+    """``kernel[grid](*pointers, *scalars, **constexprs)`` for one layout of its arguments (what Triton
+    specialises a launch on: dtypes, 16-byte alignment of the pointers, the integer arguments, constexprs,
+    warps and stages). The first call goes through Triton's JIT (compiling if needed); later ones call the
+    compiled kernel directly (``_direct_launcher``)."""
+
+    __slots__ = ("cfg", "constexprs", "kernel", "run")
+
+    def __init__(self, kernel, constexprs: dict, cfg: KernelConfig):
+        self.kernel, self.constexprs, self.cfg, self.run = kernel, constexprs, cfg, None
+
+    def __call__(self, grid: tuple[int, int, int], pointers: tuple, scalars: tuple) -> None:
+        if self.run is not None:
+            self.run(grid, pointers, scalars)
+            return
+        if not _INTERPRETED:
+            triton.set_allocator(_tma_workspace)
+        compiled = self.kernel[grid](*pointers, *scalars, **self.constexprs, num_warps=self.cfg.num_warps,
+                                     num_stages=self.cfg.num_stages)
+        if not _INTERPRETED and compiled is not None:
+            if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
+                compiled = compiled.result()
+            names = self.kernel.arg_names[len(pointers) + len(scalars):]  # the constexprs, in signature order
+            self.run = _direct_launcher(compiled, tuple(self.constexprs[n] for n in names))
 
 
-def _launch(kernel, key: tuple, grid: tuple[int, int, int], args: tuple, constexprs: dict, cfg: KernelConfig) -> None:
-    """``kernel[grid](*args, **constexprs)``. ``key`` must determine everything Triton specialises the
-    launch on (dtypes, 16-byte alignment of pointers, integer arguments, constexprs, warps and stages):
-    the first launch of a key goes through Triton's JIT (compiling if needed) and keeps the compiled
-    kernel; later ones call it directly, skipping the JIT's per-call binding and specialisation of ~30
-    arguments (most of a small call's host time)."""
-    hit = _LAUNCHES.get(key)
-    if hit is not None:
-        compiled, tail = hit
-        compiled[grid](*args, *tail)
-        return
-    compiled = kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if not _INTERPRETED and compiled is not None:
-        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
-            compiled = compiled.result()
-        names = kernel.arg_names[len(args):]  # the constexprs, in signature order, follow the run-time args
-        _LAUNCHES[key] = (compiled, tuple(constexprs[n] for n in names))
+_PLANS: dict[tuple, tuple] = {}  # a launcher's plan per call layout (see _forward); cleared when it grows past this
+_MAX_PLANS = 4096
 
 
+def _plan(key: tuple, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _aligned(*tensors: Tensor) -> int:
+    """A bit per tensor: its data pointer is 16-byte aligned (Triton specialises pointers on it)."""
+    bits = 0
+    for i, t in enumerate(tensors):
+        if t.data_ptr() % 16 == 0:
+            bits |= 1 << i
+    return bits
 
 
 def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, scale) -> tuple[int | None, int | None,
                                                                                               float]:
     """Validate a call's inputs (``ValueError`` naming the problem) and normalise its mask: (left, right, scale)."""
     check_is_causal(is_causal)
-    check_attention_inputs(Q, K, V, grouped=True)
+    check_inputs_cached(Q, K, V, grouped=True)
     check_window(window)
     check_doc_ids(doc_ids, Q, K)
     check_scale(scale)
@@ -732,15 +905,19 @@ def _limit(side: int | None) -> int:
     return 0 if side is None else 1 if side == 0 else 2
 
 
-def _doc_args(doc_ids: Tensor | None, doc_span: Tensor | None, dummy: Tensor) -> tuple[Tensor, Tensor, tuple]:
-    """The kernels' DOC and SPAN arguments ((batch, N) ids, contiguous; spans) and their part of a launch key;
-    without documents a placeholder the kernels never read."""
+def _doc_args(doc_ids: Tensor | None, doc_span: Tensor | None, dummy: Tensor) -> tuple[Tensor, Tensor]:
+    """The kernels' DOC and SPAN arguments ((batch, N) ids, contiguous; spans); without documents a placeholder
+    the kernels never read."""
     if doc_ids is None:
-        return dummy, dummy, ()
-    ids = doc_ids.reshape(-1, doc_ids.shape[-1])
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
-    return ids, doc_span, _layout(ids, doc_span)
+        return dummy, dummy
+    return (doc_ids if doc_ids.is_contiguous() else doc_ids.contiguous()), doc_span
+
+
+def _doc_key(doc_ids: Tensor | None, doc_span: Tensor | None) -> tuple:
+    """The documents' part of a plan key: their dtype and the alignment of both pointers (the shapes follow Q's)."""
+    if doc_ids is None:
+        return ()
+    return (doc_ids.dtype, _aligned(doc_ids if doc_ids.is_contiguous() else doc_ids.contiguous(), doc_span))
 
 
 def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, config: FlashConfig | None = None, *,
@@ -755,32 +932,52 @@ def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, conf
 
 def _forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: int | None, right: int | None,
              doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
-    """flash_forward on validated inputs and a normalised mask (see normalize_window; doc_span from _doc_span)."""
+    """flash_forward on validated inputs and a normalised mask (see normalize_window; doc_span from _doc_span).
+    Everything that follows from the inputs' layout (strides, grid, tiles, the compiled kernel) is planned once
+    per layout; a call allocates O and L and launches."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
         o, lse = _forward(*_interpreter_upcast(Q, K, V), config, left, right, doc_ids, doc_span, scale)
         return o.to(Q.dtype), lse
-    q, k, v = _as_3d(Q), _as_3d(K), _as_3d(V)
-    bh, n_q, d = q.shape
-    n_k = k.shape[1]
+    key = ("fwd", Q.shape, Q.stride(), K.shape, K.stride(), V.shape, V.stride(), Q.dtype, Q.device,
+           _aligned(Q, K, V), left, right, _doc_key(doc_ids, doc_span), config,
+           Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
+    plan = _plan(key, lambda: _plan_forward(Q, K, V, config, left, right, doc_ids is not None))
+    o = torch.empty(Q.shape, device=Q.device, dtype=Q.dtype)
+    lse = torch.empty(Q.shape[:-1], device=Q.device, dtype=torch.float32)
+    launch, grid, copy, scalars = plan
+    if launch is None:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
+        return o, lse
+    if copy:
+        Q, K, V = (_rows(t)[0] for t in (Q, K, V))
+    doc, span = _doc_args(doc_ids, doc_span, lse)
+    launch(grid, (Q, K, V, o, lse, doc, span), (*scalars, scale * LOG2E))
+    return o, lse
+
+
+def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: int | None, right: int | None,
+                  has_docs: bool) -> tuple:
+    """(launch, grid, whether the inputs need a contiguous copy, the launch's integer arguments)."""
+    (q, sq), (k, sk), (v, sv) = _rows(Q), _rows(K), _rows(V)
+    copy = q is not Q or k is not K or v is not V
+    n_q, d = Q.shape[-2:]
+    n_k = K.shape[-2]
+    bh = Q.numel() // (n_q * d)
+    bh_kv = K.numel() // (n_k * d)
+    if bh == 0:
+        return None, None, copy, ()
     d_pad = _d_pad(d)
     cfg = (config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)).fwd
-    o = torch.empty((bh, n_q, d), device=Q.device, dtype=Q.dtype)
-    lse = torch.empty((bh, n_q), device=Q.device, dtype=torch.float32)
-    if bh == 0:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
-        return o.view(Q.shape), lse.view(Q.shape[:-1])
-    group, heads = bh // k.shape[0], Q.shape[-3] if Q.ndim >= 3 else 1
-    doc, span, doc_key = _doc_args(doc_ids, doc_span, lse)
-    tma = _use_tma(cfg, q, k, v, o)
+    so = (n_q * d, d, 1)
+    tma = cfg.tma and _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0),
+                                (sq, sk, sv, so))
+    group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     prec = _input_precision(Q.dtype)
-    _launch(_flash_fwd_kernel,
-            ("fwd", _layout(q, k, v, o), Q.device, left, right, group, heads, doc_key, cfg, tma, prec),
-            (_cdiv(n_q, cfg.block_m), bh, 1),
-            (q, k, v, o, lse, doc, span, *q.stride(), *k.stride(), *v.stride(), *o.stride(), n_q, n_k, group, heads,
-             left or 0, right or 0, scale * LOG2E),
-            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, LIMIT_LEFT=_limit(left),
-                 LIMIT_RIGHT=_limit(right), HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, TMA=tma,
-                 INPUT_PRECISION=prec, INTERPRET=_INTERPRETED), cfg)
-    return o.view(Q.shape), lse.view(Q.shape[:-1])
+    launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                             LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
+                                             EVEN_D=d == d_pad, TMA=tma, INPUT_PRECISION=prec,
+                                             INTERPRET=_INTERPRETED), cfg)
+    return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0,
+                                                            right or 0)
 
 
 def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool = False,
@@ -788,8 +985,9 @@ def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                    window: tuple[int, int] | None = None, doc_ids: Tensor | None = None,
                    scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the backward; returns (dQ, dK, dV). Default: D preprocessing, the fused dK/dV/dQ-atomic kernel
-    and the dQ postprocessing (five matmuls per tile pair). ``deterministic=True``: the atomic-free dK/dV
-    and dQ kernels (seven matmuls), bitwise reproducible."""
+    and the dQ postprocessing (five matmuls per tile pair); sequences up to the config's ``single_max_n``:
+    one kernel for the whole backward. ``deterministic=True``: the atomic-free dK/dV and dQ kernels (seven
+    matmuls), bitwise reproducible (so is the single kernel)."""
     left, right, scale = _check_call(Q, K, V, is_causal, window, doc_ids, scale)
     check_grad_output(dO, O)
     _check_runnable(Q)
@@ -799,61 +997,111 @@ def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
 def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, config: FlashConfig | None,
               deterministic: bool, left: int | None, right: int | None, doc_ids: Tensor | None,
               doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """flash_backward on validated inputs (dO is only checked against O here)."""
+    """flash_backward on validated inputs (dO is checked against O when its layout is first planned)."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
         grads = _backward(*_interpreter_upcast(Q, K, V, O), L, dO.float(), config, deterministic, left, right,
                           doc_ids, doc_span, scale)
         return tuple(g.to(t.dtype) for g, t in zip(grads, (Q, K, V), strict=True))
     if dO.dtype != Q.dtype:
         dO = dO.to(Q.dtype)
-    q, k, v, o, do = _as_3d(Q), _as_3d(K), _as_3d(V), _as_3d(O), _as_3d(dO)
-    bh, n_q, d = q.shape
-    bh_kv, n_k = k.shape[0], k.shape[1]
-    d_pad = _d_pad(d)
-    cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
-    deterministic = deterministic or not cfgs.atomic_dq  # the atomic-free kernels where they are faster
-    lse = L.reshape(bh, n_q)
-    if not lse.is_contiguous():
-        lse = lse.contiguous()
+    key = ("bwd", Q.shape, Q.stride(), K.shape, K.stride(), V.shape, V.stride(), O.shape, O.stride(), dO.shape,
+           dO.stride(), L.shape, L.stride(), Q.dtype, Q.device, dO.device, _aligned(Q, K, V, O, dO, L), left, right,
+           _doc_key(doc_ids, doc_span), config, deterministic,
+           Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
+    plan = _plan(key, lambda: _plan_backward(Q, K, V, O, L, dO, config, deterministic, left, right,
+                                             doc_ids is not None))
     dev = Q.device
+    dq = torch.empty(Q.shape, device=dev, dtype=Q.dtype)
+    dk = torch.empty(K.shape, device=dev, dtype=K.dtype)
+    dv = torch.empty(V.shape, device=dev, dtype=V.dtype)
+    mode, copy, launches, bh, n_q, d_pad = plan
+    if mode is None:
+        return dq, dk, dv
+    if copy:
+        Q, K, V, O, dO = (_rows(t)[0] for t in (Q, K, V, O, dO))
+    if not L.is_contiguous():
+        L = L.contiguous()
+    sides = (scale, scale * LOG2E)
+    if mode == "single":
+        (launch, grid, scalars), = launches
+        doc, span = _doc_args(doc_ids, doc_span, L)
+        launch(grid, (Q, K, V, O, dO, L, dq, dk, dv, doc, span), (*scalars, *sides))
+        return dq, dk, dv
     delta = torch.empty((bh, n_q), device=dev, dtype=torch.float32)
-    dq = torch.empty((bh, n_q, d), device=dev, dtype=Q.dtype)
-    dk = torch.empty((bh_kv, n_k, d), device=dev, dtype=K.dtype)
-    dv = torch.empty((bh_kv, n_k, d), device=dev, dtype=V.dtype)
+    doc, span = _doc_args(doc_ids, doc_span, delta)
+    dq_acc = delta if mode == "deterministic" else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
+    (pre, pre_grid, pre_scalars), (dkdv, dkdv_grid, dkdv_scalars), (last, last_grid, last_scalars) = launches
+    pre(pre_grid, (O, dO, delta, dq_acc), pre_scalars)
+    dkdv(dkdv_grid, (Q, K, V, dO, L, delta, dk, dv, dq_acc, doc, span), (*dkdv_scalars, *sides))
+    if mode == "deterministic":
+        last(last_grid, (Q, K, V, dO, L, delta, dq, doc, span), (*last_scalars, *sides))
+    else:
+        last(last_grid, (dq_acc, dq), (*last_scalars, scale))
+    return dq, dk, dv
+
+
+def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, config: FlashConfig | None,
+                   deterministic: bool, left: int | None, right: int | None, has_docs: bool) -> tuple:
+    """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
+    copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim)."""
+    check_grad_output(dO, O)
+    rows = [_rows(t) for t in (Q, K, V, O, dO)]
+    copy = any(r[0] is not t for r, t in zip(rows, (Q, K, V, O, dO), strict=True))
+    sq, sk, sv, so, sdo = (r[1] for r in rows)
+    n_q, d = Q.shape[-2:]
+    n_k = K.shape[-2]
+    bh = Q.numel() // (n_q * d)
+    bh_kv = K.numel() // (n_k * d)
+    d_pad = _d_pad(d)
     if bh == 0:
-        return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
+        return None, copy, (), bh, n_q, d_pad
+    cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
-    doc, span, doc_key = _doc_args(doc_ids, doc_span, delta)
-    dq_acc = delta if deterministic else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
     prec = _input_precision(Q.dtype)
-    plan = (_layout(q, k, v, o, do, lse), dev, left, right, group, heads, doc_key, cfgs, deterministic, prec)
-    common = dict(HEAD_DIM=d, D_PAD=d_pad, LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right),
-                  HAS_DOCS=doc_ids is not None, EVEN_D=d == d_pad, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED)
-    sides = (left or 0, right or 0, scale, scale * LOG2E)
+    common = dict(HEAD_DIM=d, D_PAD=d_pad, LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
+                  EVEN_D=d == d_pad, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED)
+    sides = (left or 0, right or 0)
+    sg = (n_q * d, d, 1)  # dQ, dK, dV: contiguous
+    skv = (n_k * d, d, 1)
+    ptr = dict(zip("QKVOd", (r[0].data_ptr() for r in rows), strict=True))
+    stride = dict(Q=sq, K=sk, V=sv, O=so, d=sdo)
+
+    def tma_for(cfg: KernelConfig, inputs: str, outputs: tuple) -> bool:
+        """Descriptors for every input the kernel reads (by letter; d is dO) and its fresh outputs."""
+        return cfg.tma and _tma_fits(Q.device, Q.element_size(), (*(ptr[c] for c in inputs), *(0,) * len(outputs)),
+                                     (*(stride[c] for c in inputs), *outputs))
+
+    if max(n_q, n_k) <= cfgs.single_max_n:
+        cfg = cfgs.dkdv
+        tma = tma_for(cfg, "QKVOd", (sg, skv))
+        launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
+                         cfg)
+        grid = (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)), bh_kv, 1)
+        scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
+        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad
+    deterministic = deterministic or not cfgs.atomic_dq  # the atomic-free kernels where they are faster
     row_block = 16 if _INTERPRETED else 64
     rows_cfg = KernelConfig(row_block, row_block, 4, 1)
-    _launch(_flash_bwd_preprocess, ("pre", plan), (_cdiv(n_q, row_block), bh, 1),
-            (o, do, delta, dq_acc, *o.stride(), *do.stride(), n_q),
-            dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, ZERO_DQ=not deterministic), rows_cfg)
+    row_grid = (_cdiv(n_q, row_block), bh, 1)
+    pre = (_Launch(_flash_bwd_preprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block,
+                                               ZERO_DQ=not deterministic), rows_cfg),
+           row_grid, (*so, *sdo, n_q))
     cfg = cfgs.dkdv if deterministic else cfgs.bwd
-    tma = _use_tma(cfg, q, k, v, do, dk, dv)
+    tma = tma_for(cfg, "QKVd", (skv,))
     # a program per key tile and key/value head: the heads per batch on that axis are the key/value heads
-    _launch(_flash_bwd_dkdv_kernel, ("dkdv", plan, tma), (_cdiv(n_k, cfg.block_n), bh_kv, 1),
-            (q, k, v, do, lse, delta, dk, dv, dq_acc, doc, span, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-             *dk.stride(), *dv.stride(), n_q, n_k, group, heads // group, *sides),
-            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, ATOMIC_DQ=not deterministic, **common), cfg)
+    dkdv = (_Launch(_flash_bwd_dkdv_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma,
+                                                 ATOMIC_DQ=not deterministic, **common), cfg),
+            (_cdiv(n_k, cfg.block_n), bh_kv, 1), (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, heads // group,
+                                                  *sides))
     if deterministic:
         cfg = cfgs.dq
-        tma = _use_tma(cfg, q, k, v, do, dq)
-        _launch(_flash_bwd_dq_kernel, ("dq", plan, tma), (_cdiv(n_q, cfg.block_m), bh, 1),
-                (q, k, v, do, lse, delta, dq, doc, span, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-                 *dq.stride(), n_q, n_k, group, heads, *sides),
-                dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common), cfg)
+        tma = tma_for(cfg, "QKVd", (sg,))
+        last = (_Launch(_flash_bwd_dq_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common), cfg),
+                (_cdiv(n_q, cfg.block_m), bh, 1), (*sq, *sk, *sv, *sdo, *sg, n_q, n_k, group, heads, *sides))
     else:
-        _launch(_flash_bwd_dq_postprocess, ("post", plan), (_cdiv(n_q, row_block), bh, 1),
-                (dq_acc, dq, *dq.stride(), n_q, scale), dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block),
-                rows_cfg)
-    return dq.view(Q.shape), dk.view(K.shape), dv.view(V.shape)
+        last = (_Launch(_flash_bwd_dq_postprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block), rows_cfg),
+                row_grid, (*sg, n_q))
+    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad
 
 
 # ------------------------------------------------------------- custom ops (opaque to torch.compile)
@@ -927,7 +1175,7 @@ class FlashAttention2Triton(torch.autograd.Function):
     def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, deterministic: bool = False) -> Tensor:
         check_is_causal(is_causal)
         _check_deterministic(deterministic)
-        check_attention_inputs(Q, K, V)  # fail before any kernel, also under torch.compile
+        check_inputs_cached(Q, K, V)  # fail before any kernel, also under torch.compile
         left, right = normalize_window(None, is_causal, Q.shape[-2], K.shape[-2])
         scale = 1.0 / math.sqrt(Q.shape[-1])
         O, L = _run_forward(Q, K, V, left, right, None, None, scale)

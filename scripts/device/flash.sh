@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
-#   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [tune] [shapes] [lb] [sweep] [features]
-# tests: the GPU tests; floor: tiny-call timing and profile; tune: tile sweep (pins the winners into
+#   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
+# tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
+# backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
 # lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128);
 # features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
@@ -17,6 +18,7 @@ for s in "$@"; do
   case $s in
     tests) step 240 tests bash scripts/device/flash_tests.sh ;;
     floor) step 60 floor python3 scripts/device/flash_floor.py ${FLOOR_ARGS:-} ;;
+    host) step 150 host python3 scripts/device/flash_host.py --single ;;
     tune) step 280 tune python3 scripts/device/flash_tune.py --out "$OUT/tune.json" --pin "$PIN" ${TUNE_ARGS:-}
           cp "$PIN" "$OUT/flash_tune_h100.json" ;;
     shapes) step 300 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \

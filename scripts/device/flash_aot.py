@@ -1,14 +1,17 @@
-"""Compile the FlashAttention-2 kernels for sm_90a without a GPU and print registers and spills per config.
+"""Compile the FlashAttention-2 kernels a call would launch for sm_90a, without a GPU, and print shared memory,
+registers and spills of each.
 
-    python scripts/device/flash_aot.py [--shape lb2025] [--kernel bwd] [--configs 64,64,4,3 64,128,8,2 ...]
+    python scripts/device/flash_aot.py [--shape xl_512] [--backward single|atomic|deterministic]
 
-Uses Triton's bundled ptxas; arguments are specialised as the JIT would for the shape (bf16, causal, TMA
-form). What a GPU sweep would find out by failing or spilling, at no device time.
+The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
+tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
+failing to compile or spilling, at no device time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -25,6 +28,8 @@ from triton.compiler import compile as triton_compile
 from triton.runtime.jit import create_function_from_signature
 
 import cs336_systems.attention.flash_triton as ft
+from cs336_systems.attention import _tuning
+from cs336_systems.attention._common import normalize_window
 from cs336_systems.bench.flash import MODEL_SHAPES
 
 
@@ -50,30 +55,28 @@ def ptxas_usage(ptx: str) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--shape", default="lb2025", choices=list(MODEL_SHAPES))
-    p.add_argument("--kernel", default="bwd", choices=["fwd", "bwd"])
-    p.add_argument("--configs", nargs="+", default=["64,64,4,3", "64,128,8,2", "64,128,8,3", "128,128,8,2"])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="xl_512", choices=list(MODEL_SHAPES))
+    p.add_argument("--backward", default="single", choices=["single", "atomic", "deterministic"])
     args = p.parse_args()
     s = MODEL_SHAPES[args.shape]
-    bh, n, d = s.batch * s.heads, s.seq_len, s.head_dim
-    x = torch.empty(bh, n, d, dtype=torch.bfloat16)
-    lse = torch.empty(bh, n)
-    acc = torch.empty(bh, n, d)
-    for text in args.configs:
-        bm, bn, w, st = (int(v) for v in text.split(","))
-        common = dict(HEAD_DIM=d, D_PAD=d, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=s.causal, EVEN_D=True, TMA=True,
-                      INPUT_PRECISION="tf32", INTERPRET=False, num_warps=w, num_stages=st)
-        if args.kernel == "fwd":
-            k = aot_compile(ft._flash_fwd_kernel, x, x, x, x, lse, *x.stride() * 4, n, n, 0.18, **common)
-        else:
-            k = aot_compile(ft._flash_bwd_dkdv_kernel, x, x, x, x, lse, lse, x, x, acc, *x.stride() * 6, n, n,
-                            0.125, 0.18, ATOMIC_DQ=True, **common)
-        wgmma = k.asm["ptx"].count("wgmma.mma_async")
-        reduce = k.asm["ptx"].count("cp.reduce.async.bulk")
-        usage = ptxas_usage(k.asm["ptx"])
-        print(f"{args.shape} {args.kernel} {bm}x{bn}/w{w}/s{st}: shared={k.metadata.shared} {usage} "
-              f"wgmma={wgmma} tma_reduce={reduce}", flush=True)
+    q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=torch.bfloat16) for _ in range(4))
+    cfg = _tuning.resolve(ft._d_pad(s.head_dim), torch.bfloat16, s.seq_len, (9, 0), _tuning.load_pinned())
+    cfg = dataclasses.replace(cfg, single_max_n=1 << 30 if args.backward == "single" else 0)
+
+    def compile_instead(self, grid, pointers, scalars):
+        kernel = aot_compile(self.kernel, *pointers, *scalars, **self.constexprs, num_warps=self.cfg.num_warps,
+                             num_stages=self.cfg.num_stages)
+        ptx = kernel.asm["ptx"]
+        print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
+              f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
+              f"tma_reduce={ptx.count('cp.reduce.async.bulk')}", flush=True)
+
+    ft._Launch.__call__ = compile_instead
+    left, right = normalize_window(None, s.causal, s.seq_len, s.seq_len)
+    scale = s.head_dim ** -0.5
+    o, lse = ft._forward(q, k, v, cfg, left, right, None, None, scale)
+    ft._backward(q, k, v, o, lse, do, cfg, args.backward == "deterministic", left, right, None, None, scale)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,26 @@
-"""Where a tiny FlashAttention call's host time goes, layer by layer (issue 18, item 1), on the GPU.
+"""Where a small FlashAttention call's time goes (issue 18, item 1), on the GPU.
 
-Host microseconds per call (no synchronisation inside the loop) at 1 x 1 x 128 x 64, bf16, causal:
-SDPA flash forward+backward; ours through ``apply`` and ``.backward``; the same through ``autograd.grad``;
-a trivial Python ``autograd.Function`` on CUDA (the engine's cost of any Python backward); ours with tensor
-descriptors off (block pointers: no global scratch per launch); and ours' launchers alone.
+Host microseconds per call (no synchronisation inside the loop) at 1 x 1 x 128 x 64, bf16, causal: SDPA flash
+forward+backward; ours through ``apply`` and ``.backward``; a trivial Python ``autograd.Function`` on CUDA (the
+engine's cost of any Python backward); our launchers alone with the single-kernel backward and with the three-
+kernel one; then the time inside each layer of ours (autograd.Function, each kernel's launch).
 
-    python scripts/device/flash_host.py
+``--single``: forward+backward milliseconds (``triton.testing.do_bench``, what a caller sees, host-bound or not)
+with the single-kernel backward against the three-kernel one over sequence lengths, batch-heads and head dims:
+the measurement behind ``_tuning.SINGLE_MAX_N``.
+
+    python scripts/device/flash_host.py [--single]
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import time
 
 import torch
 import torch.nn.functional as F
+import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import _tuning
@@ -45,7 +52,17 @@ def host_us(call, n: int = 1000) -> float:
     return host
 
 
-def main() -> None:
+def launchers(q, k, v, do, causal: bool, config):
+    left, right = normalize_window(None, causal, q.shape[-2], k.shape[-2])
+    scale = q.shape[-1] ** -0.5
+
+    def call():
+        o, lse = ft._forward(q, k, v, config, left, right, None, None, scale)
+        return ft._backward(q, k, v, o, lse, do, config, False, left, right, None, None, scale)
+    return call
+
+
+def host_layers() -> None:
     q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     apply = ft.FlashAttention2Triton.apply
@@ -54,32 +71,22 @@ def main() -> None:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
 
+    base = _tuning.config_for(q.device, 128, 64, torch.bfloat16)
     qd, kd, vd = (t.detach() for t in (q, k, v))
-    left, right = normalize_window(None, True, 128, 128)
-    scale = 64 ** -0.5
-    o, lse = ft._forward(qd, kd, vd, None, left, right, None, None, scale)
-    ptr = _tuning.config_for(q.device, 128, 64, torch.bfloat16)
-    no_tma = _tuning.FlashConfig(*(_tuning.KernelConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, False)
-                                   for c in (ptr.fwd, ptr.bwd, ptr.dkdv, ptr.dq)))
     rows = {
         "sdpa flash fwd+bwd": sdpa,
         "ours apply + backward": lambda: apply(q, k, v, True).backward(do),
-        "ours apply + autograd.grad": lambda: torch.autograd.grad(apply(q, k, v, True), (q, k, v), do),
         "python Function (clone) + backward": lambda: _Clone.apply(q, k, v).backward(do),
-        "ours launchers, TMA": lambda: (ft._forward(qd, kd, vd, None, left, right, None, None, scale),
-                                        ft._backward(qd, kd, vd, o, lse, do, None, False, left, right, None, None,
-                                                     scale)),
-        "ours launchers, block pointers": lambda: (
-            ft._forward(qd, kd, vd, no_tma, left, right, None, None, scale),
-            ft._backward(qd, kd, vd, o, lse, do, no_tma, False, left, right, None, None, scale)),
-        "ours forward launcher, TMA": lambda: ft._forward(qd, kd, vd, None, left, right, None, None, scale),
-        "torch.empty x7": lambda: [torch.empty(128, 64, device="cuda") for _ in range(7)],
+        "ours launchers, single-kernel bwd": launchers(qd, kd, vd, do, True, dataclasses.replace(base,
+                                                                                                 single_max_n=1 << 20)),
+        "ours launchers, three-kernel bwd": launchers(qd, kd, vd, do, True, dataclasses.replace(base, single_max_n=0)),
+        "torch.empty x5": lambda: [torch.empty(128, 64, device="cuda") for _ in range(5)],
     }
     for name, call in rows.items():
         print(f"{name:38s} {host_us(call):8.1f} us/call")
-    # Inside apply + backward: the time spent in each layer, and whether any launch missed the cache.
-    spent = {"forward (autograd.Function)": 0.0, "backward (autograd.Function)": 0.0, "_backward": 0.0}
-    originals = (ft.FlashAttention2Triton.forward, ft.FlashAttention2Triton.backward, ft._backward)
+
+    spent = {"Function.forward": 0.0, "Function.backward": 0.0}
+    originals = (ft.FlashAttention2Triton.forward, ft.FlashAttention2Triton.backward, ft._Launch.__call__)
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -87,42 +94,46 @@ def main() -> None:
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[name] += time.perf_counter() - t0
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    stream = torch.cuda.current_stream().cuda_stream
-    micro = {
-        "triton.set_allocator": lambda: ft.triton.set_allocator(ft._tma_workspace),
-        "_tma_ready(q, k, v, o)": lambda: ft._tma_ready(qd, kd, vd, o),
-        "_tma_workspace": lambda: ft._tma_workspace(4096, 128, stream),
-        "forward launcher, block pointers": lambda: ft._forward(qd, kd, vd, no_tma, left, right, None, None, scale),
-        "forward launcher, TMA (again)": lambda: ft._forward(qd, kd, vd, None, left, right, None, None, scale),
-        "forward launcher, TMA, q requiring grad": lambda: ft._forward(q, k, v, None, left, right, None, None, scale),
-        "apply, forward only": lambda: apply(q, k, v, True),
-    }
-    for name, call in micro.items():
-        print(f"{name:38s} {host_us(call):8.1f} us/call")
-    for kernel_key in ("fwd", "pre", "dkdv", "post"):
-        spent[f"_launch {kernel_key}"] = 0.0
-    original_launch = ft._launch
+    def timed_launch(self, grid, pointers, scalars):
+        return timed(f"launch {self.kernel.__name__}", originals[2])(self, grid, pointers, scalars)
 
-    def timed_launch(kernel, key, *args):
-        t0 = time.perf_counter()
-        try:
-            return original_launch(kernel, key, *args)
-        finally:
-            spent[f"_launch {key[0]}"] += time.perf_counter() - t0
-
-    ft._launch = timed_launch
-    ft.FlashAttention2Triton.forward = staticmethod(timed("forward (autograd.Function)", originals[0]))
-    ft.FlashAttention2Triton.backward = staticmethod(timed("backward (autograd.Function)", originals[1]))
-    ft._backward = timed("_backward", originals[2])
-    launches = len(ft._LAUNCHES)
+    ft.FlashAttention2Triton.forward = staticmethod(timed("Function.forward", originals[0]))
+    ft.FlashAttention2Triton.backward = staticmethod(timed("Function.backward", originals[1]))
+    ft._Launch.__call__ = timed_launch
+    plans = len(ft._PLANS)
     n = 1000
-    total = host_us(lambda: apply(q, k, v, True).backward(do), n)
-    print(f"apply + backward, instrumented: {total:.1f} us/call; cached launches {launches} -> {len(ft._LAUNCHES)}")
+    try:
+        total = host_us(lambda: apply(q, k, v, True).backward(do), n)
+    finally:
+        ft.FlashAttention2Triton.forward, ft.FlashAttention2Triton.backward = map(staticmethod, originals[:2])
+        ft._Launch.__call__ = originals[2]
+    print(f"apply + backward, instrumented: {total:.1f} us/call; launch plans {plans} -> {len(ft._PLANS)}")
     for name, seconds in spent.items():
-        print(f"  in {name:30s} {seconds / (n + 20) * 1e6:8.1f} us/call")
+        print(f"  in {name:36s} {seconds / (n + 20) * 1e6:8.1f} us/call")
+
+
+def single_sweep() -> None:
+    print(f"{'bh':>5s} {'N':>6s} {'d':>4s} {'single ms':>10s} {'three ms':>10s} {'ratio':>6s}")
+    for d in (64, 128):
+        for bh in (16, 100, 400):
+            for n in (128, 256, 512, 1024, 2048):
+                q, k, v, do = (torch.randn(bh, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                base = _tuning.config_for(q.device, n, d, torch.bfloat16)
+                ms = [triton.testing.do_bench(launchers(q, k, v, do, True, dataclasses.replace(base, single_max_n=s)),
+                                              warmup=50, rep=200) for s in (1 << 20, 0)]
+                print(f"{bh:5d} {n:6d} {d:4d} {ms[0]:10.4f} {ms[1]:10.4f} {ms[0] / ms[1]:6.2f}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--single", action="store_true", help="also sweep the single-kernel backward's limit")
+    args = p.parse_args()
+    host_layers()
+    if args.single:
+        single_sweep()
 
 
 if __name__ == "__main__":
