@@ -207,7 +207,7 @@ def _complement(rows: slice, n: int) -> torch.Tensor:
 
 def _run_launchers(q, k, v, do, causal, window, doc_ids, config, backward):
     """Our forward and the named backward (``BACKWARDS``) through the launchers."""
-    config = dataclasses.replace(config, single_max_n=1 << 20 if backward == "single" else 0)
+    config = dataclasses.replace(config, single_max_programs=1 << 20 if backward == "single" else 0)
     o, lse = flash_forward(q, k, v, causal, config, window=window, doc_ids=doc_ids)
     grads = flash_backward(q, k, v, o, lse, do, causal, config, window=window, doc_ids=doc_ids,
                            deterministic=backward == "deterministic")

@@ -51,35 +51,38 @@ class FlashConfig:
     # matmuls cost less than the fused kernel's fp32 dQ reduce-adds (scripts/device/flash_bwd_probe.py, H100:
     # 0.62 vs 0.73-0.77 ms at 1 x 16 x 4,096; 7.0 vs 8.1-8.4 ms with a 4,096 window at 32,768)
     atomic_dq: bool = True
-    # Sequences (max of Nq, Nk) up to this length run the whole backward as one kernel (with ``dkdv``'s tiles):
-    # program i computes dK, dV of key tile i and dQ of query tile i, with D from the O and dO tiles. Seven
-    # matmuls per tile pair instead of five, but one launch instead of three, where launches are the cost.
-    single_max_n: int = 0
+    # Backwards of up to this many programs (``dkdv``'s tiles: max(key tiles, query tiles) x key/value heads) run
+    # as one kernel: program i computes dK, dV of key tile i and dQ of query tile i, with D from the O and dO
+    # tiles. Seven matmuls per tile pair instead of five, but one launch instead of three: faster while the call
+    # is small enough for launches to be its cost (scripts/device/flash_host.py --single, H100: 0.48-0.95x of the
+    # three-kernel time up to 512 programs at head dim 64 and 128 at 128; 1.02-1.36x beyond)
+    single_max_programs: int = 0
 
 
 KERNELS = tuple(f.name for f in fields(FlashConfig) if f.type in (KernelConfig, "KernelConfig"))
 _CPU = KernelConfig(16, 16, 1, 1)
-CPU_CONFIG = FlashConfig(_CPU, _CPU, _CPU, _CPU, single_max_n=64)  # the interpreter runs both backward forms
-SINGLE_MAX_N = 512  # the GPU tables' single-kernel limit (scripts/device/flash_host.py --single measures it)
+CPU_CONFIG = FlashConfig(_CPU, _CPU, _CPU, _CPU, single_max_programs=8)  # small calls take the single kernel
 
 
 def _table(d_pad: int, elem_bytes: int, tma: bool) -> FlashConfig:
     """Code defaults by padded head dim and element size (H100 sweeps; notes in docs)."""
-    K, single = KernelConfig, SINGLE_MAX_N
+    K = KernelConfig
     if elem_bytes == 4:  # fp32: twice the shared memory per element, so smaller tiles
         if d_pad <= 64:
-            return FlashConfig(K(64, 32, 4, 3), K(32, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2), single_max_n=single)
+            return FlashConfig(K(64, 32, 4, 3), K(32, 64, 4, 2), K(32, 64, 4, 2), K(64, 32, 4, 2),
+                               single_max_programs=128)
         if d_pad <= 128:
-            return FlashConfig(K(64, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2), single_max_n=single)
+            return FlashConfig(K(64, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2), K(32, 32, 4, 2),
+                               single_max_programs=128)
         return FlashConfig(K(32, 16, 4, 2), K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1),
-                           single_max_n=single)
+                           single_max_programs=128)
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
-                           single_max_n=single)
+                           single_max_programs=512)
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
-                           atomic_dq=False, single_max_n=single)
-    return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_n=single)
+                           atomic_dq=False, single_max_programs=128)
+    return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_programs=128)
 
 
 def seq_bucket(n: int) -> int:
@@ -126,7 +129,8 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     for kernel in KERNELS:
         picked[kernel] = (configs.get(pinned_key(kernel, d_pad, dtype, n_q))
                           or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel))
-    return FlashConfig(**picked, atomic_dq=table.atomic_dq, single_max_n=table.single_max_n)
+    return FlashConfig(**picked, atomic_dq=table.atomic_dq,
+                       single_max_programs=table.single_max_programs)
 
 
 @functools.cache

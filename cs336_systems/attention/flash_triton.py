@@ -62,6 +62,7 @@ from torch import Tensor
 from cs336_basics.attention import register_attention_backend
 from cs336_systems.attention import _tuning
 from cs336_systems.attention._common import (
+    check_attention_inputs,
     check_doc_ids,
     check_grad_output,
     check_inputs_cached,
@@ -838,7 +839,19 @@ class _Launch:
             self.run = _direct_launcher(compiled, tuple(self.constexprs[n] for n in names))
 
 
-_PLANS: dict[tuple, tuple] = {}  # a launcher's plan per call layout (see _forward); cleared when it grows past this
+class _Plan:
+    """What follows from one call layout (a key of ``_PLANS``: shapes, strides, dtypes, devices and alignment of
+    Q, K, V, the mask, the documents' layout, the config): the mask's window sides, the default scale, the
+    forward launch (``_plan_forward``), and the backward's plans by dO layout. Built once, after the inputs
+    passed their checks, so a call with a known layout skips them."""
+
+    __slots__ = ("backward", "config", "fwd", "left", "right", "scale")
+
+    def __init__(self, left, right, scale, config, fwd):
+        self.left, self.right, self.scale, self.config, self.fwd, self.backward = left, right, scale, config, fwd, {}
+
+
+_PLANS: dict[tuple, object] = {}  # plans by call layout; cleared when it grows past _MAX_PLANS
 _MAX_PLANS = 4096
 
 
@@ -852,12 +865,47 @@ def _plan(key: tuple, build):
 
 
 def _aligned(*tensors: Tensor) -> int:
-    """A bit per tensor: its data pointer is 16-byte aligned (Triton specialises pointers on it)."""
-    bits = 0
-    for i, t in enumerate(tensors):
-        if t.data_ptr() % 16 == 0:
-            bits |= 1 << i
-    return bits
+    """0 when every data pointer is 16-byte aligned (Triton specialises pointers on it), else a bit per tensor."""
+    ptrs = [t.data_ptr() for t in tensors]
+    if not any(p & 15 for p in ptrs):
+        return 0
+    return sum(1 << i for i, p in enumerate(ptrs) if not p & 15) | 1 << len(ptrs)
+
+
+def _doc_key(doc_ids: Tensor | None, doc_span: Tensor | None) -> tuple:
+    """The documents' part of a plan key: what their checks and the kernels' specialisation depend on."""
+    if doc_ids is None:
+        return ()
+    return (doc_ids.shape, doc_ids.dtype, doc_ids.device, doc_ids.is_contiguous(),
+            _aligned(doc_ids if doc_ids.is_contiguous() else doc_ids.contiguous(), doc_span))
+
+
+def _checked_mask(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None) -> tuple:
+    """The checks of a call that depend on its layout (``ValueError`` naming the problem), by entry point
+    (``mask[0]``), and its (left, right) window sides: "launch" (left, right) comes validated from
+    flash_forward/flash_backward; "apply" (is_causal,) is FlashAttention2Triton's; "attn" (is_causal, window)
+    is flash_attention's (grouped heads, windows and documents)."""
+    entry = mask[0]
+    if entry == "launch":
+        return mask[1], mask[2]
+    check_attention_inputs(Q, K, V, grouped=entry == "attn")
+    if entry == "attn":
+        check_doc_ids(doc_ids, Q, K)
+    _check_runnable(Q)
+    return normalize_window(mask[2] if entry == "attn" else None, mask[1], Q.shape[-2], K.shape[-2])
+
+
+def _plan_for(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None, doc_span: Tensor | None,
+              config: FlashConfig | None) -> _Plan:
+    key = (mask, Q.shape, Q.stride(), K.shape, K.stride(), V.shape, V.stride(), Q.dtype, K.dtype, V.dtype, Q.device,
+           K.device, V.device, _aligned(Q, K, V), _doc_key(doc_ids, doc_span), config,
+           Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
+    plan = _PLANS.get(key)
+    if plan is None:
+        left, right = _checked_mask(Q, K, V, mask, doc_ids)
+        plan = _plan(key, lambda: _Plan(left, right, 1.0 / math.sqrt(Q.shape[-1]), config,
+                                        _plan_forward(Q, K, V, config, left, right, doc_ids is not None)))
+    return plan
 
 
 def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, scale) -> tuple[int | None, int | None,
@@ -913,13 +961,6 @@ def _doc_args(doc_ids: Tensor | None, doc_span: Tensor | None, dummy: Tensor) ->
     return (doc_ids if doc_ids.is_contiguous() else doc_ids.contiguous()), doc_span
 
 
-def _doc_key(doc_ids: Tensor | None, doc_span: Tensor | None) -> tuple:
-    """The documents' part of a plan key: their dtype and the alignment of both pointers (the shapes follow Q's)."""
-    if doc_ids is None:
-        return ()
-    return (doc_ids.dtype, _aligned(doc_ids if doc_ids.is_contiguous() else doc_ids.contiguous(), doc_span))
-
-
 def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, config: FlashConfig | None = None, *,
                   window: tuple[int, int] | None = None, doc_ids: Tensor | None = None,
                   scale: float | None = None) -> tuple[Tensor, Tensor]:
@@ -932,19 +973,32 @@ def flash_forward(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, conf
 
 def _forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: int | None, right: int | None,
              doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
-    """flash_forward on validated inputs and a normalised mask (see normalize_window; doc_span from _doc_span).
-    Everything that follows from the inputs' layout (strides, grid, tiles, the compiled kernel) is planned once
-    per layout; a call allocates O and L and launches."""
+    """flash_forward on validated inputs and a normalised mask (see normalize_window; doc_span from _doc_span)."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
         o, lse = _forward(*_interpreter_upcast(Q, K, V), config, left, right, doc_ids, doc_span, scale)
         return o.to(Q.dtype), lse
-    key = ("fwd", Q.shape, Q.stride(), K.shape, K.stride(), V.shape, V.stride(), Q.dtype, Q.device,
-           _aligned(Q, K, V), left, right, _doc_key(doc_ids, doc_span), config,
-           Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
-    plan = _plan(key, lambda: _plan_forward(Q, K, V, config, left, right, doc_ids is not None))
+    plan = _plan_for(Q, K, V, ("launch", left, right), doc_ids, doc_span, config)
+    return _launch_forward(plan, Q, K, V, doc_ids, doc_span, scale)
+
+
+def _attention_forward(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None,
+                       doc_span: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor, _Plan]:
+    """The autograd.Functions' forward (eager): O, L and the call's plan, whose building ran the layout's checks
+    (``_checked_mask``); scale None is 1/sqrt(d)."""
+    plan = _plan_for(Q, K, V, mask, doc_ids, doc_span, None)
+    scale = plan.scale if scale is None else scale
+    if _INTERPRETED and Q.dtype == torch.bfloat16:
+        o, lse = _forward(Q, K, V, None, plan.left, plan.right, doc_ids, doc_span, scale)
+        return o, lse, plan
+    return (*_launch_forward(plan, Q, K, V, doc_ids, doc_span, scale), plan)
+
+
+def _launch_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, doc_span: Tensor | None,
+                    scale: float) -> tuple[Tensor, Tensor]:
+    """A call allocates O and L and launches (everything else is in the plan)."""
     o = torch.empty(Q.shape, device=Q.device, dtype=Q.dtype)
     lse = torch.empty(Q.shape[:-1], device=Q.device, dtype=torch.float32)
-    launch, grid, copy, scalars = plan
+    launch, grid, copy, scalars = plan.fwd
     if launch is None:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
         return o, lse
     if copy:
@@ -985,7 +1039,7 @@ def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                    window: tuple[int, int] | None = None, doc_ids: Tensor | None = None,
                    scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the backward; returns (dQ, dK, dV). Default: D preprocessing, the fused dK/dV/dQ-atomic kernel
-    and the dQ postprocessing (five matmuls per tile pair); sequences up to the config's ``single_max_n``:
+    and the dQ postprocessing (five matmuls per tile pair); small calls (the config's ``single_max_programs``):
     one kernel for the whole backward. ``deterministic=True``: the atomic-free dK/dV and dQ kernels (seven
     matmuls), bitwise reproducible (so is the single kernel)."""
     left, right, scale = _check_call(Q, K, V, is_causal, window, doc_ids, scale)
@@ -1010,6 +1064,30 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
            Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
     plan = _plan(key, lambda: _plan_backward(Q, K, V, O, L, dO, config, deterministic, left, right,
                                              doc_ids is not None))
+    return _launch_backward(plan, Q, K, V, O, L, dO, doc_ids, doc_span, scale)
+
+
+def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
+                        deterministic: bool, doc_ids: Tensor | None, doc_span: Tensor | None,
+                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The autograd.Functions' backward (eager) after ``_attention_forward``: O and L are that forward's (fresh,
+    contiguous), so only dO's layout is looked up."""
+    if _INTERPRETED and Q.dtype == torch.bfloat16:
+        return _backward(Q, K, V, O, L, dO, None, deterministic, plan.left, plan.right, doc_ids, doc_span, scale)
+    if dO.dtype != Q.dtype:
+        dO = dO.to(Q.dtype)
+    key = (dO.shape, dO.stride(), dO.device, _aligned(dO), deterministic)
+    bwd = plan.backward.get(key)
+    if bwd is None:
+        check_grad_output(dO, O)
+        bwd = plan.backward[key] = _plan_backward(Q, K, V, O, L, dO, plan.config, deterministic, plan.left,
+                                                  plan.right, doc_ids is not None)
+    return _launch_backward(bwd, Q, K, V, O, L, dO, doc_ids, doc_span, scale)
+
+
+def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
+                     doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches."""
     dev = Q.device
     dq = torch.empty(Q.shape, device=dev, dtype=Q.dtype)
     dk = torch.empty(K.shape, device=dev, dtype=K.dtype)
@@ -1023,7 +1101,7 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
         L = L.contiguous()
     sides = (scale, scale * LOG2E)
     if mode == "single":
-        (launch, grid, scalars), = launches
+        ((launch, grid, scalars),) = launches
         doc, span = _doc_args(doc_ids, doc_span, L)
         launch(grid, (Q, K, V, O, dO, L, dq, dk, dv, doc, span), (*scalars, *sides))
         return dq, dk, dv
@@ -1071,12 +1149,12 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         return cfg.tma and _tma_fits(Q.device, Q.element_size(), (*(ptr[c] for c in inputs), *(0,) * len(outputs)),
                                      (*(stride[c] for c in inputs), *outputs))
 
-    if max(n_q, n_k) <= cfgs.single_max_n:
-        cfg = cfgs.dkdv
+    cfg = cfgs.dkdv
+    grid = (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)), bh_kv, 1)
+    if grid[0] * grid[1] <= cfgs.single_max_programs:
         tma = tma_for(cfg, "QKVOd", (sg, skv))
         launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
                          cfg)
-        grid = (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)), bh_kv, 1)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
         return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad
     deterministic = deterministic or not cfgs.atomic_dq  # the atomic-free kernels where they are faster
@@ -1106,8 +1184,8 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
 
 # ------------------------------------------------------------- custom ops (opaque to torch.compile)
 # Only used while torch.compile traces (eager calls launch directly: a Python custom op costs tens of
-# microseconds per call, which is most of a small attention call). The autograd.Functions validate. A window
-# side of -1 is no limit.
+# microseconds per call, which is most of a small attention call). The autograd.Functions check the inputs
+# first. A window side of -1 is no limit.
 @torch.library.custom_op("cs336_systems::flash_fwd", mutates_args=())
 def _flash_fwd_op(Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, doc_span: Tensor | None, left: int,
                   right: int, scale: float) -> tuple[Tensor, Tensor]:
@@ -1140,22 +1218,28 @@ def _side(limit: int | None) -> int | None:
     return None if limit < 0 else limit
 
 
-def _run_forward(Q: Tensor, K: Tensor, V: Tensor, left: int | None, right: int | None, doc_ids: Tensor | None,
-                 doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+def _run_forward(ctx, Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None, doc_span: Tensor | None,
+                 scale: float | None) -> tuple[Tensor, Tensor]:
+    """The Functions' forward: eagerly through the call's plan (``_attention_forward``), under torch.compile the
+    full checks and the opaque custom op. Keeps in ctx what the backward needs besides the saved tensors."""
     if torch.compiler.is_compiling():
-        return _flash_fwd_op(Q, K, V, doc_ids, doc_span, _side(left), _side(right), scale)
-    _check_runnable(Q)
-    return _forward(Q, K, V, None, left, right, doc_ids, doc_span, scale)
+        left, right = _checked_mask(Q, K, V, mask, doc_ids)
+        scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else scale
+        O, L = _flash_fwd_op(Q, K, V, doc_ids, doc_span, _side(left), _side(right), scale)
+        ctx.plan, ctx.mask = None, (left, right, scale)
+        return O, L
+    O, L, plan = _attention_forward(Q, K, V, mask, doc_ids, doc_span, scale)
+    ctx.plan, ctx.mask = plan, (plan.left, plan.right, plan.scale if scale is None else scale)
+    return O, L
 
 
 def _run_backward(ctx, dO: Tensor, L: Tensor, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, doc_ids: Tensor | None,
                   doc_span: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
     left, right, scale = ctx.mask
-    if torch.compiler.is_compiling():
+    if ctx.plan is None or torch.compiler.is_compiling():
         return _flash_bwd_op(Q, K, V, O, L, dO, doc_ids, doc_span, _side(left), _side(right), scale, deterministic)
-    check_grad_output(dO, O)
-    return _backward(Q, K, V, O, L, dO, None, deterministic, left, right, doc_ids, doc_span, scale)
+    return _attention_backward(ctx.plan, Q, K, V, O, L, dO, deterministic, doc_ids, doc_span, scale)
 
 
 def _check_deterministic(deterministic) -> None:
@@ -1169,18 +1253,17 @@ class FlashAttention2Triton(torch.autograd.Function):
     causal masking is top-left aligned (query i sees keys 0..i). Saves L (``Q.shape[:-1]``, natural-log
     logsumexp), Q, K, V, O for the backward. ``deterministic`` (or
     ``torch.use_deterministic_algorithms(True)``) selects the atomic-free backward. The course's interface:
-    grouped heads, windows and documents go through :func:`flash_attention`."""
+    grouped heads, windows and documents go through :func:`flash_attention`. Inputs are checked once per layout
+    (``_plan_for``), before any kernel."""
 
     @staticmethod
     def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, deterministic: bool = False) -> Tensor:
-        check_is_causal(is_causal)
-        _check_deterministic(deterministic)
-        check_inputs_cached(Q, K, V)  # fail before any kernel, also under torch.compile
-        left, right = normalize_window(None, is_causal, Q.shape[-2], K.shape[-2])
-        scale = 1.0 / math.sqrt(Q.shape[-1])
-        O, L = _run_forward(Q, K, V, left, right, None, None, scale)
+        if type(is_causal) is not bool:
+            check_is_causal(is_causal)
+        if type(deterministic) is not bool:
+            _check_deterministic(deterministic)
+        O, L = _run_forward(ctx, Q, K, V, ("apply", is_causal), None, None, None)
         ctx.save_for_backward(L, Q, K, V, O)
-        ctx.mask = (left, right, scale)
         ctx.deterministic = deterministic
         return O
 
@@ -1191,17 +1274,16 @@ class FlashAttention2Triton(torch.autograd.Function):
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """:func:`flash_attention`'s autograd.Function: ``apply(Q, K, V, doc_ids, left, right, scale, deterministic)``
-    on validated inputs (left/right: window sides, None for no limit, causal is right = 0). Saves L, Q, K, V,
-    O, doc_ids and their spans."""
+    """:func:`flash_attention`'s autograd.Function: ``apply(Q, K, V, doc_ids, is_causal, window, scale,
+    deterministic)`` with the scalar arguments checked (the tensors are checked once per layout). Saves L, Q, K,
+    V, O, doc_ids and their spans."""
 
     @staticmethod
-    def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, left: int | None, right: int | None,
-                scale: float, deterministic: bool) -> Tensor:
+    def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, is_causal: bool,
+                window: tuple[int, int] | None, scale: float | None, deterministic: bool) -> Tensor:
         doc_span = _doc_span(doc_ids)
-        O, L = _run_forward(Q, K, V, left, right, doc_ids, doc_span, scale)
+        O, L = _run_forward(ctx, Q, K, V, ("attn", is_causal, window), doc_ids, doc_span, scale)
         ctx.save_for_backward(L, Q, K, V, O, doc_ids, doc_span)
-        ctx.mask = (left, right, scale)
         ctx.deterministic = deterministic
         return O
 
@@ -1228,9 +1310,16 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, *,
     Tiles with no visible pair are never loaded. A query row that sees no key (a window with Nq > Nk) gets
     output 0, L = -inf and zero gradients.
     """
-    left, right, scale = _check_call(q, k, v, is_causal, window, doc_ids, scale)
+    check_is_causal(is_causal)
+    check_window(window)
+    check_scale(scale)
     _check_deterministic(deterministic)
-    return FlashAttentionTriton.apply(q, k, v, doc_ids, left, right, scale, deterministic)
+    if doc_ids is not None:  # checked before their spans are computed
+        check_inputs_cached(q, k, v, grouped=True)
+        check_doc_ids(doc_ids, q, k)
+    window = None if window is None else (int(window[0]), int(window[1]))
+    return FlashAttentionTriton.apply(q, k, v, doc_ids, is_causal, window, None if scale is None else float(scale),
+                                      deterministic)
 
 
 def flash_attention_triton(Q: Tensor, K: Tensor, V: Tensor, is_causal: bool = False, *,

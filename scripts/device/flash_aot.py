@@ -62,7 +62,7 @@ def main() -> None:
     s = MODEL_SHAPES[args.shape]
     q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=torch.bfloat16) for _ in range(4))
     cfg = _tuning.resolve(ft._d_pad(s.head_dim), torch.bfloat16, s.seq_len, (9, 0), _tuning.load_pinned())
-    cfg = dataclasses.replace(cfg, single_max_n=1 << 30 if args.backward == "single" else 0)
+    cfg = dataclasses.replace(cfg, single_max_programs=1 << 30 if args.backward == "single" else 0)
 
     def compile_instead(self, grid, pointers, scalars):
         kernel = aot_compile(self.kernel, *pointers, *scalars, **self.constexprs, num_warps=self.cfg.num_warps,

@@ -72,14 +72,14 @@ def host_layers() -> None:
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
 
     base = _tuning.config_for(q.device, 128, 64, torch.bfloat16)
+    single, three = (dataclasses.replace(base, single_max_programs=s) for s in (1 << 20, 0))
     qd, kd, vd = (t.detach() for t in (q, k, v))
     rows = {
         "sdpa flash fwd+bwd": sdpa,
         "ours apply + backward": lambda: apply(q, k, v, True).backward(do),
         "python Function (clone) + backward": lambda: _Clone.apply(q, k, v).backward(do),
-        "ours launchers, single-kernel bwd": launchers(qd, kd, vd, do, True, dataclasses.replace(base,
-                                                                                                 single_max_n=1 << 20)),
-        "ours launchers, three-kernel bwd": launchers(qd, kd, vd, do, True, dataclasses.replace(base, single_max_n=0)),
+        "ours launchers, single-kernel bwd": launchers(qd, kd, vd, do, True, single),
+        "ours launchers, three-kernel bwd": launchers(qd, kd, vd, do, True, three),
         "torch.empty x5": lambda: [torch.empty(128, 64, device="cuda") for _ in range(5)],
     }
     for name, call in rows.items():
@@ -116,15 +116,21 @@ def host_layers() -> None:
 
 
 def single_sweep() -> None:
-    print(f"{'bh':>5s} {'N':>6s} {'d':>4s} {'single ms':>10s} {'three ms':>10s} {'ratio':>6s}")
+    """Single-kernel against three-kernel backward (with our forward) over small and mid-sized calls; programs is
+    the single kernel's grid, which ``FlashConfig.single_max_programs`` bounds."""
+    print(f"{'bh':>5s} {'N':>6s} {'d':>4s} {'programs':>8s} {'single ms':>10s} {'three ms':>10s} {'ratio':>6s} default")
     for d in (64, 128):
         for bh in (16, 100, 400):
             for n in (128, 256, 512, 1024, 2048):
                 q, k, v, do = (torch.randn(bh, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 base = _tuning.config_for(q.device, n, d, torch.bfloat16)
-                ms = [triton.testing.do_bench(launchers(q, k, v, do, True, dataclasses.replace(base, single_max_n=s)),
-                                              warmup=50, rep=200) for s in (1 << 20, 0)]
-                print(f"{bh:5d} {n:6d} {d:4d} {ms[0]:10.4f} {ms[1]:10.4f} {ms[0] / ms[1]:6.2f}", flush=True)
+                programs = bh * max(-(-n // base.dkdv.block_n), -(-n // base.dkdv.block_m))
+                ms = [triton.testing.do_bench(launchers(q, k, v, do, True,
+                                                        dataclasses.replace(base, single_max_programs=s)),
+                                              warmup=50, rep=200) for s in (1 << 30, 0)]
+                default = "single" if programs <= base.single_max_programs else "three"
+                print(f"{bh:5d} {n:6d} {d:4d} {programs:8d} {ms[0]:10.4f} {ms[1]:10.4f} {ms[0] / ms[1]:6.2f} {default}",
+                      flush=True)
 
 
 def main() -> None:
