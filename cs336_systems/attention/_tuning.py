@@ -3,14 +3,15 @@
 ``config_for(device, n_q, d_pad, dtype)`` is the only lookup; it is cached per (device, query-length
 bucket, padded head dim, dtype), so a call costs a dict lookup and nothing is tuned at run time. Its
 answer, per kernel (``FlashConfig``: ``fwd``; ``bwd``, the fused dK/dV/dQ-atomic kernel; ``dkdv`` and
-``dq``, the deterministic backward):
+``dq``, the deterministic backward; ``atomic_dq``, which backward is the default; ``single_max_programs``, up to
+which grid size the whole backward is one kernel with ``dkdv``'s tiles):
 1. on a GPU of the compute capability recorded in ``flash_tune_h100.json`` (next to this module, written
    by ``scripts/device/flash_tune.py`` on an H100): its entry for the query-length bucket, else for the
    head dim and dtype;
 2. otherwise the code table ``_table`` below (H100 sweeps, docs/flash_tuning_notes.md);
 3. on the CPU (the Triton interpreter) 16 x 16 tiles so the interpreter stays quick.
 ``KernelConfig.tma`` selects tensor-descriptor (TMA) loads and stores; the launcher still falls back to
-block pointers where descriptors cannot describe the tensors (``flash_triton._tma_ready``).
+block pointers where descriptors cannot describe the tensors (``flash_triton._tma_fits``).
 """
 
 from __future__ import annotations

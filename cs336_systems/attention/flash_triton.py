@@ -18,7 +18,13 @@ with atomics (a TMA reduce-add on Hopper, as FlashAttention-3 does); a postproce
 casts dQ. ``deterministic=True`` (or ``torch.use_deterministic_algorithms(True)``) instead runs a
 separate dQ kernel that owns a query tile and recomputes P (seven matmuls, no atomics, bitwise
 reproducible); the config table makes that pair the default where it measured faster (``atomic_dq=False``:
-head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two extra matmuls).
+head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two extra matmuls). Small calls
+(``single_max_programs``) run the whole backward as one kernel: program i computes dK, dV of key tile i and dQ
+of query tile i, with D from the O and dO tiles (one launch instead of three, where launches are the cost).
+
+Host path: everything that follows from a call's layout (checks, strides, grid, compiled kernel) is planned
+once per layout (``_plan_for``); after its first launch a kernel is called through the compiled module's C
+launcher (``_Launch``), so a small forward+backward costs two launches and little Python.
 
 Causal (top-left aligned: query i sees keys 0..i, also when Nq != Nk): tiles entirely above the diagonal
 are never visited; tiles entirely below it run a loop with no index comparisons; only tiles crossing the
