@@ -807,12 +807,16 @@ def _direct_launcher(compiled, tail: tuple):
     scratch = run.global_scratch_size * run.num_ctas
     current_device, current_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
 
+    def hooked() -> bool:  # Triton 3.6's hooks are HookChains (empty: no hook); older ones a callable or None
+        enter, exit_ = hooks.launch_enter_hook, hooks.launch_exit_hook
+        return bool(getattr(enter, "calls", enter)) or bool(getattr(exit_, "calls", exit_))
+
     def fast(grid, pointers, scalars):
-        if hooks.launch_enter_hook.calls or hooks.launch_exit_hook.calls:
+        if hooked():
             return slow(grid, pointers, scalars)
         device = current_device()
         stream = current_stream(device)
-        ws = _workspace(device, stream, grid[0] * grid[1] * grid[2] * scratch) if scratch else None
+        ws = _workspace(device, stream, grid[0] * grid[1] * grid[2] * scratch).data_ptr() if scratch else None
         launch(grid[0], grid[1], grid[2], stream, function, coop, pdl, ws, None, packed, None, None, None,
                *[p.data_ptr() for p in pointers], *scalars, *tail)
 
