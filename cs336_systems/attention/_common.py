@@ -50,26 +50,6 @@ def check_attention_inputs(Q: Tensor, K: Tensor, V: Tensor, *, extra_dtypes: tup
         raise ValueError(f"head dim {d} unsupported: must be between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}")
 
 
-_CHECKED: set[tuple] = set()  # layouts check_inputs_cached has accepted
-
-
-def check_inputs_cached(Q: Tensor, K: Tensor, V: Tensor, *, grouped: bool = False) -> None:
-    """``check_attention_inputs`` once per combination of shapes, dtypes and devices (all it depends on): a
-    model calls attention with the same few layouts millions of times, and the checks' dozens of attribute
-    reads are a visible part of a small call's host time."""
-    try:
-        key = (Q.shape, K.shape, V.shape, Q.dtype, K.dtype, V.dtype, Q.device, K.device, V.device, grouped)
-    except AttributeError:  # not tensors: the full check names the problem
-        key = None
-    if key is not None and key in _CHECKED and type(Q) is type(K) is type(V):
-        return
-    check_attention_inputs(Q, K, V, grouped=grouped)
-    if key is not None:
-        if len(_CHECKED) > 4096:
-            _CHECKED.clear()
-        _CHECKED.add(key)
-
-
 def check_is_causal(is_causal) -> None:
     """``is_causal`` must be a bool: a string such as ``"no"`` would otherwise be truthy and run causal."""
     if not isinstance(is_causal, bool):

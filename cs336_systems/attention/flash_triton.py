@@ -71,7 +71,6 @@ from cs336_systems.attention._common import (
     check_attention_inputs,
     check_doc_ids,
     check_grad_output,
-    check_inputs_cached,
     check_is_causal,
     check_scale,
     check_window,
@@ -218,6 +217,19 @@ def _visible(offs_q, offs_k, q_doc, k_doc, n_valid, LEFT, RIGHT, LIMIT_LEFT: tl.
     return visible
 
 
+@triton.jit
+def _key_tile_visible(offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr,
+                      LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr):
+    """``_visible`` for a program that owns a query tile (rows offs_m, document ids q_doc) at the masked key tile
+    [start_n, start_n + BLOCK_N): the forward's and the dQ kernel's masks."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k_doc = 0
+    if HAS_DOCS:
+        k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
+    return _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT, LIMIT_RIGHT,
+                    HAS_DOCS, False)
+
+
 # Forward ------------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT, qk_scale,
@@ -227,12 +239,8 @@ def _fwd_step(acc, l_i, m_i, q, k_src, v_src, offs_m, q_doc, doc, start_n, N_K, 
     k = _load_rows(k_src, start_n, MASKED, not EVEN_D, TMA)
     qk = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N), fp32
     if MASKED:
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_doc = 0
-        if HAS_DOCS:
-            k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
-        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT,
-                           LIMIT_RIGHT, HAS_DOCS, False)
+        visible = _key_tile_visible(offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT,
+                                    HAS_DOCS)
         qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet: no NaN
@@ -548,12 +556,8 @@ def _dq_step(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, start_n, 
     s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)  # eq. 13
     p = tl.math.exp2(s * qk_scale - lse2[:, None])  # eq. 14
     if MASKED:
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_doc = 0
-        if HAS_DOCS:
-            k_doc = tl.load(doc + offs_n, mask=offs_n < N_K, other=0)[None, :]
-        visible = _visible(offs_m[:, None], offs_n[None, :], q_doc, k_doc, N_K, LEFT, RIGHT, LIMIT_LEFT,
-                           LIMIT_RIGHT, HAS_DOCS, False)
+        visible = _key_tile_visible(offs_m, q_doc, doc, start_n, N_K, LEFT, RIGHT, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT,
+                                    HAS_DOCS)
         p = tl.where(visible, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)  # eq. 16
     ds = p * (dp - delta[:, None])  # eq. 17
@@ -882,12 +886,16 @@ def _aligned(*tensors: Tensor) -> int:
     return sum(1 << i for i, p in enumerate(ptrs) if not p & 15) | 1 << len(ptrs)
 
 
-def _doc_key(doc_ids: Tensor | None, doc_span: Tensor | None) -> tuple:
-    """The documents' part of a plan key: what their checks and the kernels' specialisation depend on."""
+def _doc_key(doc_ids: Tensor | None) -> tuple:
+    """The documents' part of a plan key: what their checks and the kernels' specialisation depend on (a
+    non-contiguous ``doc_ids`` is copied, and copies, like the spans ``_doc_span`` computes, are fresh aligned
+    allocations)."""
     if doc_ids is None:
         return ()
-    return (doc_ids.shape, doc_ids.dtype, doc_ids.device, doc_ids.is_contiguous(),
-            _aligned(doc_ids if doc_ids.is_contiguous() else doc_ids.contiguous(), doc_span))
+    if not isinstance(doc_ids, Tensor):
+        return (type(doc_ids),)  # never planned: the checks reject it
+    contiguous = doc_ids.is_contiguous()
+    return doc_ids.shape, doc_ids.dtype, doc_ids.device, contiguous, contiguous and _aligned(doc_ids)
 
 
 def _checked_mask(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None) -> tuple:
@@ -905,10 +913,10 @@ def _checked_mask(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor 
     return normalize_window(mask[2] if entry == "attn" else None, mask[1], Q.shape[-2], K.shape[-2])
 
 
-def _plan_for(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None, doc_span: Tensor | None,
+def _plan_for(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None,
               config: FlashConfig | None) -> _Plan:
     key = (mask, Q.shape, Q.stride(), K.shape, K.stride(), V.shape, V.stride(), Q.dtype, K.dtype, V.dtype, Q.device,
-           K.device, V.device, _aligned(Q, K, V), _doc_key(doc_ids, doc_span), config,
+           K.device, V.device, _aligned(Q, K, V), _doc_key(doc_ids), config,
            Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
     plan = _PLANS.get(key)
     if plan is None:
@@ -922,7 +930,7 @@ def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, sca
                                                                                               float]:
     """Validate a call's inputs (``ValueError`` naming the problem) and normalise its mask: (left, right, scale)."""
     check_is_causal(is_causal)
-    check_inputs_cached(Q, K, V, grouped=True)
+    check_attention_inputs(Q, K, V, grouped=True)
     check_window(window)
     check_doc_ids(doc_ids, Q, K)
     check_scale(scale)
@@ -987,20 +995,17 @@ def _forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: 
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
         o, lse = _forward(*_interpreter_upcast(Q, K, V), config, left, right, doc_ids, doc_span, scale)
         return o.to(Q.dtype), lse
-    plan = _plan_for(Q, K, V, ("launch", left, right), doc_ids, doc_span, config)
+    plan = _plan_for(Q, K, V, ("launch", left, right), doc_ids, config)
     return _launch_forward(plan, Q, K, V, doc_ids, doc_span, scale)
 
 
-def _attention_forward(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None,
-                       doc_span: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor, _Plan]:
-    """The autograd.Functions' forward (eager): O, L and the call's plan, whose building ran the layout's checks
-    (``_checked_mask``); scale None is 1/sqrt(d)."""
-    plan = _plan_for(Q, K, V, mask, doc_ids, doc_span, None)
-    scale = plan.scale if scale is None else scale
+def _attention_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None,
+                       doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    """The autograd.Functions' forward (eager) through the call's plan (``_plan_for``, which ran the layout's
+    checks)."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:
-        o, lse = _forward(Q, K, V, None, plan.left, plan.right, doc_ids, doc_span, scale)
-        return o, lse, plan
-    return (*_launch_forward(plan, Q, K, V, doc_ids, doc_span, scale), plan)
+        return _forward(Q, K, V, None, plan.left, plan.right, doc_ids, doc_span, scale)
+    return _launch_forward(plan, Q, K, V, doc_ids, doc_span, scale)
 
 
 def _launch_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, doc_span: Tensor | None,
@@ -1070,7 +1075,7 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
         dO = dO.to(Q.dtype)
     key = ("bwd", Q.shape, Q.stride(), K.shape, K.stride(), V.shape, V.stride(), O.shape, O.stride(), dO.shape,
            dO.stride(), L.shape, L.stride(), Q.dtype, Q.device, dO.device, _aligned(Q, K, V, O, dO, L), left, right,
-           _doc_key(doc_ids, doc_span), config, deterministic,
+           _doc_key(doc_ids), config, deterministic,
            Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
     plan = _plan(key, lambda: _plan_backward(Q, K, V, O, L, dO, config, deterministic, left, right,
                                              doc_ids is not None))
@@ -1228,19 +1233,24 @@ def _side(limit: int | None) -> int | None:
     return None if limit < 0 else limit
 
 
-def _run_forward(ctx, Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None, doc_span: Tensor | None,
-                 scale: float | None) -> tuple[Tensor, Tensor]:
-    """The Functions' forward: eagerly through the call's plan (``_attention_forward``), under torch.compile the
-    full checks and the opaque custom op. Keeps in ctx what the backward needs besides the saved tensors."""
+def _run_forward(ctx, Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | None,
+                 scale: float | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The Functions' forward: O, L and the documents' spans. Eagerly through the call's plan, under torch.compile
+    the full checks and the opaque custom op; the inputs are checked before anything runs on them. Keeps in ctx
+    what the backward needs besides the saved tensors."""
     if torch.compiler.is_compiling():
         left, right = _checked_mask(Q, K, V, mask, doc_ids)
         scale = 1.0 / math.sqrt(Q.shape[-1]) if scale is None else scale
+        doc_span = _doc_span(doc_ids)
         O, L = _flash_fwd_op(Q, K, V, doc_ids, doc_span, _side(left), _side(right), scale)
         ctx.plan, ctx.mask = None, (left, right, scale)
-        return O, L
-    O, L, plan = _attention_forward(Q, K, V, mask, doc_ids, doc_span, scale)
-    ctx.plan, ctx.mask = plan, (plan.left, plan.right, plan.scale if scale is None else scale)
-    return O, L
+        return O, L, doc_span
+    plan = _plan_for(Q, K, V, mask, doc_ids, None)
+    scale = plan.scale if scale is None else scale
+    doc_span = _doc_span(doc_ids)
+    O, L = _attention_forward(plan, Q, K, V, doc_ids, doc_span, scale)
+    ctx.plan, ctx.mask = plan, (plan.left, plan.right, scale)
+    return O, L, doc_span
 
 
 def _run_backward(ctx, dO: Tensor, L: Tensor, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, doc_ids: Tensor | None,
@@ -1272,7 +1282,7 @@ class FlashAttention2Triton(torch.autograd.Function):
             check_is_causal(is_causal)
         if type(deterministic) is not bool:
             _check_deterministic(deterministic)
-        O, L = _run_forward(ctx, Q, K, V, ("apply", is_causal), None, None, None)
+        O, L, _ = _run_forward(ctx, Q, K, V, ("apply", is_causal), None, None)
         ctx.save_for_backward(L, Q, K, V, O)
         ctx.deterministic = deterministic
         return O
@@ -1291,8 +1301,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, is_causal: bool,
                 window: tuple[int, int] | None, scale: float | None, deterministic: bool) -> Tensor:
-        doc_span = _doc_span(doc_ids)
-        O, L = _run_forward(ctx, Q, K, V, ("attn", is_causal, window), doc_ids, doc_span, scale)
+        O, L, doc_span = _run_forward(ctx, Q, K, V, ("attn", is_causal, window), doc_ids, scale)
         ctx.save_for_backward(L, Q, K, V, O, doc_ids, doc_span)
         ctx.deterministic = deterministic
         return O
@@ -1324,9 +1333,6 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, *,
     check_window(window)
     check_scale(scale)
     _check_deterministic(deterministic)
-    if doc_ids is not None:  # checked before their spans are computed
-        check_inputs_cached(q, k, v, grouped=True)
-        check_doc_ids(doc_ids, q, k)
     window = None if window is None else (int(window[0]), int(window[1]))
     return FlashAttentionTriton.apply(q, k, v, doc_ids, is_causal, window, None if scale is None else float(scale),
                                       deterministic)
