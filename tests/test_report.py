@@ -184,3 +184,36 @@ def test_flash_features_section_compares_ours_with_the_fastest_peer_of_its_run(t
     assert "| 6.000 ms | sdpa_cudnn 7.500 ms | 0.80x |" in versus and "| 4.000 ms | flex 5.000 ms | 0.80x |" in versus
     assert "| error: ImportError: no flash_attention | flex 3.000 ms | – |" in versus
     assert "- `flash_features`" not in text.split("## Not yet measured")[1]
+
+
+def _step_row(impl, context_length, step_ms, attention="sdpa"):
+    """A synthetic training_step record of ``bench --impl ours peer`` (xl, batch 4, bf16, train-step)."""
+    return {"preset": "xl", "context_length": context_length, "batch_size": 4, "mode": "train-step",
+            "precision": "bf16", "compile": True, "compile_scope": "blocks" if impl == "ours" else "model",
+            "attention": attention, "checkpoint": "none", "optimizer": "fused" if impl == "ours" else "torch-fused",
+            "loss": "fused" if impl == "ours" else "unfused", "impl": impl, "warmup": 3, "steps": 10,
+            "device": "cuda", "study": "sweep", "status": "ok", "step_mean_ms": step_ms, "step_std_ms": 1.0,
+            "tokens_per_s": 4 * context_length / step_ms * 1e3, "mfu": 0.3, "peak_memory_gib": 30.0}
+
+
+def test_training_step_rows_are_compared_with_the_peer_of_their_own_context(tmp_path):
+    res = tmp_path / "results"
+    write_records("training_step", [
+        _step_row("peer", 512, 100.0), _step_row("ours", 512, 90.0, "flash_triton"), _step_row("ours", 512, 120.0),
+        _step_row("peer", 2048, 400.0), _step_row("ours", 2048, 300.0, "flash_triton"), _step_row("ours", 2048, 500.0),
+        _step_row("ours", 256, 50.0),  # no peer of this context in the run: no ratio, not the headline
+    ], res, device="cpu")
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    section = text.split("## training_step\n")[1].split("\n## ")[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 10 and cells[0] == "xl":
+            rows[(int(cells[1]), cells[5], cells[9].split(" ")[0])] = (cells[13], cells[14])
+    assert rows == {(512, "flash_triton", "90.00"): ("100", "0.9"), (512, "sdpa", "120.00"): ("100", "1.2"),
+                    (2048, "flash_triton", "300.00"): ("400", "0.75"), (2048, "sdpa", "500.00"): ("400", "1.25"),
+                    (256, "sdpa", "50.00"): ("", "")}
+    # the fastest of ours with a peer (context 512) is set against the 512 peer, in the section and the summary
+    assert "the peer 100.00 ms: 0.90x its time" in section
+    versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
+    assert "| 90.00 ms | compiled PyTorch step 100.00 ms | 0.90x |" in versus

@@ -12,6 +12,9 @@ from cs336_systems.report.sections._common import load, ok, provenance, table
 PROBLEM_IDS = ("training_step",)
 SETTINGS = ("preset", "context_length", "batch_size", "precision", "compile_scope", "attention", "optimizer", "loss",
             "checkpoint")
+# What a peer must share with a row of ours to be its peer (besides the run): the peer has none of our other
+# settings, and bench times one peer per (preset, context, precision, mode) of a run.
+PEER_KEY = ("preset", "context_length", "batch_size", "precision", "mode")
 
 
 def _run(r: dict) -> str:
@@ -27,10 +30,11 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
         runs.setdefault(_run(r), []).append(r)
     table_rows, best_pair = [], None
     for run in runs.values():
-        peer = next((r for r in run if r["impl"] == "peer"), None)
+        peers = {tuple(p.get(k) for k in PEER_KEY): p for p in run if p["impl"] == "peer"}
         for r in run:
             if r["impl"] == "peer":
                 continue
+            peer = peers.get(tuple(r.get(k) for k in PEER_KEY))
             row = {k: r.get(k) for k in SETTINGS}
             row.update({"step ms (mean ± std)": f"{r['step_mean_ms']:.2f} ± {r['step_std_ms']:.2f}",
                         "tokens/s": r["tokens_per_s"], "MFU": r["mfu"], "peak GiB": r["peak_memory_gib"],
@@ -41,8 +45,9 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
             if peer and (best_pair is None or r["step_mean_ms"] < best_pair[0]["step_mean_ms"]):
                 best_pair = (r, peer)
     parts = ["Each row is one setting of ours (`cs336-systems bench --problem training_step`); *vs peer* is its "
-             "step time over that of the compiled PyTorch peer (`--impl peer`) timed in the same run, empty where "
-             "the run timed no peer.\n", provenance(bench) + "\n",
+             "step time over that of the compiled PyTorch peer (`--impl peer`) timed in the same run at the same "
+             "preset, context length, batch size and precision, empty where the run timed no such peer.\n",
+             provenance(bench) + "\n",
              table(pd.DataFrame(table_rows).astype(object).fillna(""), ".4g") + "\n"]
     if best_pair:
         r, peer = best_pair
