@@ -306,16 +306,21 @@ def test_pinned_json_is_used_on_its_capability_only(tmp_path):
 
     fwd = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "tma": True}
     long_fwd = dict(fwd, block_m=128)
+    hopper = dict(fwd, block_n=128, num_stages=3)
     path = tmp_path / "pins.json"
     path.write_text(json.dumps({"capability": [9, 0], "configs": {"fwd|d64|bfloat16": fwd,
-                                                                    "fwd|d64|bfloat16|q65536": long_fwd}}))
+                                                                    "fwd|d64|bfloat16|q65536": long_fwd,
+                                                                    "hopper_fwd|d64|bfloat16": hopper}}))
     pins = _tuning.load_pinned(path)
     table = _tuning._table(64, 2, tma=True)
     got = _tuning.resolve(64, torch.bfloat16, 16384, (9, 0), pins)
     assert got.fwd == _tuning.KernelConfig(**fwd) and got.bwd == table.bwd and got.dq == table.dq
+    assert got.hopper_fwd == _tuning.KernelConfig(**hopper)
     assert _tuning.resolve(64, torch.bfloat16, 40000, (9, 0), pins).fwd == _tuning.KernelConfig(**long_fwd)
-    assert _tuning.resolve(128, torch.bfloat16, 4096, (9, 0), pins) == _tuning._table(128, 2, tma=True)
+    assert _tuning.resolve(128, torch.bfloat16, 4096, (9, 0), pins) == _tuning._table(128, 2, tma=True, hopper=True)
     assert _tuning.resolve(64, torch.bfloat16, 16384, (8, 0), pins) == _tuning._table(64, 2, tma=False)
+    # the Gluon forward only on sm_90 (warpgroup MMAs), never from a pin elsewhere
+    assert _tuning.resolve(64, torch.bfloat16, 16384, (10, 0), pins).hopper_fwd is None
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not a valid tuning file"):
         _tuning.load_pinned(path)
@@ -553,6 +558,35 @@ def test_gpu_kernel_forms_within_twice_naive_error(lead, n_q, n_k, d, causal, se
         for deterministic in (False, True):
             ours = (o, lse, *flash_backward(q, k, v, o, lse, do, causal, config=cfg, deterministic=deterministic))
             _assert_within_twice_naive(ours, ref, naive, dtype, what=f"{cfg} det={deterministic}: ")
+
+
+HOPPER_GPU_GRID = [  # (lead dims, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, a single row
+    ((1, 2), 1000, 1000, 64, True), ((2, 3), 257, 513, 128, False), ((1, 2), 300, 200, 64, True),
+    ((1, 2), 200, 300, 128, True), ((1, 1), 1, 1, 64, True), ((2,), 4099, 4099, 64, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("lead", "n_q", "n_k", "d", "causal"), HOPPER_GPU_GRID)
+def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, causal, seed):
+    """The Gluon forward (sm_90 only) is what a 16-bit call at head dim 64/128 runs, and every tile shape it
+    may be given (one and two warpgroups, 64- and 128-key tiles, 2-3 ring stages) meets the 2x-naive rule."""
+    from cs336_systems.attention._tuning import KernelConfig, config_for
+    from cs336_systems.attention.flash_triton import _plan_forward, flash_backward, flash_forward, normalize_window
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon forward needs sm_90 (warpgroup MMAs)")
+    dtype = torch.bfloat16
+    q, k, v, do, ref, naive = _gpu_case(lead, n_q, n_k, d, causal, dtype)
+    base = config_for(q.device, n_q, d, dtype)
+    left, right = normalize_window(None, causal, n_q, n_k)
+    assert _plan_forward(q, k, v, None, left, right, False)[0].kernel.__name__ == "_hopper_fwd_kernel"
+    for tile in (KernelConfig(64, 64, 4, 3, True), KernelConfig(64, 128, 4, 3, True),
+                 KernelConfig(128, 128, 8, 2, True), KernelConfig(128, 64, 8, 2, True)):
+        cfg = dataclasses.replace(base, hopper_fwd=tile)
+        o, lse = flash_forward(q, k, v, causal, config=cfg)
+        ours = (o, lse, *flash_backward(q, k, v, o, lse, do, causal, config=base))
+        _assert_within_twice_naive(ours, ref, naive, dtype, what=f"{tile.short()}: ")
 
 
 @pytest.mark.gpu

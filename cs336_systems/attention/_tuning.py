@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -58,6 +59,9 @@ class FlashConfig:
     # is small enough for launches to be its cost (scripts/device/flash_host.py --single, H100: 0.48-0.95x of the
     # three-kernel time up to 512 programs at head dim 64 and 128 at 128; 1.02-1.36x beyond)
     single_max_programs: int = 0
+    # Tiles of the Gluon forward for sm_90 (``flash_hopper``: TMA ring, asynchronous warpgroup MMAs), taken
+    # where its scope allows (16-bit, head dim 64 or 128, full or causal attention); None: the Triton forward
+    hopper_fwd: KernelConfig | None = None
 
 
 KERNELS = tuple(f.name for f in fields(FlashConfig) if f.type in (KernelConfig, "KernelConfig"))
@@ -65,8 +69,9 @@ _CPU = KernelConfig(16, 16, 1, 1)
 CPU_CONFIG = FlashConfig(_CPU, _CPU, _CPU, _CPU, single_max_programs=8)  # small calls take the single kernel
 
 
-def _table(d_pad: int, elem_bytes: int, tma: bool) -> FlashConfig:
-    """Code defaults by padded head dim and element size (H100 sweeps; notes in docs)."""
+def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> FlashConfig:
+    """Code defaults by padded head dim and element size (H100 sweeps; notes in docs); ``hopper``: an sm_90
+    GPU (warpgroup MMAs), where the Gluon forward runs."""
     K = KernelConfig
     if elem_bytes == 4:  # fp32: twice the shared memory per element, so smaller tiles
         if d_pad <= 64:
@@ -79,10 +84,11 @@ def _table(d_pad: int, elem_bytes: int, tma: bool) -> FlashConfig:
                            single_max_programs=128)
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
-                           single_max_programs=512)
+                           single_max_programs=512, hopper_fwd=K(64, 64, 4, 3, True) if hopper else None)
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
-                           atomic_dq=False, single_max_programs=128)
+                           atomic_dq=False, single_max_programs=128,
+                           hopper_fwd=K(64, 64, 4, 3, True) if hopper else None)
     return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_programs=128)
 
 
@@ -122,7 +128,12 @@ def _pinned_data() -> dict:
 def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int] | None, pinned: dict) -> FlashConfig:
     """The table lookup without caching (``capability`` None: no GPU-specific entries)."""
     elem_bytes = torch.finfo(dtype).bits // 8
-    table = _table(d_pad, elem_bytes, tma=capability is not None and capability[0] >= 9)
+    table = _table(d_pad, elem_bytes, tma=capability is not None and capability[0] >= 9,
+                   hopper=capability is not None and tuple(capability) == (9, 0))
+    if table.hopper_fwd is not None and d_pad == 64 and n_q >= 8192:
+        # long causal sequences at head dim 64: wider key tiles with a deeper ring (H100, session 10:
+        # 1.28 vs 1.36 ms at 1 x 16 x 16,384; 64-key tiles stay ahead up to 2,048)
+        table = dataclasses.replace(table, hopper_fwd=KernelConfig(64, 128, 4, 3, True))
     configs = pinned.get("configs")
     if not configs or capability is None or tuple(pinned.get("capability", ())) != tuple(capability):
         return table
@@ -130,8 +141,10 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     for kernel in KERNELS:
         picked[kernel] = (configs.get(pinned_key(kernel, d_pad, dtype, n_q))
                           or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel))
+    hopper = table.hopper_fwd and (configs.get(pinned_key("hopper_fwd", d_pad, dtype, n_q))
+                                   or configs.get(pinned_key("hopper_fwd", d_pad, dtype)) or table.hopper_fwd)
     return FlashConfig(**picked, atomic_dq=table.atomic_dq,
-                       single_max_programs=table.single_max_programs)
+                       single_max_programs=table.single_max_programs, hopper_fwd=hopper)
 
 
 @functools.cache

@@ -66,7 +66,7 @@ import triton.language as tl
 from torch import Tensor
 
 from cs336_basics.attention import register_attention_backend
-from cs336_systems.attention import _tuning
+from cs336_systems.attention import _tuning, flash_hopper
 from cs336_systems.attention._common import (
     check_attention_inputs,
     check_doc_ids,
@@ -1035,18 +1035,23 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     if bh == 0:
         return None, None, copy, ()
     d_pad = _d_pad(d)
-    cfg = (config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)).fwd
+    cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     so = (n_q * d, d, 1)
-    tma = cfg.tma and _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0),
-                                (sq, sk, sv, so))
+    fits = _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0), (sq, sk, sv, so))
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
-    prec = _input_precision(Q.dtype)
+    scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
+    cfg = cfgs.hopper_fwd
+    if (cfg is not None and fits and d in flash_hopper.HEAD_DIMS and Q.dtype in (torch.bfloat16, torch.float16)
+            and left is None and right in (None, 0) and not has_docs):
+        launch = _Launch(flash_hopper._hopper_fwd_kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                                                CAUSAL=right == 0, STAGES=cfg.num_stages), cfg)
+        return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars
+    cfg = cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                              LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
-                                             EVEN_D=d == d_pad, TMA=tma, INPUT_PRECISION=prec,
-                                             INTERPRET=_INTERPRETED), cfg)
-    return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0,
-                                                            right or 0)
+                                             EVEN_D=d == d_pad, TMA=cfg.tma and fits,
+                                             INPUT_PRECISION=_input_precision(Q.dtype), INTERPRET=_INTERPRETED), cfg)
+    return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars
 
 
 def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool = False,

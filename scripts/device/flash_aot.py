@@ -25,6 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.compiler import compile as triton_compile
+from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 
 import cs336_systems.attention.flash_triton as ft
@@ -39,7 +40,8 @@ def aot_compile(kernel, *args, num_warps=4, num_stages=3, **constexprs):
     kw = dict(constexprs, num_warps=num_warps, num_stages=num_stages, debug=False)
     bound, spec, opts = binder(*args, **kw)
     options, signature, consts, attrs = kernel._pack_args(backend, kw, bound, spec, opts)
-    return triton_compile(ASTSource(kernel, signature, consts, attrs), target=backend.target, options=options.__dict__)
+    source = GluonASTSource if kernel.is_gluon() else ASTSource  # the Gluon forward (flash_hopper) on sm_90
+    return triton_compile(source(kernel, signature, consts, attrs), target=backend.target, options=options.__dict__)
 
 
 def ptxas_usage(ptx: str) -> str:

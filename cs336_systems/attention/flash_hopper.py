@@ -1,0 +1,182 @@
+# ruff: noqa: E741  (O, the attention output, is the handout's name)
+"""FlashAttention forward for Hopper (sm_90a) in Gluon: what the portable Triton kernel cannot say.
+
+One program per (query tile, batch x head), as ``_flash_fwd_kernel`` in ``flash_triton``, with the same arguments,
+outputs (O, and L in natural log) and causal convention (top-left aligned), so that its backward is unchanged.
+What differs is how a key tile is processed, following FlashAttention-3 (Shah et al., 2024, section 3):
+
+- K and V tiles arrive by TMA into a ring of ``STAGES`` shared-memory buffers, each with its own mbarrier; a
+  buffer is refilled as soon as the MMAs that read it have completed, ``STAGES - 1`` tiles ahead.
+- S = Q K^T and O += P V are warpgroup MMAs issued asynchronously: in iteration j the program issues S_j and
+  P_{j-1} V_{j-1}, waits for S_j only, computes the softmax of tile j while the tensor cores run P V, then
+  waits for P V (FA3's intra-warpgroup overlap of softmax and matmuls).
+- P stays in registers as the A operand of the P V MMA (no shared-memory round trip); O leaves through shared
+  memory and a TMA store (out-of-range rows clipped by the unit, as out-of-range rows are zero-filled on load).
+- Causal: the tiles right of the diagonal are never loaded; only the tiles that cross it (or the end of the
+  keys) are masked.
+
+Scope: 16-bit inputs, head dims 64 and 128, unit stride along d with 16-byte aligned strides, full attention or
+causal, grouped-query heads; windows and packed documents stay on the Triton kernel. ``flash_triton`` chooses it
+per call (``hopper_forward``) and falls back to Triton elsewhere.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LN2 = gl.constexpr(0.6931471805599453)
+
+HEAD_DIMS = (64, 128)
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l and m.
+    Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards."""
+    if MASKED:
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        visible = gl.expand_dims(offs_n < N_K, 0)
+        if CAUSAL:
+            visible = visible & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr):
+    """Start the TMA loads of key/value tile ``tile`` into its ring stage (nothing past the last tile)."""
+    stage = tile % STAGES
+    pred = tile < n_tiles
+    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [tile * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage), pred=pred)
+    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [tile * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage), pred=pred)
+
+
+@gluon.jit
+def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                       stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
+                       LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP. DOC, SPAN,
+    HEADS, LEFT, RIGHT and the d strides (1) are ``_flash_fwd_kernel``'s arguments, unused here."""
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = Q.dtype.element_ty
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # the last query tiles see the most keys: launch them first
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1).to(gl.int64)
+    bkv = bh // GROUP
+    start_m = pid_m * BLOCK_M
+
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_desc = tma.make_tensor_descriptor(Q + bh * stride_qb, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=smem)
+    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
+    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
+    o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
+                                        block_shape=[BLOCK_M, HEAD_DIM], layout=smem)
+
+    # wgmma accumulators: S (BLOCK_M x BLOCK_N) and O (BLOCK_M x HEAD_DIM), 16 rows per warp; P is the A operand
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+
+    if CAUSAL:
+        hi = gl.minimum(N_K, start_m + BLOCK_M)
+        n_full = gl.minimum(start_m + 1, N_K) // BLOCK_N  # tiles wholly left of the diagonal and inside N_K
+    else:
+        hi = N_K
+        n_full = N_K // BLOCK_N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+
+    # tile 0: S alone
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False)
+    if n_full > 0:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
+    else:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
+
+    for j in range(1, n_tiles):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
+        if j < n_full:
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                               False, CAUSAL)
+        else:
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                               True, CAUSAL)
+        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
+        if NUM_WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
+            gl.thread_barrier()
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES)
+
+    last = n_tiles - 1
+    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc)
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
+    if NUM_WARPS > 4:
+        gl.thread_barrier()
+    q_smem.store(acc.to(dtype))  # Q's buffer is free: every MMA that read it has completed
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
+    tma.store_wait(pendings=0)
