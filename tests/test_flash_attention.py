@@ -580,9 +580,11 @@ def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, ca
     q, k, v, do, ref, naive = _gpu_case(lead, n_q, n_k, d, causal, dtype)
     base = config_for(q.device, n_q, d, dtype)
     left, right = normalize_window(None, causal, n_q, n_k)
-    assert _plan_forward(q, k, v, None, left, right, False)[0].kernel.__name__ == "_hopper_fwd_kernel"
+    assert _plan_forward(q, k, v, None, left, right, False)[0].kernel.__name__.startswith("_hopper_fwd")
     for tile in (KernelConfig(64, 64, 4, 3, True), KernelConfig(64, 128, 4, 3, True),
-                 KernelConfig(128, 128, 8, 2, True), KernelConfig(128, 64, 8, 2, True)):
+                 KernelConfig(128, 128, 8, 2, True), KernelConfig(128, 64, 8, 2, True),
+                 KernelConfig(128, 128, 4, 2, True, warp_specialize=True),
+                 KernelConfig(128, 64, 4, 3, True, warp_specialize=True)):
         cfg = dataclasses.replace(base, hopper_fwd=tile)
         o, lse = flash_forward(q, k, v, causal, config=cfg)
         ours = (o, lse, *flash_backward(q, k, v, o, lse, do, causal, config=base))

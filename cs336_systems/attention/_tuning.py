@@ -16,9 +16,9 @@ block pointers where descriptors cannot describe the tensors (``flash_triton._tm
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -32,15 +32,21 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False  # tensor-descriptor (TMA) loads and stores
+    # Gluon forward only: two consumer warpgroups of 64 rows and a producer warp (flash_hopper)
+    warp_specialize: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        if self.warp_specialize and (self.block_m, self.num_warps) != (128, 4):
+            raise ValueError("warp_specialize needs block_m=128 and num_warps=4 (two consumer warpgroups of 64 rows, "
+                             f"a producer warp), got block_m={self.block_m}, num_warps={self.num_warps}")
 
     def short(self) -> str:
-        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{'tma' if self.tma else 'ptr'}"
+        return (f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{'tma' if self.tma else 'ptr'}"
+                f"{'/ws' if self.warp_specialize else ''}")
 
 
 @dataclass(frozen=True)

@@ -180,3 +180,135 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
     tma.store_wait(pendings=0)
+
+
+# Warp-specialised form: two consumer warpgroups (64 query rows each) share the K/V ring that one producer warp
+# fills, as in FlashAttention-3's forward: no CTA-wide barrier in the loop, a stage is refilled once both
+# consumers have released it (an mbarrier of count 2), and the producer runs ahead of both.
+@gluon.jit
+def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
+                 n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [start_m + w * ROWS, 0], q_bars.index(w), q_smem.index(w))
+    for t in range(n_tiles):
+        stage = t % STAGES
+        mbarrier.wait(empty_bars.index(stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [t * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [t * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
+                 n_tiles, qk_scale, WG: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup's 64 query rows: ``_hopper_fwd_kernel``'s loop, releasing each stage instead of refilling."""
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    row0 = start_m + WG * ROWS
+    if CAUSAL:
+        n_full = gl.minimum(row0 + 1, N_K) // BLOCK_N
+    else:
+        n_full = N_K // BLOCK_N
+    q = q_smem.index(WG)
+    offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+    l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_bars.index(WG), 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False)
+    if n_full > 0:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
+    else:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
+    for j in range(1, n_tiles):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        if j < n_full:
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                               False, CAUSAL)
+        else:
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                               True, CAUSAL)
+        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
+        mbarrier.arrive(empty_bars.index(prev))
+    last = n_tiles - 1
+    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc)
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
+    q.store(acc.to(dtype))  # this warpgroup's Q rows are no longer read
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                          stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
+                          LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """``_hopper_fwd_kernel``'s arguments; BLOCK_M = 128 rows, 64 per consumer warpgroup (launch with 4 warps: the
+    default partition is the first consumer, the workers the second consumer and the producer)."""
+    ROWS: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1).to(gl.int64)
+    bkv = bh // GROUP
+    start_m = pid_m * BLOCK_M
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_desc = tma.make_tensor_descriptor(Q + bh * stride_qb, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[ROWS, HEAD_DIM], layout=smem)
+    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
+    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
+    o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
+                                        block_shape=[ROWS, HEAD_DIM], layout=smem)
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], smem)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)  # one arrival per consumer warpgroup
+    if CAUSAL:
+        hi = gl.minimum(N_K, start_m + BLOCK_M)
+    else:
+        hi = N_K
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    gl.warp_specialize([
+        (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
+                        n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
+        (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
+                        n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
+        (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
+                        n_tiles, BLOCK_N, STAGES, ROWS)),
+    ], [4, 1], [240, 24])

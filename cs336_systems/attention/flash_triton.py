@@ -1043,8 +1043,9 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     cfg = cfgs.hopper_fwd
     if (cfg is not None and fits and d in flash_hopper.HEAD_DIMS and Q.dtype in (torch.bfloat16, torch.float16)
             and left is None and right in (None, 0) and not has_docs):
-        launch = _Launch(flash_hopper._hopper_fwd_kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                                                CAUSAL=right == 0, STAGES=cfg.num_stages), cfg)
+        kernel = flash_hopper._hopper_fwd_ws_kernel if cfg.warp_specialize else flash_hopper._hopper_fwd_kernel
+        launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
+                                      STAGES=cfg.num_stages), cfg)
         return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars
     cfg = cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
