@@ -27,6 +27,8 @@ built in global scratch).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -241,3 +243,105 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     tma.async_copy_shared_to_global(dk_desc, [start_n, 0], k_buf)
     tma.async_copy_shared_to_global(dv_desc, [start_n, 0], v_buf)
     tma.store_wait(pendings=0)
+
+
+# ------------------------------------------------------------------------------------------------ variants
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of the kernel: tiles, warps (4: one warpgroup, 8: two), Q/dO pipeline depth, and how dQ
+    is accumulated (TMA reduce-add or pointer atomics)."""
+
+    head_dim: int
+    block_n: int
+    block_m: int
+    num_warps: int
+    stages: int
+    dq_tma: bool = True
+
+    def constexprs(self, causal: bool) -> dict:
+        return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
+                    STAGES=self.stages, DQ_TMA=self.dq_tma)
+
+    def name(self) -> str:
+        return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
+                f"{'tma' if self.dq_tma else 'ptr'}")
+
+
+# Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
+# with 8 warps (128-row key tiles) spills at any query tile: dK and dV alone hold 128 fp32 registers per thread.
+VARIANTS = (
+    Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
+    Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
+    Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
+)
+
+
+def default_variant(head_dim: int) -> Variant:
+    """The variant the check script and tests use unless told otherwise."""
+    if head_dim not in (64, 128):
+        raise ValueError(f"the Hopper backward supports head dims 64 and 128, got {head_dim}")
+    return Variant(64, 128, 64, 8, 2) if head_dim == 64 else Variant(128, 64, 32, 4, 2)
+
+
+# ------------------------------------------------------------------------------------------- check launches
+def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None = None, scale: float | None = None,
+                      middle=None):
+    """The three launches of the atomic-dQ backward with this kernel in the middle (``flash_triton``'s
+    preprocess and postprocess around it), as zero-argument callables, and the (dQ, dK, dV) they fill. For the
+    device check script and the GPU tests; the dispatcher's own launcher replaces it. ``q`` (B, Hq, Nq, d),
+    ``k``, ``v`` (B, Hkv, Nk, d) contiguous CUDA tensors, ``o``, ``lse`` from the forward. ``middle``: another
+    kernel of the same arguments in place of ours, as ``(kernel, constexprs, num_warps, num_stages)``."""
+    import math
+
+    import torch
+    import triton
+
+    from cs336_systems.attention import flash_triton as ft
+
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    variant = variant or default_variant(d)
+    if variant.head_dim != d:
+        raise ValueError(f"variant {variant.name()} is for head dim {variant.head_dim}, the inputs have {d}")
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    bh, bh_kv = b * hq, b * hkv
+    dev = q.device
+    delta = torch.empty((bh, n_q), device=dev, dtype=torch.float32)
+    dq_acc = torch.empty((bh, n_q, d), device=dev, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sq, skv = (n_q * d, d, 1), (n_k * d, d, 1)
+    rows = 64
+    row_grid = (triton.cdiv(n_q, rows), bh)
+
+    def pre():
+        ft._flash_bwd_preprocess[row_grid](o, do, delta, dq_acc, *sq, *sq, n_q, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows,
+                                           ZERO_DQ=True)
+
+    if middle is None:
+        kernel, constexprs, warps, stages = _hopper_bwd_dkdv_kernel, variant.constexprs(causal), variant.num_warps, 1
+    else:
+        kernel, constexprs, warps, stages = middle
+    block_n = constexprs["BLOCK_N"]
+
+    def mid():
+        triton.set_allocator(ft._tma_workspace)  # the kernels build their descriptors in global scratch
+        kernel[(triton.cdiv(n_k, block_n), bh_kv)](
+            q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv,
+            hkv, 0, 0, scale, scale * ft.LOG2E, **constexprs, num_warps=warps, num_stages=stages)
+
+    def post():
+        ft._flash_bwd_dq_postprocess[row_grid](dq_acc, dq, *sq, n_q, scale, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows)
+
+    return (pre, mid, post), (dq, dk, dv)
+
+
+def run_backward(q, k, v, o, lse, do, causal: bool, variant: Variant | None = None, scale: float | None = None):
+    """dQ, dK, dV through ``backward_launches``."""
+    launches, grads = backward_launches(q, k, v, o, lse, do, causal, variant, scale)
+    for launch in launches:
+        launch()
+    return grads

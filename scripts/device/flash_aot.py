@@ -2,6 +2,7 @@
 registers and spills of each.
 
     python scripts/device/flash_aot.py [--shape xl_512] [--backward single|atomic|deterministic]
+    python scripts/device/flash_aot.py --gluon-bwd      # every Variant of flash_hopper_bwd, causal and not
 
 The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
 tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
@@ -33,13 +34,41 @@ from cs336_systems.attention._common import normalize_window
 from cs336_systems.bench.flash import MODEL_SHAPES
 
 
-def aot_compile(kernel, *args, num_warps=4, num_stages=3, **constexprs):
+def aot_compile(kernel, *args, num_warps=4, num_stages=3, source=ASTSource, **constexprs):
+    """``source``: ASTSource for a Triton kernel, GluonASTSource for a Gluon one."""
     backend = make_backend(GPUTarget("cuda", 90, 32))
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kw = dict(constexprs, num_warps=num_warps, num_stages=num_stages, debug=False)
     bound, spec, opts = binder(*args, **kw)
     options, signature, consts, attrs = kernel._pack_args(backend, kw, bound, spec, opts)
-    return triton_compile(ASTSource(kernel, signature, consts, attrs), target=backend.target, options=options.__dict__)
+    return triton_compile(source(kernel, signature, consts, attrs), target=backend.target, options=options.__dict__)
+
+
+def gluon_bwd(n: int = 1000) -> int:
+    """Compile every variant of the Gluon backward kernel, causal and not, plain and grouped heads (GROUP 1 is
+    specialised to a constant), Nq = Nk = n; print shared memory, registers and spills. Returns how many spill."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from cs336_systems.attention import flash_hopper_bwd as hb
+
+    bad = 0
+    for var in hb.VARIANTS:
+        d = var.head_dim
+        q, k, v, do, dk, dv = (torch.empty(8, n, d, dtype=torch.bfloat16) for _ in range(6))
+        lse, delta, dq_acc = torch.empty(8, n), torch.empty(8, n), torch.empty(8, n, d)
+        s3 = (n * d, d, 1)
+        for causal in (False, True):
+            for group in (1, 4):
+                args = (q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *s3 * 6, n, n, group, 2, 0, 0, 0.125, 0.18)
+                kernel = aot_compile(hb._hopper_bwd_dkdv_kernel, *args, num_warps=var.num_warps, num_stages=1,
+                                     source=GluonASTSource, **var.constexprs(causal))
+                ptx = kernel.asm["ptx"]
+                usage = ptxas_usage(ptx)
+                bad += "spill_stores=0B" not in usage
+                print(f"gluon_bwd {var.name()} causal={int(causal)} group={group}: shared={kernel.metadata.shared} "
+                      f"{usage} wgmma={ptx.count('wgmma.mma_async')} tma_reduce={ptx.count('cp.reduce.async.bulk')}",
+                      flush=True)
+    return bad
 
 
 def ptxas_usage(ptx: str) -> str:
@@ -58,7 +87,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="xl_512", choices=list(MODEL_SHAPES))
     p.add_argument("--backward", default="single", choices=["single", "atomic", "deterministic"])
+    p.add_argument("--gluon-bwd", action="store_true", help="compile the Gluon backward kernel's variants instead")
     args = p.parse_args()
+    if args.gluon_bwd:
+        raise SystemExit(1 if gluon_bwd() else 0)
     s = MODEL_SHAPES[args.shape]
     q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=torch.bfloat16) for _ in range(4))
     cfg = _tuning.resolve(ft._d_pad(s.head_dim), torch.bfloat16, s.seq_len, (9, 0), _tuning.load_pinned())
