@@ -44,21 +44,22 @@ def aot_compile(kernel, *args, num_warps=4, num_stages=3, source=ASTSource, **co
     return triton_compile(source(kernel, signature, consts, attrs), target=backend.target, options=options.__dict__)
 
 
-def gluon_bwd(n: int = 1000) -> int:
-    """Compile every variant of the Gluon backward kernel, causal and not, plain and grouped heads (GROUP 1 is
-    specialised to a constant), Nq = Nk = n; print shared memory, registers and spills. Returns how many spill."""
+def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000) -> int:
+    """Compile variants of the Gluon backward kernel (default: all), causal and not, plain and grouped heads (GROUP
+    1 is specialised to a constant), Nq = Nk = n; print shared memory, registers and spills. Returns how many
+    spill."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from cs336_systems.attention import flash_hopper_bwd as hb
 
     bad = 0
-    for var in hb.VARIANTS:
+    for var in variants or hb.VARIANTS:
         d = var.head_dim
         q, k, v, do, dk, dv = (torch.empty(8, n, d, dtype=torch.bfloat16) for _ in range(6))
         lse, delta, dq_acc = torch.empty(8, n), torch.empty(8, n), torch.empty(8, n, d)
         s3 = (n * d, d, 1)
-        for causal in (False, True):
-            for group in (1, 4):
+        for causal in causals:
+            for group in groups:
                 args = (q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *s3 * 6, n, n, group, 2, 0, 0, 0.125, 0.18)
                 kernel = aot_compile(hb._hopper_bwd_dkdv_kernel, *args, num_warps=var.num_warps, num_stages=1,
                                      source=GluonASTSource, **var.constexprs(causal))
