@@ -11,12 +11,17 @@ Shah et al. 2024, section 3 and appendix B):
 - S^T = K Q^T and dP^T = V dO^T are issued together as asynchronous wgmma; P^T = exp2(S^T - L) is computed
   while dP^T is still in flight.
 - dV += P^T dO and dK += dS^T Q take P^T and dS^T straight from registers (wgmma's register A operand);
-  dS^T also goes to shared memory for dQ = dS K, whose fp32 tile is added to the dQ accumulator: a TMA
-  reduce-add from shared memory (``DQ_TMA``) or ``atomic_add`` on pointers in the accumulator layout.
-- Causal (top-left): only query tiles at or after the key tile's diagonal; masks only on tiles crossing the
-  diagonal or the end of the queries or keys.
-- 4 warps (one warpgroup) or 8 (two, splitting the key tile's rows; the dQ product splits its columns).
-  Every refill of a shared buffer waits until both warpgroups' wgmmas that read it have finished.
+  dS^T also goes to shared memory for dQ^T = K^T dS^T (transposed so that wgmma's M is the head dim and query
+  tiles of 32 rows work), whose fp32 tile is added to the dQ accumulator: a TMA reduce-add from shared memory
+  (``DQ_TMA``) or ``atomic_add`` on pointers in the accumulator layout.
+- L and Delta of a query tile are loaded one value per thread and spread to the S^T column layout through shared
+  memory (loaded directly, each thread would hold a quarter of the columns with a 64-bit address each).
+- Causal (top-left): only query tiles at or after the key tile's diagonal; the mask is applied (a runtime branch)
+  only on tiles crossing the diagonal or the end of the queries or keys. Three loops with the mask as a
+  constexpr (as the Triton kernel has) cost 25-50 more registers here and spilled.
+- 4 warps (one warpgroup) or 8 (two, splitting the key tile's rows; dQ^T splits its query columns). Every
+  refill of a shared buffer waits until both warpgroups' wgmmas that read it have finished. Head dim 128 runs
+  one warpgroup on 64 x 32 tiles: with 8 warps and 128-row key tiles every query tile size spilled.
 
 Inputs (the dispatcher's guarantee, not checked here): bf16 or fp16, head dim 64 or 128 (``HEAD_DIM``),
 unit stride along d, 16-byte aligned bases and strides; L the natural-log logsumexp and Delta = rowsum(O dO),
@@ -80,7 +85,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     bkv = gl.program_id(1).to(gl.int64)
     start_n = gl.program_id(0) * BLOCK_N
 
-    # ---- layouts: S^T, dP^T (BLOCK_N, BLOCK_M); dK, dV (BLOCK_N, HEAD_DIM); dQ (BLOCK_M, HEAD_DIM)
+    # ---- layouts: S^T, dP^T (BLOCK_N, BLOCK_M); dK, dV (BLOCK_N, HEAD_DIM); dQ^T (HEAD_DIM, BLOCK_M)
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_M, NUM_WARPS)
     kv_layout: gl.constexpr = _mma_layout(BLOCK_N, HEAD_DIM, NUM_WARPS)
     dq_layout: gl.constexpr = _mma_layout(HEAD_DIM, BLOCK_M, NUM_WARPS)  # dQ^T
