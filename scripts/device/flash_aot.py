@@ -2,6 +2,7 @@
 registers and spills of each.
 
     python scripts/device/flash_aot.py [--shape xl_512] [--backward single|atomic|deterministic]
+    python scripts/device/flash_aot.py --gluon-bwd      # every Variant of flash_hopper_bwd, causal and not
 
 The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
 tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
@@ -40,8 +41,34 @@ def aot_compile(kernel, *args, num_warps=4, num_stages=3, **constexprs):
     kw = dict(constexprs, num_warps=num_warps, num_stages=num_stages, debug=False)
     bound, spec, opts = binder(*args, **kw)
     options, signature, consts, attrs = kernel._pack_args(backend, kw, bound, spec, opts)
-    source = GluonASTSource if kernel.is_gluon() else ASTSource  # the Gluon forward (flash_hopper) on sm_90
+    source = GluonASTSource if kernel.is_gluon() else ASTSource  # the Gluon kernels (flash_hopper*) on sm_90
     return triton_compile(source(kernel, signature, consts, attrs), target=backend.target, options=options.__dict__)
+
+
+def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000) -> int:
+    """Compile variants of the Gluon backward kernel (default: all), causal and not, plain and grouped heads (GROUP
+    1 is specialised to a constant), Nq = Nk = n; print shared memory, registers and spills. Returns how many
+    spill."""
+    from cs336_systems.attention import flash_hopper_bwd as hb
+
+    bad = 0
+    for var in variants or hb.VARIANTS:
+        d = var.head_dim
+        q, k, v, do, dk, dv = (torch.empty(8, n, d, dtype=torch.bfloat16) for _ in range(6))
+        lse, delta, dq_acc = torch.empty(8, n), torch.empty(8, n), torch.empty(8, n, d)
+        s3 = (n * d, d, 1)
+        for causal in causals:
+            for group in groups:
+                args = (q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *s3 * 6, n, n, group, 2, 0, 0, 0.125, 0.18)
+                kernel = aot_compile(hb._hopper_bwd_dkdv_kernel, *args, num_warps=var.num_warps, num_stages=1,
+                                     **var.constexprs(causal))
+                ptx = kernel.asm["ptx"]
+                usage = ptxas_usage(ptx)
+                bad += "spill_stores=0B" not in usage
+                print(f"gluon_bwd {var.name()} causal={int(causal)} group={group}: shared={kernel.metadata.shared} "
+                      f"{usage} wgmma={ptx.count('wgmma.mma_async')} tma_reduce={ptx.count('cp.reduce.async.bulk')}",
+                      flush=True)
+    return bad
 
 
 def ptxas_usage(ptx: str) -> str:
@@ -60,7 +87,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="xl_512", choices=list(MODEL_SHAPES))
     p.add_argument("--backward", default="single", choices=["single", "atomic", "deterministic"])
+    p.add_argument("--gluon-bwd", action="store_true", help="compile the Gluon backward kernel's variants instead")
     args = p.parse_args()
+    if args.gluon_bwd:
+        raise SystemExit(1 if gluon_bwd() else 0)
     s = MODEL_SHAPES[args.shape]
     q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=torch.bfloat16) for _ in range(4))
     cfg = _tuning.resolve(ft._d_pad(s.head_dim), torch.bfloat16, s.seq_len, (9, 0), _tuning.load_pinned())

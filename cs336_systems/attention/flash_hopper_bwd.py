@@ -1,0 +1,352 @@
+"""FlashAttention backward dK / dV / dQ-atomic kernel for Hopper (sm_90a) in Gluon.
+
+The middle kernel of the three-launch backward (``flash_triton._flash_bwd_dkdv_kernel`` with ATOMIC_DQ):
+same arguments in the same order, so the ``_Launch`` machinery launches either. A program owns one key
+tile (``BLOCK_N`` rows) of one batch x key/value head, keeps K and V in shared memory and dK, dV in fp32
+registers, and walks the query tiles of the ``GROUP`` query heads that read it (FlashAttention-3's backward,
+Shah et al. 2024, section 3 and appendix B):
+
+- Q and dO tiles stream through ``STAGES`` shared-memory buffers filled by TMA (tensor descriptors built on
+  the device, 3-D over the group's query heads so the pipeline runs across heads); an mbarrier per buffer.
+- S^T = K Q^T and dP^T = V dO^T are issued together as asynchronous wgmma; P^T = exp2(S^T - L) is computed
+  while dP^T is still in flight.
+- dV += P^T dO and dK += dS^T Q take P^T and dS^T straight from registers (wgmma's register A operand);
+  dS^T also goes to shared memory for dQ^T = K^T dS^T (transposed so that wgmma's M is the head dim and query
+  tiles of 32 rows work), whose fp32 tile is added to the dQ accumulator: a TMA reduce-add from shared memory
+  (``DQ_TMA``) or ``atomic_add`` on pointers in the accumulator layout.
+- L and Delta of a query tile are loaded one value per thread and spread to the S^T column layout through shared
+  memory (loaded directly, each thread would hold a quarter of the columns with a 64-bit address each).
+- Causal (top-left): only query tiles at or after the key tile's diagonal; the mask is applied (a runtime branch)
+  only on tiles crossing the diagonal or the end of the queries or keys. Three loops with the mask as a
+  constexpr (as the Triton kernel has) cost 25-50 more registers here and spilled.
+- 4 warps (one warpgroup) or 8 (two, splitting the key tile's rows; dQ^T splits its query columns). Every
+  refill of a shared buffer waits until both warpgroups' wgmmas that read it have finished. Head dim 128 runs
+  one warpgroup on 64 x 32 tiles: with 8 warps and 128-row key tiles every query tile size spilled.
+
+Inputs (the dispatcher's guarantee, not checked here): bf16 or fp16, head dim 64 or 128 (``HEAD_DIM``),
+unit stride along d, 16-byte aligned bases and strides; L the natural-log logsumexp and Delta = rowsum(O dO),
+both fp32 ``(B * Hq, Nq)``; DQ_ACC fp32 ``(B * Hq, Nq, HEAD_DIM)`` contiguous and zeroed. No windows or
+documents (LEFT, RIGHT, DOC, SPAN are accepted and ignored). Needs ``triton.set_allocator`` (descriptors are
+built in global scratch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@builtin
+def _tma_reduce_add(desc, coord, src, _semantic=None):
+    """Add a shared-memory tile into global memory through TMA (``cp.reduce.async.bulk.tensor``): Gluon 3.6
+    has the op (``create_async_tma_reduce``) but no public wrapper. Completes like a TMA store
+    (``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
+
+
+@gluon.constexpr_function
+def _mma_layout(m, n, num_warps):
+    """wgmma accumulator layout of an (m, n) tile: warps down the rows first (16 rows each), the rest across
+    the columns; the widest instruction n that divides a warp column's share."""
+    rows = min(num_warps, max(m // 16, 1))
+    cols = num_warps // rows
+    per_col = n // cols
+    instr_n = 256
+    while instr_n > per_col or per_col % instr_n:
+        instr_n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[rows, cols], instr_shape=[16, instr_n, 16])
+
+
+@gluon.jit
+def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
+                            stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                            stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
+                            stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
+                            N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+                            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
+    """A program per (key tile, batch x key/value head); see the module docstring."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    bkv = gl.program_id(1).to(gl.int64)
+    start_n = gl.program_id(0) * BLOCK_N
+
+    # ---- layouts: S^T, dP^T (BLOCK_N, BLOCK_M); dK, dV (BLOCK_N, HEAD_DIM); dQ^T (HEAD_DIM, BLOCK_M)
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_M, NUM_WARPS)
+    kv_layout: gl.constexpr = _mma_layout(BLOCK_N, HEAD_DIM, NUM_WARPS)
+    dq_layout: gl.constexpr = _mma_layout(HEAD_DIM, BLOCK_M, NUM_WARPS)  # dQ^T
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # along the query axis of S^T
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # along the key axis of S^T
+    # L and Delta rows are loaded one value per thread and then spread to col_layout (through shared memory):
+    # col_layout holds a quarter of the tile's columns per thread, with a 64-bit address each if loaded directly
+    vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    q_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], dtype)
+    ds_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+    # ---- descriptors: K, V, dK, dV of this key/value head; Q, dO (and the dQ accumulator) of its GROUP
+    # query heads as one 3-D tensor (GROUP, N_Q, HEAD_DIM): rows past N_Q of each head read as zero
+    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
+    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
+    q_desc = tma.make_tensor_descriptor(Q + bkv * GROUP * stride_qb, shape=[GROUP, N_Q, HEAD_DIM],
+                                        strides=[stride_qb, stride_qm, 1], block_shape=[1, BLOCK_M, HEAD_DIM],
+                                        layout=q_smem)
+    do_desc = tma.make_tensor_descriptor(DO + bkv * GROUP * stride_dob, shape=[GROUP, N_Q, HEAD_DIM],
+                                         strides=[stride_dob, stride_dom, 1], block_shape=[1, BLOCK_M, HEAD_DIM],
+                                         layout=q_smem)
+
+    # ---- shared memory and barriers
+    k_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_smem)
+    v_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_smem)
+    q_buf = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_smem)
+    do_buf = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_smem)
+    ds_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_smem_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(do_bar.index(i), count=1)
+    fence_async_shared()
+
+    # ---- the query tiles that see this key tile: causal, from the tile holding query start_n on
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+    n_tiles = gl.maximum(gl.cdiv(N_Q - lo, BLOCK_M), 0)
+    n_iter = n_tiles * GROUP
+    # tiles [lo, full_lo) cross the diagonal, [full_hi, ...) the end of the queries; a key tile past N_K is
+    # masked throughout
+    full_lo = lo
+    if CAUSAL:
+        full_lo = gl.minimum(((start_n + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N_Q)
+    full_hi = (N_Q // BLOCK_M) * BLOCK_M
+    keys_edge = start_n + BLOCK_N > N_K
+
+    tile_bytes: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
+    mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_bar, k_buf)
+    tma.async_copy_global_to_shared(v_desc, [start_n, 0], kv_bar, v_buf)
+    for i in gl.static_range(STAGES):  # prologue: the first STAGES tiles
+        pred = i < n_iter
+        g_i = i // gl.maximum(n_tiles, 1)
+        start_i = lo + (i - g_i * n_tiles) * BLOCK_M
+        mbarrier.expect(q_bar.index(i), tile_bytes, pred=pred)
+        tma.async_copy_global_to_shared(q_desc, [g_i, start_i, 0], q_bar.index(i), q_buf.index(i), pred=pred)
+        mbarrier.expect(do_bar.index(i), tile_bytes, pred=pred)
+        tma.async_copy_global_to_shared(do_desc, [g_i, start_i, 0], do_bar.index(i), do_buf.index(i), pred=pred)
+
+    if DQ_TMA:
+        dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], gl.float32)
+        dq_desc = tma.make_tensor_descriptor(DQ_ACC + bkv * GROUP * N_Q * HEAD_DIM, shape=[GROUP, N_Q, HEAD_DIM],
+                                             strides=[N_Q * HEAD_DIM, HEAD_DIM, 1],
+                                             block_shape=[1, BLOCK_M, HEAD_DIM], layout=dq_smem)
+        dq_buf = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_smem)
+
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
+    k_t = k_buf
+    mbarrier.wait(kv_bar, 0)
+
+    for it in range(n_iter):
+        g = it // n_tiles
+        start_m = lo + (it - g * n_tiles) * BLOCK_M
+        bh = bkv * GROUP + g
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        q_s = q_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do_s = do_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+
+        mbarrier.wait(q_bar.index(s), phase)
+        s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
+        mbarrier.wait(do_bar.index(s), phase)
+        dp_t = warpgroup_mma(v_buf, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
+        offs_v = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
+        lse2 = gl.load(L + bh * N_Q + offs_v, mask=offs_v < N_Q, other=0.0) * 1.4426950408889634
+        delta = gl.load(Delta + bh * N_Q + offs_v, mask=offs_v < N_Q, other=0.0)
+        lse2 = gl.convert_layout(lse2, col_layout)
+
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
+        if keys_edge or start_m < full_lo or start_m >= full_hi:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            visible = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :])
+            p_t = gl.where(visible, p_t, 0.0)
+        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
+        delta = gl.convert_layout(delta, col_layout)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
+        ds_buf.store(ds_t)
+        fence_async_shared()
+        gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either reads it
+        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)  # eq. 19 (unscaled)
+        # eq. 18 transposed, dQ^T = K^T dS^T: wgmma's M is the head dim, so BLOCK_M may be 32
+        dq = warpgroup_mma(k_t.permute((1, 0)), ds_buf, dq_zero, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
+        gl.thread_barrier()  # every wgmma reading Q, dO (buffer s) and dS^T has finished
+
+        nxt = it + STAGES  # refill buffer s with the tile STAGES ahead
+        pred = nxt < n_iter
+        g_n = nxt // n_tiles
+        start_n_m = lo + (nxt - g_n * n_tiles) * BLOCK_M
+        mbarrier.expect(q_bar.index(s), tile_bytes, pred=pred)
+        tma.async_copy_global_to_shared(q_desc, [g_n, start_n_m, 0], q_bar.index(s), q_buf.index(s), pred=pred)
+        mbarrier.expect(do_bar.index(s), tile_bytes, pred=pred)
+        tma.async_copy_global_to_shared(do_desc, [g_n, start_n_m, 0], do_bar.index(s), do_buf.index(s), pred=pred)
+
+        if DQ_TMA:
+            tma.store_wait(pendings=0)  # the previous tile's reduce has read dq_buf
+            gl.thread_barrier()
+            dq_buf.reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)).store(dq)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(dq_desc, [g, start_m, 0], dq_buf)  # rows past N_Q are clipped
+        else:
+            offs_qm = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, dq_layout))
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, dq_layout))
+            ptrs = DQ_ACC + (bh * N_Q + offs_qm[None, :]) * HEAD_DIM + offs_d[:, None]
+            gl.atomic_add(ptrs, dq, mask=offs_qm[None, :] < N_Q, sem="relaxed")
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(q_bar.index(i))
+        mbarrier.invalidate(do_bar.index(i))
+
+    # ---- dK (scaled, eq. 19), dV through the K and V buffers and TMA stores (rows past N_K clipped)
+    dk_desc = tma.make_tensor_descriptor(DK + bkv * stride_dkb, shape=[N_K, HEAD_DIM], strides=[stride_dkn, 1],
+                                         block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
+    dv_desc = tma.make_tensor_descriptor(DV + bkv * stride_dvb, shape=[N_K, HEAD_DIM], strides=[stride_dvn, 1],
+                                         block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
+    k_buf.store((dk * sm_scale).to(dtype))
+    v_buf.store(dv.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dk_desc, [start_n, 0], k_buf)
+    tma.async_copy_shared_to_global(dv_desc, [start_n, 0], v_buf)
+    tma.store_wait(pendings=0)
+
+
+# ------------------------------------------------------------------------------------------------ variants
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of the kernel: tiles, warps (4: one warpgroup, 8: two), Q/dO pipeline depth, and how dQ
+    is accumulated (TMA reduce-add or pointer atomics)."""
+
+    head_dim: int
+    block_n: int
+    block_m: int
+    num_warps: int
+    stages: int
+    dq_tma: bool = True
+
+    def constexprs(self, causal: bool) -> dict:
+        return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
+                    STAGES=self.stages, DQ_TMA=self.dq_tma)
+
+    def name(self) -> str:
+        return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
+                f"{'tma' if self.dq_tma else 'ptr'}")
+
+
+# Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
+# with 8 warps (128-row key tiles) spills at any query tile: dK and dV alone hold 128 fp32 registers per thread.
+VARIANTS = (
+    Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
+    Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
+    Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
+)
+
+
+def default_variant(head_dim: int) -> Variant:
+    """The variant the check script and tests use unless told otherwise."""
+    if head_dim not in (64, 128):
+        raise ValueError(f"the Hopper backward supports head dims 64 and 128, got {head_dim}")
+    return Variant(64, 128, 64, 8, 2) if head_dim == 64 else Variant(128, 64, 32, 4, 2)
+
+
+# ------------------------------------------------------------------------------------------- check launches
+def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None = None, scale: float | None = None,
+                      middle=None):
+    """The three launches of the atomic-dQ backward with this kernel in the middle (``flash_triton``'s
+    preprocess and postprocess around it), as zero-argument callables, and the (dQ, dK, dV) they fill. For the
+    device check script and the GPU tests; the dispatcher's own launcher replaces it. ``q`` (B, Hq, Nq, d),
+    ``k``, ``v`` (B, Hkv, Nk, d) contiguous CUDA tensors, ``o``, ``lse`` from the forward. ``middle``: another
+    kernel of the same arguments in place of ours, as ``(kernel, constexprs, num_warps, num_stages)``."""
+    import math
+
+    import torch
+    import triton
+
+    from cs336_systems.attention import flash_triton as ft
+
+    b, hq, n_q, d = q.shape
+    hkv, n_k = k.shape[1], k.shape[2]
+    variant = variant or default_variant(d)
+    if variant.head_dim != d:
+        raise ValueError(f"variant {variant.name()} is for head dim {variant.head_dim}, the inputs have {d}")
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    bh, bh_kv = b * hq, b * hkv
+    dev = q.device
+    delta = torch.empty((bh, n_q), device=dev, dtype=torch.float32)
+    dq_acc = torch.empty((bh, n_q, d), device=dev, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sq, skv = (n_q * d, d, 1), (n_k * d, d, 1)
+    rows = 64
+    row_grid = (triton.cdiv(n_q, rows), bh)
+
+    def pre():
+        ft._flash_bwd_preprocess[row_grid](o, do, delta, dq_acc, *sq, *sq, n_q, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows,
+                                           ZERO_DQ=True)
+
+    if middle is None:
+        kernel, constexprs, warps, stages = _hopper_bwd_dkdv_kernel, variant.constexprs(causal), variant.num_warps, 1
+    else:
+        kernel, constexprs, warps, stages = middle
+    block_n = constexprs["BLOCK_N"]
+
+    def mid():
+        triton.set_allocator(ft._tma_workspace)  # the kernels build their descriptors in global scratch
+        kernel[(triton.cdiv(n_k, block_n), bh_kv)](
+            q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv,
+            hkv, 0, 0, scale, scale * ft.LOG2E, **constexprs, num_warps=warps, num_stages=stages)
+
+    def post():
+        ft._flash_bwd_dq_postprocess[row_grid](dq_acc, dq, *sq, n_q, scale, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows)
+
+    return (pre, mid, post), (dq, dk, dv)
+
+
+def run_backward(q, k, v, o, lse, do, causal: bool, variant: Variant | None = None, scale: float | None = None):
+    """dQ, dK, dV through ``backward_launches``."""
+    launches, grads = backward_launches(q, k, v, o, lse, do, causal, variant, scale)
+    for launch in launches:
+        launch()
+    return grads

@@ -1,0 +1,131 @@
+"""The Gluon (Hopper, sm_90a) FlashAttention backward kernel (``flash_hopper_bwd``).
+
+CPU: the module imports, its variants are well formed, bad requests are ``ValueError``s, and a variant compiles
+for sm_90a with Triton's bundled ptxas without spilling registers (the compiler feedback a CPU machine can give).
+
+GPU (``-m gpu``, an sm_90 device only: the kernel uses TMA and wgmma): dQ, dK, dV of every variant against an
+fp64 reference on odd shapes (causal with Nq > Nk and Nq < Nk, grouped heads), by the flash-attention rule: at
+most twice the error of PyTorch SDPA in the same dtype, plus the dtype's rounding step at the gradient's magnitude.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from cs336_systems.attention import flash_hopper_bwd as hb
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_variants_are_well_formed():
+    names = [v.name() for v in hb.VARIANTS]
+    assert len(set(names)) == len(names)
+    for v in hb.VARIANTS:
+        assert v.head_dim in (64, 128) and v.num_warps in (4, 8) and v.stages >= 1
+        assert v.block_n == 16 * v.num_warps  # a warpgroup per 64 key rows
+        assert set(v.constexprs(True)) == {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "STAGES", "DQ_TMA"}
+    assert {hb.default_variant(64), hb.default_variant(128)} <= set(hb.VARIANTS)
+
+
+def test_bad_requests_are_value_errors():
+    with pytest.raises(ValueError, match="head dims 64 and 128"):
+        hb.default_variant(96)
+    q = torch.zeros(1, 2, 8, 64)
+    k = torch.zeros(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="is for head dim 128"):
+        hb.backward_launches(q, k, k, q, q[..., 0], q, True, hb.default_variant(128))
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        hb.backward_launches(torch.zeros(1, 3, 8, 64), k, k, q, q[..., 0], q, True)
+
+
+def _ptxas() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
+def test_a_variant_compiles_for_sm90_without_spills(monkeypatch, capsys):
+    # flash_aot removes TRITON_INTERPRET from the environment at import; monkeypatch puts it back afterwards
+    if "TRITON_INTERPRET" in os.environ:
+        monkeypatch.setenv("TRITON_INTERPRET", os.environ["TRITON_INTERPRET"])
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    spec = importlib.util.spec_from_file_location("flash_aot", ROOT / "scripts" / "device" / "flash_aot.py")
+    aot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aot)
+    variant = hb.default_variant(64)
+    assert aot.gluon_bwd([variant], causals=(True,), groups=(3,), n=333) == 0
+    line = capsys.readouterr().out
+    assert variant.name() in line and "spill_stores=0B" in line and "wgmma=" in line, line
+
+
+# --------------------------------------------------------------------------------------------- GPU
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _reference(q, k, v, do, causal):
+    """fp64 autograd of plain attention, k and v repeated to the query heads, causal top-left aligned."""
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s = q64 @ k64.repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    (torch.softmax(s, -1) @ v64.repeat_interleave(group, 1)).backward(do.double())
+    return q64.grad, k64.grad, v64.grad
+
+
+def _sdpa(q, k, v, do, causal):
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal,
+                                                     enable_gqa=ks.shape[1] != qs.shape[1]).backward(do)
+    return qs.grad, ks.grad, vs.grad
+
+
+def _rounding(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """Twice the dtype's rounding error at the data's magnitude, plus the fp32 noise of dS = P (dP - D) where the
+    exact gradient is 0 (about 4 d fp32 epsilons)."""
+    step = ((ref + 0.3 - 0.3).to(dtype).double() - ref).abs().max().item()
+    return 2 * step + max(1e-6, 4 * ref.shape[-1] * torch.finfo(torch.float32).eps)
+
+
+GPU_SHAPES = [  # (batch, Hq, Hkv, Nq, Nk, d, causal)
+    (1, 2, 2, 1, 1, 64, True),
+    (1, 2, 2, 77, 33, 64, True),
+    (1, 2, 2, 100, 300, 128, True),
+    (1, 2, 2, 1000, 1000, 64, False),
+    (2, 3, 3, 257, 513, 128, False),
+    (1, 3, 3, 1031, 1031, 64, True),
+    (2, 8, 2, 1024, 1024, 128, True),
+    (2, 6, 3, 333, 333, 64, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("b", "hq", "hkv", "n_q", "n_k", "d", "causal"), GPU_SHAPES)
+def test_gpu_variants_within_twice_sdpa(seed, dtype, b, hq, hkv, n_q, n_k, d, causal):
+    from cs336_systems.attention.flash_triton import flash_forward
+
+    q = torch.randn(b, hq, n_q, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, hkv, n_k, d, device="cuda", dtype=dtype) for _ in range(2))
+    do = torch.randn_like(q)
+    ref = _reference(q, k, v, do, causal)
+    peer = _sdpa(q, k, v, do, causal)
+    o, lse = flash_forward(q, k, v, causal)
+    for variant in (v_ for v_ in hb.VARIANTS if v_.head_dim == d):
+        ours = hb.run_backward(q, k, v, o, lse, do, causal, variant)
+        for name, g, r, p in zip(("dQ", "dK", "dV"), ours, ref, peer, strict=True):
+            assert torch.isfinite(g).all(), f"{variant.name()} {name} has NaN/Inf"
+            err = (g.double() - r).abs().max().item()
+            bound = 2 * (p.double() - r).abs().max().item() + _rounding(r, dtype)
+            assert err <= bound, f"{variant.name()} {name}: error {err:.3g} > bound {bound:.3g}"
