@@ -94,7 +94,7 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
                            atomic_dq=False, single_max_programs=128,
-                           hopper_fwd=K(64, 64, 4, 3, True) if hopper else None)
+                           hopper_fwd=K(128, 64, 4, 3, True, warp_specialize=True) if hopper else None)
     return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_programs=128)
 
 
