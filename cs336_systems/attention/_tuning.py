@@ -68,6 +68,10 @@ class FlashConfig:
     # Tiles of the Gluon forward for sm_90 (``flash_hopper``: TMA ring, asynchronous warpgroup MMAs), taken
     # where its scope allows (16-bit, head dim 64 or 128, full or causal attention); None: the Triton forward
     hopper_fwd: KernelConfig | None = None
+    # Tiles of the Gluon backward for sm_90 (``flash_hopper_bwd``: the atomic-dQ middle kernel; block_m query rows,
+    # block_n key rows, num_stages Q/dO buffers, tma: dQ by TMA reduce-add), the default backward in the same scope
+    # (not with ``deterministic=True``); None: the Triton kernels
+    hopper_bwd: KernelConfig | None = None
 
 
 KERNELS = tuple(f.name for f in fields(FlashConfig) if f.type in (KernelConfig, "KernelConfig"))
@@ -90,11 +94,13 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
                            single_max_programs=128)
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
-                           single_max_programs=512, hopper_fwd=K(64, 64, 4, 3, True) if hopper else None)
+                           single_max_programs=512, hopper_fwd=K(64, 64, 4, 3, True) if hopper else None,
+                           hopper_bwd=K(64, 64, 4, 2, True) if hopper else None)
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
                            atomic_dq=False, single_max_programs=128,
-                           hopper_fwd=K(128, 64, 4, 3, True, warp_specialize=True) if hopper else None)
+                           hopper_fwd=K(128, 64, 4, 3, True, warp_specialize=True) if hopper else None,
+                           hopper_bwd=K(32, 64, 4, 3, True) if hopper else None)
     return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_programs=128)
 
 
@@ -150,7 +156,7 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     hopper = table.hopper_fwd and (configs.get(pinned_key("hopper_fwd", d_pad, dtype, n_q))
                                    or configs.get(pinned_key("hopper_fwd", d_pad, dtype)) or table.hopper_fwd)
     return FlashConfig(**picked, atomic_dq=table.atomic_dq,
-                       single_max_programs=table.single_max_programs, hopper_fwd=hopper)
+                       single_max_programs=table.single_max_programs, hopper_fwd=hopper, hopper_bwd=table.hopper_bwd)
 
 
 @functools.cache

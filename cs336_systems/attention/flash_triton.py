@@ -66,7 +66,7 @@ import triton.language as tl
 from torch import Tensor
 
 from cs336_basics.attention import register_attention_backend
-from cs336_systems.attention import _tuning, flash_hopper
+from cs336_systems.attention import _tuning, flash_hopper, flash_hopper_bwd
 from cs336_systems.attention._common import (
     check_attention_inputs,
     check_doc_ids,
@@ -1023,6 +1023,14 @@ def _launch_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tenso
     return o, lse
 
 
+def _in_hopper_scope(Q: Tensor, left: int | None, right: int | None, has_docs: bool) -> bool:
+    """What the Gluon kernels (``flash_hopper``, ``flash_hopper_bwd``) cover: 16-bit inputs, head dim 64 or 128,
+    full or causal attention without documents (the config offers them only on sm_90; the caller checks that
+    tensor descriptors can describe the tensors)."""
+    return (Q.shape[-1] in flash_hopper.HEAD_DIMS and Q.dtype in (torch.bfloat16, torch.float16) and left is None
+            and right in (None, 0) and not has_docs)
+
+
 def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: int | None, right: int | None,
                   has_docs: bool) -> tuple:
     """(launch, grid, whether the inputs need a contiguous copy, the launch's integer arguments)."""
@@ -1041,8 +1049,7 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
     cfg = cfgs.hopper_fwd
-    if (cfg is not None and fits and d in flash_hopper.HEAD_DIMS and Q.dtype in (torch.bfloat16, torch.float16)
-            and left is None and right in (None, 0) and not has_docs):
+    if cfg is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
         kernel = flash_hopper._hopper_fwd_ws_kernel if cfg.warp_specialize else flash_hopper._hopper_fwd_kernel
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                                       STAGES=cfg.num_stages), cfg)
@@ -1178,20 +1185,31 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                          cfg)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
         return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad
-    deterministic = deterministic or not cfgs.atomic_dq  # the atomic-free kernels where they are faster
+    hopper = cfgs.hopper_bwd
+    hopper = (hopper is not None and not deterministic and _in_hopper_scope(Q, left, right, has_docs)
+              and _tma_fits(Q.device, Q.element_size(), (ptr["Q"], ptr["K"], ptr["V"], ptr["d"], 0),
+                            (sq, sk, sv, sdo, skv)))
+    # the atomic-free kernels where they are faster than Triton's atomic dQ (not than the Gluon kernel's)
+    deterministic = deterministic or (not cfgs.atomic_dq and not hopper)
     row_block = 16 if _INTERPRETED else 64
     rows_cfg = KernelConfig(row_block, row_block, 4, 1)
     row_grid = (_cdiv(n_q, row_block), bh, 1)
     pre = (_Launch(_flash_bwd_preprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block,
                                                ZERO_DQ=not deterministic), rows_cfg),
            row_grid, (*so, *sdo, n_q))
-    cfg = cfgs.dkdv if deterministic else cfgs.bwd
-    tma = tma_for(cfg, "QKVd", (skv,))
     # a program per key tile and key/value head: the heads per batch on that axis are the key/value heads
-    dkdv = (_Launch(_flash_bwd_dkdv_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma,
-                                                 ATOMIC_DQ=not deterministic, **common), cfg),
-            (_cdiv(n_k, cfg.block_n), bh_kv, 1), (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, heads // group,
-                                                  *sides))
+    dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, heads // group, *sides)
+    if hopper:
+        cfg = cfgs.hopper_bwd
+        launch = _Launch(flash_hopper_bwd._hopper_bwd_dkdv_kernel,
+                         dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma), cfg)
+    else:
+        cfg = cfgs.dkdv if deterministic else cfgs.bwd
+        launch = _Launch(_flash_bwd_dkdv_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                                      TMA=tma_for(cfg, "QKVd", (skv,)), ATOMIC_DQ=not deterministic,
+                                                      **common), cfg)
+    dkdv = (launch, (_cdiv(n_k, cfg.block_n), bh_kv, 1), dkdv_scalars)
     if deterministic:
         cfg = cfgs.dq
         tma = tma_for(cfg, "QKVd", (sg,))
