@@ -10,6 +10,7 @@ which grid size the whole backward is one kernel with ``dkdv``'s tiles):
    head dim and dtype;
 2. otherwise the code table ``_table`` below (H100 sweeps, docs/flash_tuning_notes.md);
 3. on the CPU (the Triton interpreter) 16 x 16 tiles so the interpreter stays quick.
+``hopper_fwd`` / ``hopper_bwd`` are the Gluon kernels' tiles on sm_90 (None elsewhere: the Triton kernels run).
 ``KernelConfig.tma`` selects tensor-descriptor (TMA) loads and stores; the launcher still falls back to
 block pointers where descriptors cannot describe the tensors (``flash_triton._tma_fits``).
 """

@@ -22,6 +22,10 @@ head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two 
 (``single_max_programs``) run the whole backward as one kernel: program i computes dK, dV of key tile i and dQ
 of query tile i, with D from the O and dO tiles (one launch instead of three, where launches are the cost).
 
+Hopper (sm_90): where a call is in their scope (``_in_hopper_scope``: 16-bit, head dim 64/128, full or causal,
+no documents), the planner launches the Gluon kernels of ``flash_hopper`` (forward) and ``flash_hopper_bwd`` (the
+atomic-dQ middle kernel) instead, with the same arguments; ``deterministic=True`` keeps the Triton kernels.
+
 Host path: everything that follows from a call's layout (checks, strides, grid, compiled kernel) is planned
 once per layout (``_plan_for``); after its first launch a kernel is called through the compiled module's C
 launcher (``_Launch``), so a small forward+backward costs two launches and little Python.
