@@ -68,6 +68,79 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOC
 
 
 @gluon.jit
+def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
+            ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr):
+    """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
+    normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
+    ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer through its mbarrier
+    in ``empty_bars`` (RELEASE True)."""
+    dtype: gl.constexpr = q.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+    l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+
+    # tile 0: S alone
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False)
+    if n_full > 0:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
+    else:
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
+
+    for j in range(1, n_tiles):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
+        if j < n_full:
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                               False, CAUSAL)
+        else:
+            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                               True, CAUSAL)
+        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
+        if RELEASE:
+            mbarrier.arrive(empty_bars.index(prev))
+        else:
+            if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
+                gl.thread_barrier()
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES)
+
+    last = n_tiles - 1
+    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc)
+    return acc, l_i, m_i
+
+
+@gluon.jit
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q):
+    """O = acc / l through Q's buffer (free: every MMA that read it has completed) and a TMA store that clips
+    rows past N_Q; L = m + log2(l) in natural log."""
+    row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
+    q.store(acc.to(q.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                        stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                        LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -93,16 +166,6 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
                                         block_shape=[BLOCK_M, HEAD_DIM], layout=smem)
 
-    # wgmma accumulators: S (BLOCK_M x BLOCK_N) and O (BLOCK_M x HEAD_DIM), 16 rows per warp; P is the A operand
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
@@ -126,60 +189,19 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES)
-
+    row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                                      instr_shape=[16, BLOCK_N, 16]))
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-
-    # tile 0: S alone
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False)
-    if n_full > 0:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
-    else:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
-
-    for j in range(1, n_tiles):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
-        if j < n_full:
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL)
-        else:
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               True, CAUSAL)
-        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-        if NUM_WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
-            gl.thread_barrier()
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES)
-
-    last = n_tiles - 1
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc)
-
+    acc, l_i, m_i = _attend(q_smem, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles, n_full,
+                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
-
-    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
-    if NUM_WARPS > 4:
+    if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
         gl.thread_barrier()
-    q_smem.store(acc.to(dtype))  # Q's buffer is free: every MMA that read it has completed
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
-    tma.store_wait(pendings=0)
+    _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q)
 
 
 # Warp-specialised form: two consumer warpgroups (64 query rows each) share the K/V ring that one producer warp
@@ -204,16 +226,9 @@ def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars,
 def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
                  n_tiles, qk_scale, WG: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """One warpgroup's 64 query rows: ``_hopper_fwd_kernel``'s loop, releasing each stage instead of refilling."""
-    dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    """One warpgroup's 64 query rows: ``_attend`` releasing each stage to the producer."""
+    row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                      instr_shape=[16, BLOCK_N, 16]))
     row0 = start_m + WG * ROWS
     if CAUSAL:
         n_full = gl.minimum(row0 + 1, N_K) // BLOCK_N
@@ -221,45 +236,10 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
         n_full = N_K // BLOCK_N
     q = q_smem.index(WG)
     offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-    l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-
     mbarrier.wait(q_bars.index(WG), 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False)
-    if n_full > 0:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
-    else:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
-    for j in range(1, n_tiles):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        if j < n_full:
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL)
-        else:
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               True, CAUSAL)
-        acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-        mbarrier.arrive(empty_bars.index(prev))
-    last = n_tiles - 1
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc)
-    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
-    q.store(acc.to(dtype))  # this warpgroup's Q rows are no longer read
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
-    tma.store_wait(pendings=0)
+    acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles, n_full,
+                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True)
+    _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q)  # only this warpgroup read its Q rows
 
 
 @gluon.jit
