@@ -141,6 +141,28 @@ def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q):
 
 
 @gluon.jit
+def _program_tiles(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om,
+                   N_Q, N_K, GROUP, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, Q_ROWS: gl.constexpr,
+                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, smem: gl.constexpr):
+    """This program's batch-head, first query row (causal: the last query tiles, which see the most keys, launch
+    first) and its TMA descriptors: Q and O tiles of ``Q_ROWS`` rows, K and V tiles of key/value head bh // GROUP."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1).to(gl.int64)
+    bkv = bh // GROUP
+    q_desc = tma.make_tensor_descriptor(Q + bh * stride_qb, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
+                                        block_shape=[Q_ROWS, HEAD_DIM], layout=smem)
+    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
+    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
+    o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
+                                        block_shape=[Q_ROWS, HEAD_DIM], layout=smem)
+    return bh, pid_m * BLOCK_M, q_desc, k_desc, v_desc, o_desc
+
+
+@gluon.jit
 def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                        stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                        LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -149,22 +171,11 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     HEADS, LEFT, RIGHT and the d strides (1) are ``_flash_fwd_kernel``'s arguments, unused here."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
-    pid_m = gl.program_id(0)
-    if CAUSAL:  # the last query tiles see the most keys: launch them first
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1).to(gl.int64)
-    bkv = bh // GROUP
-    start_m = pid_m * BLOCK_M
-
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_desc = tma.make_tensor_descriptor(Q + bh * stride_qb, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
-                                        block_shape=[BLOCK_M, HEAD_DIM], layout=smem)
+    bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
+        Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
+        GROUP, HEAD_DIM, BLOCK_M, BLOCK_M, BLOCK_N, CAUSAL, smem)
+
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
@@ -251,21 +262,10 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
     default partition is the first consumer, the workers the second consumer and the producer)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1).to(gl.int64)
-    bkv = bh // GROUP
-    start_m = pid_m * BLOCK_M
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_desc = tma.make_tensor_descriptor(Q + bh * stride_qb, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[ROWS, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
-                                        block_shape=[ROWS, HEAD_DIM], layout=smem)
+    bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
+        Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
+        GROUP, HEAD_DIM, BLOCK_M, ROWS, BLOCK_N, CAUSAL, smem)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
