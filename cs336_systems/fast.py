@@ -21,6 +21,7 @@ class FastSettings:
     compile_scope: str  # "model" (one graph) or "blocks" (regional: each block, shared graph)
     optimizer: str  # "ours", "torch-fused" or "fused" (cs336_systems.fused.adamw.FusedAdamW)
     loss: str  # "unfused" (LM head, then cross_entropy) or "fused" (cs336_systems.fused.linear_cross_entropy)
+    cuda_graph: bool  # the whole step as one CUDA graph (cs336_systems.step_graph; needs optimizer "fused")
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -38,5 +39,7 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
-        return FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss=loss)
-    return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused")
+        return FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss=loss,
+                            cuda_graph=True)
+    return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
+                        cuda_graph=False)

@@ -56,7 +56,7 @@ PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("ours", "fused")  # cs336_basics AdamW, or cs336_systems.fused.adamw.FusedAdamW (bench's names)
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
-FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss")  # None: fast_settings picks
+FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph")  # None: fast_settings picks
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -88,6 +88,7 @@ class TrainConfig:
     compile_scope: str | None = None  # "model" or "blocks"
     optimizer: str | None = None  # "ours" or "fused" (FusedAdamW: under bf16, bf16 weights with fp32 masters)
     loss: str | None = None  # "unfused" or "fused" (chunked LM head + cross-entropy, no logits tensor)
+    cuda_graph: bool | None = None  # the whole step captured once and replayed (CUDA, optimizer fused, no parallel)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
     attention_window: int | None = None  # sliding window: keys per query, itself included; None: the preset's
@@ -172,10 +173,13 @@ class TrainConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
                                  f"{', '.join(allowed)}")
-        for name in ("compile", "optimizer", "loss", "activation_checkpointing"):
+        for name in ("compile", "optimizer", "loss", "activation_checkpointing", "cuda_graph"):
             reason = unsupported(self.parallel, name, getattr(self, name))
             if reason is not None:
                 raise ValueError(f"train: {reason}")
+        if self.cuda_graph and self.optimizer not in (None, "fused"):
+            raise ValueError(f"train: --cuda-graph yes needs --optimizer fused (the optimizer that reads each step's "
+                             f"values from the GPU), not {self.optimizer}")
         if self.resume and (self.checkpoint_dir is None or TIME_FIELD in self.checkpoint_dir):
             raise ValueError("train: --resume needs --checkpoint-dir DIR (the directory of the run to continue)")
         if self.checkpoint_every is not None and self.checkpoint_dir is None:
@@ -216,19 +220,24 @@ def unsupported(parallel: str, name: str, value) -> str | None:
     if name == "loss" and value == "fused" and sharded:
         unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
         return f"--loss fused does not work with --parallel {parallel}; use --loss unfused or one of {unsharded}"
+    if name == "cuda_graph" and value and parallel != "none":
+        return f"--cuda-graph yes works with --parallel none only, not {parallel}; use --cuda-graph no"
     if name == "compile" and value and sharded:
         unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
         return f"--compile yes is not supported with --parallel {parallel}; use --compile no or one of {unsharded}"
     return None
 
 
-_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused"}  # where a fast setting does not apply
+# where a fast setting does not apply
+_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False}
 
 
 def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfig, str]:
     """``cfg`` with every speed setting it leaves at None taken from ``fast_settings(device, vocab)`` (a fast
     setting the strategy cannot use becomes the reference one, and the line says why), and one line saying
     what was picked. Explicit settings are kept as given."""
+    if cfg.cuda_graph and device.type != "cuda":
+        raise ValueError(f"train: --cuda-graph yes needs a CUDA device, got {device}; use --cuda-graph no")
     fast = fast_settings(device, get_preset(cfg.preset).vocab_size)
     picked, notes = {}, []
     for name in FAST_FIELDS:
@@ -242,6 +251,9 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
                 and not supports_attention_extras(get_attention_backend(value)):
             notes.append(f"attention={value} takes no window= / doc_ids=")
             value = "sdpa"
+        if name == "cuda_graph" and value and (picked.get("optimizer") or cfg.optimizer) != "fused":
+            notes.append(f"cuda_graph=True not with optimizer={picked.get('optimizer') or cfg.optimizer}")
+            value = False
         picked[name] = value
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
@@ -638,6 +650,30 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
             log(f"checkpoint: {path}")
         return path
 
+    graphed = None
+    if cfg.cuda_graph:
+        from cs336_systems.step_graph import CapturedStep
+
+        model.check_inputs = False  # preflight checked the token file; the check would synchronise in the graph
+        # autocast's weight-cast cache would hold tensors of the capture past it (CapturedStep's requirements)
+        graph_autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)) \
+            if cfg.precision == "bf16" else contextlib.nullcontext
+
+        def graph_step(xs: torch.Tensor, ys: torch.Tensor, *docs: torch.Tensor):
+            """One whole step on (grad_accum, B, T) inputs: what the eager loop below does for --parallel none."""
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(cfg.grad_accum):
+                with graph_autocast():
+                    loss = loss_fn(xs[micro], ys[micro], docs[0][micro] if docs else None) / cfg.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+            grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
+            optimizer.step()
+            return loss_sum, grad_norm
+
+        graphed = CapturedStep(graph_step, optimizer=optimizer, warmup=2)
+
     rows, last_saved, stopped, done = [], resume_from, None, start_step
     try:
         with StopSignal() as stop:
@@ -650,20 +686,25 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 wrapped.on_train_batch_start()
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(cfg.grad_accum):
-                    x, y = data.get(step, micro)
-                    doc_ids = None if cfg.eos_id is None else document_ids(x, cfg.eos_id)
-                    last = micro == cfg.grad_accum - 1
-                    with (contextlib.nullcontext() if last else no_sync()):
-                        with autocast():
-                            loss = loss_fn(x, y, doc_ids) / cfg.grad_accum
-                        loss.backward()
-                    loss_sum += loss.detach()
-                wrapped.finish_gradient_synchronization()
-                grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                if graphed is not None:
+                    xs, ys = (torch.stack(t) for t in zip(*(data.get(step, m) for m in range(cfg.grad_accum))))
+                    docs = () if cfg.eos_id is None else (document_ids(xs, cfg.eos_id),)
+                    loss_sum, grad_norm = graphed(xs, ys, *docs)
+                else:
+                    loss_sum = torch.zeros((), device=device)
+                    for micro in range(cfg.grad_accum):
+                        x, y = data.get(step, micro)
+                        doc_ids = None if cfg.eos_id is None else document_ids(x, cfg.eos_id)
+                        last = micro == cfg.grad_accum - 1
+                        with (contextlib.nullcontext() if last else no_sync()):
+                            with autocast():
+                                loss = loss_fn(x, y, doc_ids) / cfg.grad_accum
+                            loss.backward()
+                        loss_sum += loss.detach()
+                    wrapped.finish_gradient_synchronization()
+                    grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
                 _sync(device)
                 dt = timeit.default_timer() - t0
                 # Outside the timed step: the mean loss over ranks and whether any rank got a stop signal

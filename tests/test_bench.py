@@ -181,6 +181,24 @@ def test_gpu_compile_and_checkpoint_run():
         assert run_benchmark(cfg)["status"] == "ok"
 
 
+@pytest.mark.gpu
+def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss():
+    """The captured step in the settings it is meant for (bf16, compiled blocks, fused optimizer and loss); its
+    record says so and has no phases (one replay)."""
+    rec = run_benchmark(BenchConfig(preset="small", context_length=128, precision="bf16", compile=True,
+                                    compile_scope="blocks", attention="sdpa", optimizer="fused", loss="fused",
+                                    cuda_graph=True, warmup=3, steps=3, device="cuda"))
+    assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
+    assert rec["step_mean_ms"] > 0
+
+
+def test_cuda_graph_bench_config_bad_input():
+    with pytest.raises(ValueError, match="--optimizer fused"):
+        BenchConfig(**TINY, cuda_graph=True)
+    with pytest.raises(ValueError, match="--warmup >= 2"):
+        BenchConfig(**{**TINY, "warmup": 1}, optimizer="fused", cuda_graph=True)
+
+
 # --- issue 17: CPU out-of-memory, CPU defaults, progress, --device cuda without a GPU ------------------------
 
 

@@ -292,3 +292,55 @@ def test_fused_adamw_draws_its_seed_from_the_global_stream_only_for_stochastic_r
     assert torch.equal(next_draw(), untouched)
     assert torch.equal(next_draw(stochastic_rounding=True, seed=7), untouched)
     assert not torch.equal(next_draw(stochastic_rounding=True), untouched)
+
+
+def test_captured_step_bad_input():
+    from cs336_systems.step_graph import CapturedStep
+
+    with pytest.raises(ValueError, match="warmup must be an int >= 1"):
+        CapturedStep(lambda x: x, warmup=0)
+    with pytest.raises(ValueError, match="keeps its step count and learning rate on the host"):
+        CapturedStep(lambda x: x, optimizer=AdamW([torch.nn.Parameter(torch.zeros(2))]))
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        CapturedStep(lambda x: x)(torch.zeros(2))
+    with pytest.raises(ValueError, match="no step of this optimizer was captured"):
+        FusedAdamW([torch.nn.Parameter(torch.zeros(2))]).before_graph_replay()
+
+
+@pytest.mark.gpu
+def test_gpu_captured_step_replays_the_eager_updates(seed):
+    """A step captured as a CUDA graph (FusedAdamW with bf16 weights and fp32 masters, autocast) against the same
+    steps run eagerly: the learning rate changes every step and the replays apply it, the step counts advance,
+    and losses and weights agree."""
+    from cs336_systems.step_graph import CapturedStep
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 10)).cuda()
+        return model, FusedAdamW(model.parameters(), lr=1e-2, compute_dtype=torch.bfloat16,
+                                 low_precision=low_precision_params(model))
+
+    def stepper(model, opt):
+        def step(x, y):
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                loss = F.cross_entropy(model(x).float(), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+
+    (m1, o1), (m2, o2) = make(), make()
+    eager, captured = stepper(m1, o1), CapturedStep(stepper(m2, o2), optimizer=o2, warmup=2)
+    losses = []
+    for i in range(6):
+        x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
+        for opt in (o1, o2):
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 / (i + 1)
+        losses.append((eager(x, y).item(), captured(x, y).item()))
+    assert captured.captured
+    assert [b for _, b in losses] == pytest.approx([a for a, _ in losses], rel=1e-5)
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
+        torch.testing.assert_close(o2.master_of(q), o1.master_of(p), rtol=1e-5, atol=1e-6)
+        assert o2.state[q]["step"] == o1.state[p]["step"] == 6

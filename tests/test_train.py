@@ -325,7 +325,7 @@ def test_fast_settings_are_printed_and_not_applied_on_cpu():
     out = train(TrainConfig(**dict(SMALL, steps=1, grad_accum=1), batch_size=2, device="cpu"), log=lines.append)
     (line,) = [s for s in lines if "fast settings" in s]
     assert line == ("train: fast settings for cpu: attention=reference, compile=False, compile_scope=model, "
-                    "optimizer=ours, loss=unfused")
+                    "optimizer=ours, loss=unfused, cuda_graph=False")
     assert {k: out["config"][k] for k in ("attention", "compile", "optimizer", "loss")} == dict(
         attention="reference", compile=False, optimizer="ours", loss="unfused")
 
@@ -336,13 +336,14 @@ def test_explicit_flags_beat_fast_settings(monkeypatch):
     from cs336_systems import train as train_mod
     from cs336_systems.fast import FastSettings
 
-    cuda_like = FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss="fused")
+    cuda_like = FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss="fused",
+                             cuda_graph=False)
     monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
     cpu = torch.device("cpu")
     cfg, line = train_mod.resolve_settings(TrainConfig(attention="reference", compile=False), cpu)
     assert (cfg.attention, cfg.compile, cfg.compile_scope, cfg.optimizer, cfg.loss) == (
         "reference", False, "model", "fused", "fused")
-    assert line == "train: fast settings for cpu: compile_scope=model, optimizer=fused, loss=fused"
+    assert line == "train: fast settings for cpu: compile_scope=model, optimizer=fused, loss=fused, cuda_graph=False"
     cfg, line = train_mod.resolve_settings(TrainConfig(parallel="fsdp"), cpu)
     assert (cfg.attention, cfg.compile, cfg.optimizer, cfg.loss) == ("sdpa", False, "ours", "unfused")
     assert "optimizer=fused not with --parallel fsdp" in line and "compile=True not with --parallel fsdp" in line
@@ -355,6 +356,48 @@ def test_explicit_flags_beat_fast_settings(monkeypatch):
     assert out["config"]["optimizer"] == "fused" and out["config"]["loss"] == "fused"
     assert any(s.startswith("train: fast settings for cpu: attention=sdpa,") for s in lines)
     assert [r["step"] for r in out["rows"]] == [0, 1]
+
+
+def test_cuda_graph_applies_only_where_it_can(monkeypatch):
+    """The fast default's CUDA graph gives way to an optimizer or strategy it cannot capture (and says so); an
+    explicit --cuda-graph yes there, or on a CPU, is an error naming the conflict."""
+    from cs336_systems import train as train_mod
+    from cs336_systems.fast import FastSettings
+
+    cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
+                             loss="unfused", cuda_graph=True)
+    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
+    cuda = torch.device("cuda")
+    cfg, line = train_mod.resolve_settings(TrainConfig(optimizer="ours"), cuda)
+    assert cfg.cuda_graph is False and "cuda_graph=True not with optimizer=ours" in line
+    cfg, line = train_mod.resolve_settings(TrainConfig(parallel="bucketed"), cuda)
+    assert cfg.cuda_graph is False and "cuda_graph=True not with --parallel bucketed" in line
+    assert train_mod.resolve_settings(TrainConfig(), cuda)[0].cuda_graph is True
+    with pytest.raises(ValueError, match="--cuda-graph yes needs --optimizer fused"):
+        TrainConfig(cuda_graph=True, optimizer="ours")
+    with pytest.raises(ValueError, match="--cuda-graph yes works with --parallel none only"):
+        TrainConfig(cuda_graph=True, parallel="bucketed")
+    with pytest.raises(ValueError, match="--cuda-graph yes needs a CUDA device"):
+        train(TrainConfig(**dict(SMALL, steps=1), cuda_graph=True, device="cpu"), log=lambda s: None)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_gpu_cuda_graph_train_tracks_eager_and_resumes(tmp_path):
+    """The captured step (fp32, the fused optimizer, gradient accumulation, clipping and a learning rate that
+    changes every step) gives the eager step's losses; stopped after step 3 and resumed, it tracks them on."""
+    cfg = dict(SMALL, batch_size=2, grad_accum=2, steps=6, warmup_steps=2, precision="fp32", device="cuda",
+               compile=False, attention="sdpa", optimizer="fused")
+    eager = train(TrainConfig(**cfg, cuda_graph=False), log=lambda s: None)
+    graphed = train(TrainConfig(**cfg, cuda_graph=True, checkpoint_dir=str(tmp_path), checkpoint_every=3),
+                    log=lambda s: None)
+    losses = [r["loss"] for r in graphed["rows"]]
+    assert losses == pytest.approx([r["loss"] for r in eager["rows"]], rel=1e-5)
+    assert losses[-1] < losses[0]  # it trains: the replays apply the optimizer's steps
+    shutil.rmtree(tmp_path / "step-000006")
+    resumed = train(TrainConfig(**cfg, cuda_graph=True, checkpoint_dir=str(tmp_path), resume=True),
+                    log=lambda s: None)
+    assert [r["loss"] for r in resumed["rows"]] == pytest.approx(losses[3:], rel=1e-5)
 
 
 @pytest.mark.gpu
@@ -375,3 +418,19 @@ def test_fast_settings_on_cuda_train_and_resume(tmp_path):
     saved = checkpoint.read_checkpoint(tmp_path / "a" / "step-000002")
     assert {k.removeprefix("model.") for k in saved if k.startswith("model.")} == set(full["final_state"])
     assert all(v.dtype == torch.float32 for k, v in saved.items() if k.startswith("model."))
+
+
+def test_train_save_writes_step_records_with_the_run_settings(tmp_path):
+    """``train --save``: one record per logged step, with the run's settings beside the step's values (the loss
+    setting as ``loss_fn``: ``loss`` is the step's loss)."""
+    import json
+
+    argv = ["train", "--preset", "tiny", "--steps", "2", "--context-length", "16", "--device", "cpu", "--save",
+            "--results-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")]
+    assert main(argv) == 0
+    (path,) = (tmp_path / "r" / "train").glob("*.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = [r.get("record", r) for r in rows]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(isinstance(r["loss"], float) and r["loss_fn"] == "unfused" and r["cuda_graph"] is False
+               for r in rows)

@@ -56,6 +56,7 @@ class BenchConfig:
     optimizer: str = "ours"
     loss: str = "unfused"
     impl: str = "ours"  # "peer": the settings above that concern our model (compile, attention, ...) do not apply
+    cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     warmup: int = 5
     steps: int = 10
     device: str | None = None  # None: cuda if available, else cpu
@@ -78,6 +79,16 @@ class BenchConfig:
             raise ValueError(f"benchmarking_script: unknown impl {self.impl!r}; choose from {', '.join(IMPLS)}")
         if self.device is not None:
             resolve_device(self.device, "benchmarking_script: --device")
+        if self.cuda_graph:
+            if self.impl != "ours" or self.mode != "train-step" or self.optimizer != "fused":
+                raise ValueError("benchmarking_script: --cuda-graph yes times our train step with --optimizer fused "
+                                 f"(got impl {self.impl}, mode {self.mode}, optimizer {self.optimizer})")
+            if self.warmup < 2:
+                raise ValueError(f"benchmarking_script: --cuda-graph yes needs --warmup >= 2 (eager steps that compile "
+                                 f"the kernels, then the capture), got {self.warmup}")
+            if self.torch_device.type != "cuda":
+                raise ValueError(f"benchmarking_script: --cuda-graph yes needs a CUDA device, got "
+                                 f"{self.torch_device}")
         if self.warmup < 0 or self.steps < 1:
             raise ValueError(f"benchmarking_script: need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
         if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):
@@ -95,10 +106,10 @@ class BenchConfig:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def autocast_context(precision: str, device: torch.device):
+def autocast_context(precision: str, device: torch.device, cache_enabled: bool = True):
     """bf16: ``torch.autocast``; fp32: a no-op context (the handout's ``nullcontext``)."""
     if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache_enabled)
     return contextlib.nullcontext()
 
 
@@ -156,6 +167,22 @@ def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
     return model, optimizer, loss_fn, step_model
 
 
+def _captured_step(cfg: BenchConfig, model, optimizer, loss_fn, device: torch.device):
+    """The train step as a CUDA graph, captured at the last warm-up step (``CapturedStep``'s requirements: gradients
+    set to None inside the step, autocast without its cast cache)."""
+    from cs336_systems.step_graph import CapturedStep
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        with autocast_context(cfg.precision, device, cache_enabled=False):
+            loss = loss_fn(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return CapturedStep(step, optimizer=optimizer, warmup=cfg.warmup - 1)
+
+
 def run_benchmark(cfg: BenchConfig) -> dict:
     """Run one configuration; returns a flat record (``status`` is ``ok`` or ``OOM``)."""
     device = cfg.torch_device
@@ -181,8 +208,13 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         y = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         timer = PhaseTimer(device)
+        captured = _captured_step(cfg, model, optimizer, loss_fn, device) if cfg.cuda_graph else None
 
         def one_step(record_it: bool) -> None:
+            if captured is not None:  # one replay: its phases are not separable
+                with timer.phase("step", record_it):
+                    captured(x, y)
+                return
             with timer.phase("step", record_it):
                 if cfg.mode == "forward":
                     with timer.phase("forward", record_it), autocast_context(cfg.precision, device), \

@@ -49,9 +49,9 @@ PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compil
             "mfu_target", "training_step")
 WARMUP_STUDY = (0, 1, 2, 5)
 TABLE_COLUMNS = ["impl", "preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint",
-                 "optimizer", "loss", "warmup", "status", "forward_mean_ms", "backward_mean_ms", "optimizer_mean_ms",
-                 "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu", "peak_memory_gib", "step_ratio_vs_peer",
-                 "memory_ratio_vs_peer"]
+                 "optimizer", "loss", "cuda_graph", "warmup", "status", "forward_mean_ms", "backward_mean_ms",
+                 "optimizer_mean_ms", "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu", "peak_memory_gib",
+                 "step_ratio_vs_peer", "memory_ratio_vs_peer"]
 CPU_DEFAULT = ("tiny", 128)  # preset and context without --preset on a CPU: seconds, not minutes
 CUDA_DEFAULT = ("small", 512)
 
@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", nargs="+", choices=OPTIMIZERS, default=None)
     p.add_argument("--loss", nargs="+", choices=LOSSES, default=None,
                    help="unfused (LM head, then cross-entropy) or fused (chunked, no logits tensor)")
+    p.add_argument("--cuda-graph", choices=["no", "yes", "both"], default=None,
+                   help="capture our train step as one CUDA graph and replay it (needs CUDA and --optimizer fused): "
+                        "no, yes or both; default: the fast settings' (yes on CUDA where it applies)")
     p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
                    help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run")
     p.add_argument("--warmup", type=int, default=5)
@@ -111,7 +114,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     contexts = args.context_length or [context_default]
     fast = fast_settings(device)
     chosen = {name: getattr(args, name, None)
-              for name in ("attention", "compile", "compile_scope", "optimizer", "loss")}
+              for name in ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph")}
     picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
@@ -123,6 +126,10 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     compiles = {"no": [False], "yes": [True], "both": [False, True]}[compile_flag]
     compile_scope = chosen["compile_scope"] or fast.compile_scope
     optimizers = chosen["optimizer"] or [fast.optimizer]
+    # an explicit --cuda-graph applies as given (BenchConfig refuses what it cannot time); the fast default
+    # only where it applies: our train step with the fused optimizer
+    graphs = {"no": [False], "yes": [True], "both": [False, True]}[chosen["cuda_graph"] or "no"]
+    graph_default = chosen["cuda_graph"] is None and fast.cuda_graph
     warmups = list(WARMUP_STUDY) if args.warmup_study else [args.warmup]
     configs = []
     for impl in getattr(args, "impl", None) or ["ours"]:
@@ -138,8 +145,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
             for lo in (chosen["loss"] or [vocab_loss[p]])]
         configs += [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
-                                loss=lo, warmup=w, steps=args.steps, device=args.device)
-                    for p, c, m, pr, co, a, ck, o, lo, w in grid]
+                                loss=lo, warmup=w, steps=args.steps, device=args.device,
+                                cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2))
+                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
     first_seen: dict[tuple, int] = {}
@@ -168,7 +176,7 @@ def format_table(records: list[dict]) -> str:
     df = pd.DataFrame(records)
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     # Drop columns that do not vary and carry defaults, so the table stays readable.
-    for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope"):
+    for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope", "cuda_graph"):
         if col in cols and df[col].nunique() <= 1:
             cols.remove(col)
     return markdown_table(records, cols, ".3g")

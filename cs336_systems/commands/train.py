@@ -6,8 +6,9 @@
 
 Checkpoints always: without ``--checkpoint-dir`` the run writes to ``runs/train-<UTC start time>/`` (the final
 checkpoint and ``metrics.jsonl``). SIGTERM / Ctrl-C: the current step finishes, a checkpoint is written, exit 0.
-Speed settings not given (``--attention``, ``--compile``, ``--compile-scope``, ``--optimizer``, ``--loss``) come from
-``cs336_systems.fast.fast_settings`` (fast on CUDA, the reference path on a CPU) and are printed.
+Speed settings not given (``--attention``, ``--compile``, ``--compile-scope``, ``--optimizer``, ``--loss``,
+``--cuda-graph``) come from ``cs336_systems.fast.fast_settings`` (fast on CUDA, the reference path on a CPU) and
+are printed.
 docs/training.md.
 """
 
@@ -74,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", choices=LOSSES, default=None,
                    help="unfused (LM head, then cross-entropy) or fused (chunked, no logits tensor); default: fused "
                    "on CUDA from a vocabulary of 32,768, else unfused")
+    p.add_argument("--cuda-graph", choices=["no", "yes"], default=None,
+                   help="capture the whole step (forward, backward, clipping, optimizer) once as a CUDA graph and "
+                   "replay it: no host work per step; needs CUDA, --optimizer fused and --parallel none (default: "
+                   "yes where it applies)")
     p.add_argument("--activation-checkpointing", default="none", metavar="{none,selective,nested,K}",
                    help="recompute activations in backward to save memory (not --checkpoint-dir, which saves the "
                    "run): none; selective (save matmul and attention outputs, recompute the rest); nested; or K = "
@@ -115,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
                       data=args.data, seed=args.seed, log_every=args.log_every, attention=args.attention,
                       compile=None if args.compile is None else args.compile == "yes",
                       compile_scope=args.compile_scope, optimizer=args.optimizer, loss=args.loss,
+                      cuda_graph=None if args.cuda_graph is None else args.cuda_graph == "yes",
                       activation_checkpointing=args.activation_checkpointing, num_kv_heads=args.num_kv_heads,
                       attention_window=args.attention_window, eos_id=args.eos_id, device=args.device,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
@@ -126,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
     is_main = not dist.is_initialized() or dist.get_rank() == 0
     if args.save and is_main:
-        rows = [{**summary["config"], "world_size": summary["world_size"], **r} for r in summary["rows"]]
+        config = {("loss_fn" if k == "loss" else k): v for k, v in summary["config"].items()}  # loss: the value
+        rows = [{**config, "world_size": summary["world_size"], **r} for r in summary["rows"]]
         print(f"records: {write_records('train', rows, args.results_dir)}")
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -10,7 +10,10 @@ bf16 copy in one pass:
   addresses picks each block's tensor) reads master, m, v (fp32) and the gradient and writes master, m, v
   and the bf16 copy: 28 bytes per bf16 parameter, the same as an fp32 fused AdamW, while the forward's
   cast (6 bytes) and the backward's bf16 -> fp32 gradient cast (6 bytes) disappear. The addresses of
-  masters, moments and parameters are taken once: do not reallocate parameters after construction.
+  masters, moments and parameters are taken once: do not reallocate parameters after construction. The step's
+  hyperparameters (learning rate, bias corrections, seed) travel in the same device table, so a CUDA graph of
+  the whole training step (``cs336_systems.step_graph.CapturedStep``) replays the kernel with each step's values
+  (``before_graph_replay``).
 * CPU (and ``use_triton=False``): the same arithmetic with ``torch._foreach`` ops, then a copy.
 
 Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v, bias corrections,
@@ -56,17 +59,31 @@ if triton is not None:
         return ((bits >> 16) << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
 
     @triton.jit
-    def _adamw_kernel(ptrs_ptr, numels_ptr, block_tensor_ptr, block_start_ptr, decay, beta1c, beta2, beta2c,
-                      sqrt_bc2, eps, step_size, seed, STATE_DTYPE: tl.constexpr, GRAD_DTYPE: tl.constexpr,
-                      OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, STOCHASTIC: tl.constexpr,
-                      BLOCK: tl.constexpr):
+    def _hyper(ptrs_ptr, n_tensors, i: tl.constexpr):
+        """Hyperparameter ``i`` (0-6) of the launch: fp64 bit patterns after the seed, which follows the tensors'
+        rows in the table; rounded to fp32 as a scalar argument would be."""
+        return tl.load(ptrs_ptr + 5 * n_tensors + 1 + i).to(tl.float64, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _adamw_kernel(ptrs_ptr, n_tensors, numels_ptr, block_tensor_ptr, block_start_ptr, STATE_DTYPE: tl.constexpr,
+                      GRAD_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr,
+                      STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
         """One program updates BLOCK elements of one tensor; ``ptrs`` holds (master, m, v, grad, out) addresses
-        per tensor, so one launch covers every parameter of a bucket (multi-tensor apply). STOCHASTIC: the
-        stored state (bf16) is rounded stochastically, with Philox streams keyed by ``seed`` and the block."""
+        per tensor, so one launch covers every parameter of a bucket (multi-tensor apply), then the step's seed
+        and hyperparameters: read from device memory, so that a CUDA graph replays the kernel with each step's
+        values. STOCHASTIC: the stored state (bf16) is rounded stochastically, with Philox streams keyed by the
+        seed and the block."""
         pid = tl.program_id(0)
         t = tl.load(block_tensor_ptr + pid).to(tl.int64)
         offs = tl.load(block_start_ptr + pid).to(tl.int64) + tl.arange(0, BLOCK)
         mask = offs < tl.load(numels_ptr + t)
+        decay = _hyper(ptrs_ptr, n_tensors, 0)
+        beta1c = _hyper(ptrs_ptr, n_tensors, 1)
+        beta2 = _hyper(ptrs_ptr, n_tensors, 2)
+        beta2c = _hyper(ptrs_ptr, n_tensors, 3)
+        sqrt_bc2 = _hyper(ptrs_ptr, n_tensors, 4)
+        eps = _hyper(ptrs_ptr, n_tensors, 5)
+        step_size = _hyper(ptrs_ptr, n_tensors, 6)
         master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(STATE_DTYPE))
         m_ptr = tl.load(ptrs_ptr + 5 * t + 1).to(tl.pointer_type(STATE_DTYPE))
         v_ptr = tl.load(ptrs_ptr + 5 * t + 2).to(tl.pointer_type(STATE_DTYPE))
@@ -81,6 +98,7 @@ if triton is not None:
         denom = tl.div_rn(tl.sqrt_rn(v), sqrt_bc2) + eps
         p = p + step_size * tl.div_rn(m, denom)
         if STOCHASTIC:
+            seed = tl.load(ptrs_ptr + 5 * n_tensors)
             r0, r1, r2, _ = tl.randint4x(seed, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
             tl.store(master_ptr + offs, _round_bf16_stochastic(p, r0), mask=mask)
             tl.store(m_ptr + offs, _round_bf16_stochastic(m, r1), mask=mask)
@@ -101,34 +119,54 @@ _BLOCK = 4096
 
 class _Launch:
     """The fixed part of one multi-tensor launch (a bucket of parameters of one dtype and step count): per-block
-    tensor index and offset, numels, and a device table of addresses whose grad column is refreshed each step
-    (gradients are new tensors every step) through a small ring of pinned host buffers."""
+    tensor index and offset, numels, and a device table of addresses, seed and hyperparameters, whose grad column
+    and last two rows are refreshed each step (gradients are new tensors every step) through a small ring of
+    pinned host buffers. A launch captured in a CUDA graph keeps the addresses of the gradients it was captured
+    with (the graph's own) and refreshes only the seed and hyperparameters, before each replay."""
 
-    def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device):
+    def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device,
+                 like: _Launch | None = None):
         self.params = params
-        numels = [p.numel() for p in params]
-        blocks = [triton.cdiv(n, _BLOCK) for n in numels]
-        self.n_blocks = sum(blocks)
-        tensor_of_block = torch.repeat_interleave(torch.arange(len(params), dtype=torch.int32),
-                                                  torch.tensor(blocks))
-        first = torch.cumsum(torch.tensor([0, *blocks[:-1]]), 0)
-        start = (torch.arange(self.n_blocks) - first.repeat_interleave(torch.tensor(blocks))) * _BLOCK
-        self.block_tensor = tensor_of_block.to(device)
-        self.block_start = start.to(torch.int64).to(device)
-        self.numels = torch.tensor(numels, dtype=torch.int64, device=device)
-        self.host_rows = torch.tensor(rows, dtype=torch.int64)  # (n, 5); column 3 (grad) filled per step
-        pinned = device.type == "cuda"
-        self.ring = [torch.empty_like(self.host_rows, pin_memory=pinned) for _ in range(3)]
-        self.events = [torch.cuda.Event() if pinned else None for _ in range(3)]
+        if like is not None:  # under a capture: no host-to-device copies, the index tensors of an eager launch
+            self.n_blocks, self.block_tensor, self.block_start, self.numels = (
+                like.n_blocks, like.block_tensor, like.block_start, like.numels)
+        else:
+            numels = [p.numel() for p in params]
+            blocks = [triton.cdiv(n, _BLOCK) for n in numels]
+            self.n_blocks = sum(blocks)
+            tensor_of_block = torch.repeat_interleave(torch.arange(len(params), dtype=torch.int32),
+                                                      torch.tensor(blocks))
+            first = torch.cumsum(torch.tensor([0, *blocks[:-1]]), 0)
+            start = (torch.arange(self.n_blocks) - first.repeat_interleave(torch.tensor(blocks))) * _BLOCK
+            self.block_tensor = tensor_of_block.to(device)
+            self.block_start = start.to(torch.int64).to(device)
+            self.numels = torch.tensor(numels, dtype=torch.int64, device=device)
+        # (n + 2, 5): per tensor (master, m, v, grad, out); then the seed and 7 hyperparameters (fp64 bits), flat
+        self.host_rows = torch.zeros(len(rows) + 2, 5, dtype=torch.int64)
+        self.host_rows[:len(rows)] = torch.tensor(rows, dtype=torch.int64)
+        self.pinned = device.type == "cuda"
+        self.ring: list[Tensor] = []  # made on the first upload (never inside a capture)
+        self.events = [torch.cuda.Event() if self.pinned else None for _ in range(3)]
         self.table = torch.empty_like(self.host_rows, device=device)
         self.turn = 0
 
-    def refresh_grads(self) -> Tensor:
+    def fill(self, seed: int, hyper: tuple[float, ...], grads: bool = True) -> None:
+        """Write the step's values into the host table (``grads``: the gradients' current addresses too)."""
+        n = len(self.params)
+        if grads:
+            self.host_rows[:n, 3] = torch.tensor([p.grad.data_ptr() for p in self.params], dtype=torch.int64)
+        flat = self.host_rows[n:].view(-1)
+        flat[0] = seed
+        flat[1:1 + len(hyper)] = torch.tensor(hyper, dtype=torch.float64).view(torch.int64)
+
+    def upload(self) -> Tensor:
+        """Copy the host table to the device, in stream order."""
+        if not self.ring:
+            self.ring = [torch.empty_like(self.host_rows, pin_memory=self.pinned) for _ in range(3)]
         slot = self.turn % len(self.ring)
         self.turn += 1
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # the copy that last read this slot (two steps ago) is done
-        self.host_rows[:, 3] = torch.tensor([p.grad.data_ptr() for p in self.params], dtype=torch.int64)
         self.ring[slot].copy_(self.host_rows)
         self.table.copy_(self.ring[slot], non_blocking=True)
         if self.events[slot] is not None:
@@ -183,6 +221,8 @@ class FusedAdamW(torch.optim.Optimizer):
                                       stochastic_rounding=stochastic_rounding, seed=seed))
         self.use_triton = use_triton
         self._launches: dict[tuple, _Launch] = {}  # multi-tensor launch tables by bucket
+        self._captured: list[tuple[_Launch, int, int]] = []  # the launches of a step captured in a CUDA graph
+        self._replayed = True  # False between a capture and its first replay
         self._group_index = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
         low = set(low_precision) if compute_dtype not in (None, torch.float32) else set()
         for group in self.param_groups:
@@ -231,37 +271,83 @@ class FusedAdamW(torch.optim.Optimizer):
             triton_ok = self._triton_ok(p) and p.grad.is_contiguous() and p.grad.dtype == p.dtype
             key = (self._group_index[p], triton_ok, state["step"], p.device, p.dtype, "master" in state)
             buckets.setdefault(key, []).append(p)
-        for bucket, ((gi, triton_ok, step, _, dtype, has_master), ps) in enumerate(buckets.items()):
-            group = self.param_groups[gi]
-            stochastic = group["stochastic_rounding"] and dtype == torch.bfloat16 and not has_master
-            seed = _launch_seed(group["seed"], step, bucket) if stochastic else None
-            args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"], seed)
+        capturing = any(p.is_cuda for p in params) and torch.cuda.is_current_stream_capturing()
+        if capturing:
+            self._captured, self._replayed = [], False
+        for bucket, ((gi, triton_ok, step, _, dtype, _master), ps) in enumerate(buckets.items()):
             if triton_ok:
-                self._triton_update(*args)
+                launch = self._triton_update(ps, gi, bucket, step, capturing)
+                if capturing:
+                    self._captured.append((launch, gi, bucket))
+            elif capturing:
+                raise ValueError("FusedAdamW: a CUDA graph can capture only the Triton path (contiguous CUDA "
+                                 "parameters and gradients of the parameter's dtype)")
             else:
+                group = self.param_groups[gi]
+                args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"],
+                        self._seed(gi, bucket, step, dtype, "master" in self.state[ps[0]]))
                 self._foreach_update(*args)
 
-    def _triton_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd, seed: int | None) -> None:
-        """One multi-tensor launch; ``seed`` not None: stochastic rounding of the (bf16) stored values."""
-        key = tuple(id(p) for p in params)
-        launch = self._launches.get(key)
+    def _seed(self, gi: int, bucket: int, step: int, dtype: torch.dtype, has_master: bool) -> int | None:
+        """The Philox key of a bucket's launch when its stored values are rounded stochastically, else None."""
+        group = self.param_groups[gi]
+        stochastic = group["stochastic_rounding"] and dtype == torch.bfloat16 and not has_master
+        return _launch_seed(group["seed"], step, bucket) if stochastic else None
+
+    def _hyper(self, gi: int, step: int) -> tuple[float, ...]:
+        """The kernel's hyperparameters: decay, 1 - beta1, beta2, 1 - beta2, sqrt(bias correction 2), eps, step
+        size (negative)."""
+        group = self.param_groups[gi]
+        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
+        return 1.0 - lr * wd, 1.0 - beta1, beta2, 1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1
+
+    def _triton_update(self, params: list[Tensor], gi: int, bucket: int, step: int, capturing: bool) -> _Launch:
+        """One multi-tensor launch. Under CUDA graph capture the launch gets its own table, filled but not yet
+        uploaded: ``before_graph_replay`` uploads it."""
+        ids = tuple(id(p) for p in params)
+        launch = self._launches.get((capturing, *ids))
         if launch is None:
+            like = self._launches.get((False, *ids)) if capturing else None
+            if capturing and like is None:
+                raise ValueError("FusedAdamW: a CUDA graph can capture a step only after an eager step of the same "
+                                 "parameters (it builds the launch tables, which a capture cannot copy to the GPU)")
             rows = []
             for p in params:
                 st = self.state[p]
                 master = st.get("master", p)
                 rows.append([master.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(), 0,
                              p.data_ptr()])
-            launch = self._launches[key] = _Launch(params, rows, params[0].device)
-        table = launch.refresh_grads()
-        has_out = "master" in self.state[params[0]]
+            launch = self._launches[(capturing, *ids)] = _Launch(params, rows, params[0].device, like)
+        state = self.state[params[0]]
+        seed = self._seed(gi, bucket, step, params[0].dtype, "master" in state)
+        launch.fill(seed or 0, self._hyper(gi, step))
+        if not capturing:
+            launch.upload()
         dtype = _TL_DTYPES[params[0].dtype]
-        state_dtype = _TL_DTYPES[self.state[params[0]]["exp_avg"].dtype]
-        bc1, bc2 = 1.0 - beta1**step, 1.0 - beta2**step
         _adamw_kernel[(launch.n_blocks,)](
-            table, launch.numels, launch.block_tensor, launch.block_start, 1.0 - lr * wd, 1.0 - beta1, beta2,
-            1.0 - beta2, math.sqrt(bc2), eps, -lr / bc1, seed or 0, STATE_DTYPE=state_dtype, GRAD_DTYPE=dtype,
-            OUT_DTYPE=dtype, HAS_OUT=has_out, STOCHASTIC=seed is not None, BLOCK=_BLOCK, num_warps=8)
+            launch.table, len(params), launch.numels, launch.block_tensor, launch.block_start,
+            STATE_DTYPE=_TL_DTYPES[state["exp_avg"].dtype], GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
+            HAS_OUT="master" in state, STOCHASTIC=seed is not None, BLOCK=_BLOCK, num_warps=8)
+        return launch
+
+    def before_graph_replay(self) -> None:
+        """Make the step that a CUDA graph captured (``cs336_systems.graphs.CapturedStep``) the next step: the
+        captured step did its own bookkeeping while it was recorded, so the first replay only uploads what it
+        filled in; every later replay first counts a step for each parameter it updates and takes the groups'
+        current hyperparameters (a changed ``lr`` applies). Call it on the replaying stream, right before the
+        replay."""
+        if not self._captured:
+            raise ValueError("FusedAdamW.before_graph_replay: no step of this optimizer was captured in a CUDA graph")
+        for launch, gi, bucket in self._captured:
+            if self._replayed:
+                for p in launch.params:
+                    self.state[p]["step"] += 1
+                step = self.state[launch.params[0]]["step"]
+                seed = self._seed(gi, bucket, step, launch.params[0].dtype, "master" in self.state[launch.params[0]])
+                launch.fill(seed or 0, self._hyper(gi, step), grads=False)
+            launch.upload()
+        self._replayed = True
 
     def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd, seed: int | None) -> None:
         if seed is not None:  # bf16 state rounded stochastically: the arithmetic on fp32 copies, one rounding each
@@ -288,6 +374,7 @@ class FusedAdamW(torch.optim.Optimizer):
             group.setdefault("stochastic_rounding", False)
             group.setdefault("seed", self.defaults["seed"])
         self._launches.clear()  # the state tensors are new: their addresses too
+        self._captured = []  # and a captured step would update the old ones
 
     def master_of(self, p: nn.Parameter) -> Tensor:
         """The fp32 value of ``p`` (its master, or ``p`` itself where it has none)."""
