@@ -127,7 +127,7 @@ class _Launch:
     def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device,
                  like: _Launch | None = None):
         self.params = params
-        if like is not None:  # under a capture: no host-to-device copies, the index tensors of an eager launch
+        if like is not None:  # under a capture: no allocations or copies, the tensors of an eager launch
             self.n_blocks, self.block_tensor, self.block_start, self.numels = (
                 like.n_blocks, like.block_tensor, like.block_start, like.numels)
         else:
@@ -147,7 +147,13 @@ class _Launch:
         self.pinned = device.type == "cuda"
         self.ring: list[Tensor] = []  # made on the first upload (never inside a capture)
         self.events = [torch.cuda.Event() if self.pinned else None for _ in range(3)]
-        self.table = torch.empty_like(self.host_rows, device=device)
+        # A table allocated during a capture would come from the graph's pool, where the replayed step's earlier
+        # kernels may write over what was uploaded: the captured launch takes the table its eager launch set aside.
+        if like is not None:
+            self.table = like.graph_table
+        else:
+            self.table = torch.empty_like(self.host_rows, device=device)
+            self.graph_table = torch.empty_like(self.table)
         self.turn = 0
 
     def fill(self, seed: int, hyper: tuple[float, ...], grads: bool = True) -> None:
