@@ -36,7 +36,8 @@ PRECISIONS = ("fp32", "bf16")
 # (one Triton pass per parameter; under bf16 the Linear weights become bf16 copies of fp32 masters)
 OPTIMIZERS = ("ours", "torch-fused", "fused")
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
-IMPLS = ("ours", "peer")  # our model and step, or the compiled plain-PyTorch peer (cs336_systems.bench.peer)
+# our model and step, or the compiled plain-PyTorch peer (cs336_systems.bench.peer), also with CUDA graphs
+IMPLS = ("ours", "peer", "peer-graphs")
 PHASES = ("step", "forward", "backward", "optimizer")
 
 
@@ -195,10 +196,11 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        if cfg.impl == "peer":
+        if cfg.impl != "ours":
             from cs336_systems.bench.peer import build_peer
 
-            model, optimizer, loss_fn = build_peer(model_cfg.model_kwargs(), device, compile=device.type == "cuda")
+            model, optimizer, loss_fn = build_peer(model_cfg.model_kwargs(), device, compile=device.type == "cuda",
+                                                   mode="reduce-overhead" if cfg.impl == "peer-graphs" else None)
             step_model = model
             record["peer_compiled"] = device.type == "cuda"
             if cfg.mode != "train-step":
@@ -263,7 +265,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if cfg.compile or cfg.impl == "peer":
+        if cfg.compile or cfg.impl != "ours":
             torch._dynamo.reset()  # a later configuration must not reuse (or hit the limit of) these graphs
     return record
 
