@@ -196,24 +196,31 @@ def _step_row(impl, context_length, step_ms, attention="sdpa"):
             "tokens_per_s": 4 * context_length / step_ms * 1e3, "mfu": 0.3, "peak_memory_gib": 30.0}
 
 
-def test_training_step_rows_are_compared_with_the_peer_of_their_own_context(tmp_path):
+def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_context(tmp_path):
     res = tmp_path / "results"
     write_records("training_step", [
-        _step_row("peer", 512, 100.0), _step_row("ours", 512, 90.0, "flash_triton"), _step_row("ours", 512, 120.0),
-        _step_row("peer", 2048, 400.0), _step_row("ours", 2048, 300.0, "flash_triton"), _step_row("ours", 2048, 500.0),
-        _step_row("ours", 256, 50.0),  # no peer of this context in the run: no ratio, not the headline
+        _step_row("peer", 512, 100.0), _step_row("peer-graphs", 512, 95.0), _step_row("ours", 512, 90.0, "flash_triton"),
+        _step_row("ours", 512, 120.0), _step_row("peer", 2048, 400.0), _step_row("peer-graphs", 2048, 410.0),
+        _step_row("ours", 2048, 300.0, "flash_triton"), _step_row("ours", 2048, 500.0),
+        _step_row("ours", 256, 50.0),  # no peer of this context in the run: no ratio, no summary row
     ], res, device="cpu")
     text = build_report(res, tmp_path / "REPORT.md").read_text()
     section = text.split("## training_step\n")[1].split("\n## ")[0]
-    rows = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) > 10 and cells[0] == "xl":
-            rows[(int(cells[1]), cells[5], cells[9].split(" ")[0])] = (cells[13], cells[14])
-    assert rows == {(512, "flash_triton", "90.00"): ("100", "0.9"), (512, "sdpa", "120.00"): ("100", "1.2"),
-                    (2048, "flash_triton", "300.00"): ("400", "0.75"), (2048, "sdpa", "500.00"): ("400", "1.25"),
-                    (256, "sdpa", "50.00"): ("", "")}
-    # the fastest of ours with a peer (context 512) is set against the 512 peer, in the section and the summary
-    assert "the peer 100.00 ms: 0.90x its time" in section
+    lines = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+             if line.startswith("|")]
+    header, body = lines[0], [r for r in lines[2:] if r[0] == "xl"]
+    col = {name: header.index(name) for name in ("context_length", "attention", "step ms (mean ± std)",
+                                                  "fastest peer (same run)", "peer step ms", "vs peer")}
+    rows = {(int(r[col["context_length"]]), r[col["attention"]], r[col["step ms (mean ± std)"]].split(" ")[0]):
+            (r[col["fastest peer (same run)"]], r[col["peer step ms"]], r[col["vs peer"]]) for r in body}
+    assert rows == {(512, "flash_triton", "90.00"): ("peer-graphs", "95", "0.9474"),
+                    (512, "sdpa", "120.00"): ("peer-graphs", "95", "1.263"),
+                    (2048, "flash_triton", "300.00"): ("peer", "400", "0.75"),
+                    (2048, "sdpa", "500.00"): ("peer", "400", "1.25"), (256, "sdpa", "50.00"): ("", "", "")}
+    # per configuration, the best of ours against the fastest peer, in the section and the summary
+    assert "the fastest peer (peer-graphs) 95.00 ms: 0.95x its time; target <= 0.85x: missed" in section
+    assert "the fastest peer (peer) 400.00 ms: 0.75x its time; target <= 0.85x: met" in section
     versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
-    assert "| 90.00 ms | compiled PyTorch step 100.00 ms | 0.90x |" in versus
+    assert "| 90.00 ms, MFU 30.0% | peer-graphs 95.00 ms | 0.95x |" in versus
+    assert "| 300.00 ms, MFU 30.0% | peer 400.00 ms | 0.75x |" in versus
+    assert "context 256" not in versus
