@@ -114,7 +114,8 @@ if triton is not None:
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-_BLOCK = 4096
+_BLOCK = 4096  # elements per program (scripts/device/adamw_bandwidth.py measures the choice)
+_NUM_WARPS = 8
 
 
 class _Launch:
@@ -334,7 +335,7 @@ class FusedAdamW(torch.optim.Optimizer):
         _adamw_kernel[(launch.n_blocks,)](
             launch.table, len(params), launch.numels, launch.block_tensor, launch.block_start,
             STATE_DTYPE=_TL_DTYPES[state["exp_avg"].dtype], GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
-            HAS_OUT="master" in state, STOCHASTIC=seed is not None, BLOCK=_BLOCK, num_warps=8)
+            HAS_OUT="master" in state, STOCHASTIC=seed is not None, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         return launch
 
     def before_graph_replay(self) -> None:
