@@ -339,7 +339,7 @@ class FusedAdamW(torch.optim.Optimizer):
         return launch
 
     def before_graph_replay(self) -> None:
-        """Make the step that a CUDA graph captured (``cs336_systems.graphs.CapturedStep``) the next step: the
+        """Make the step that a CUDA graph captured (``cs336_systems.step_graph.CapturedStep``) the next step: the
         captured step did its own bookkeeping while it was recorded, so the first replay only uploads what it
         filled in; every later replay first counts a step for each parameter it updates and takes the groups'
         current hyperparameters (a changed ``lr`` applies). Call it on the replaying stream, right before the
