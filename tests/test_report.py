@@ -224,3 +224,18 @@ def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_cont
     assert "| 90.00 ms, MFU 30.0% | peer-graphs 95.00 ms | 0.95x |" in versus
     assert "| 300.00 ms, MFU 30.0% | peer 400.00 ms | 0.75x |" in versus
     assert "context 256" not in versus
+
+
+def test_mfu_target_takes_a_cuda_graph_step_without_phases(tmp_path):
+    """A CUDA-graph step is timed whole (no forward/backward times): the section still lists it, and the best
+    MFU with its settings reaches the summary."""
+    res = tmp_path / "results"
+    row = {**_step_row("ours", 512, 75.0), "compile_scope": "model", "cuda_graph": True, "model_tflops": 340.0,
+           "peak_tflops": 672.0, "mfu": 0.506, "model_flops_per_step": 25_300_000_000_000}
+    eager = {**_step_row("ours", 512, 130.0), "forward_mean_ms": 40.0, "backward_mean_ms": 65.0,
+             "optimizer_mean_ms": 25.0, "model_tflops": 195.0, "peak_tflops": 672.0, "mfu": 0.29,
+             "model_flops_per_step": 25_300_000_000_000}
+    write_records("mfu_target", [eager, row], res, device="cpu")
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    assert ("best 50.6% MFU (sdpa attention, compiled (model), fused AdamW, the whole step as one CUDA graph, "
+            "75.0 ms/step): target 50% met") in text
