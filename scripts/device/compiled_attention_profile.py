@@ -17,6 +17,7 @@ import argparse
 import gzip
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,17 +29,8 @@ from cs336_systems.attention import flash_triton as ft
 from cs336_systems.bench.e2e import BenchConfig, autocast_context, build_ours
 from cs336_systems.configs import get_preset
 
-
-def host_us(call, n: int = 300) -> float:
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        call()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return host
+sys.path.insert(0, str(Path(__file__).parent))
+from flash_host import host_us  # this folder's scripts run as files, not as a package
 
 
 def op_costs(batch: int, heads: int, seq: int, d: int) -> None:
