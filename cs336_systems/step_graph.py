@@ -16,7 +16,10 @@ on static copies of its inputs, then every call copies its inputs into those and
 * the optimizer reads its per-step values from device memory: ``FusedAdamW`` (its ``before_graph_replay`` runs
   before each replay: step counts, learning rate, bias corrections, seeds); a changed ``lr`` applies;
 * gradients set to None at the start of the step (the graph allocates them from its private pool);
-* autocast without its weight-cast cache (``cache_enabled=False``): cached casts would outlive the capture.
+* autocast without its weight-cast cache (``cache_enabled=False``): cached casts would outlive the capture;
+* anything the host writes for the graph between replays allocated before the capture: memory allocated during
+  it comes from the graph's pool, where the replayed step's earlier kernels may use the same bytes (why
+  ``FusedAdamW`` keeps a table for its captured launches from its eager ones).
 
 The outputs are the graph's static tensors, overwritten by the next call. Loading optimizer state or moving
 parameters after the capture invalidates the graph (the optimizer refuses to replay after ``load_state_dict``).
