@@ -42,12 +42,13 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 def clip_gradient(parameters: Iterable[torch.nn.Parameter], max_l2_norm: float, eps: float = 1e-6) -> Tensor:
     """Scale all gradients in place so that their joint L2 norm is at most ``max_l2_norm``.
 
-    Returns the norm before clipping. One fused norm over all gradients (no host sync).
+    Returns the norm before clipping. Multi-tensor norms accumulated in fp32 (low-precision gradients are read
+    as they are, not copied to fp32 first), no host sync.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)))
     scale = (max_l2_norm / (total + eps)).clamp(max=1.0)
     torch._foreach_mul_(grads, scale.to(grads[0].device))
     return total
