@@ -81,6 +81,11 @@ COMMIT_CORRECTIONS = {
         "9325235", "a560477", "the command took CS336_GIT_COMMIT from `git rev-parse` on the device, whose copy of "
         ".git is the session's starting checkout; the working tree sent was main at a560477")
     for stamp in ("125831", "125845")
+} | {
+    f"train/20261124-{stamp}-nvidia-h100-80gb-hbm3.jsonl": (
+        "5d5b9f0", "7b728a0", "CS336_GIT_COMMIT was typed from memory, not from `git rev-parse --short HEAD`; the "
+        "working tree sent was main at 7b728a0")
+    for stamp in ("164225", "164616")
 }
 
 
