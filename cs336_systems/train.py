@@ -650,6 +650,22 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
             log(f"checkpoint: {path}")
         return path
 
+    def run_step(xs, ys, docs, autocast_ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward over the micro-batches (all but the last inside no_sync()), gradient
+        synchronisation, clipping and the optimizer: the summed loss and the gradient norm."""
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(cfg.grad_accum):
+            last = micro == cfg.grad_accum - 1
+            with (contextlib.nullcontext() if last else no_sync()):
+                with autocast_ctx():
+                    loss = loss_fn(xs[micro], ys[micro], None if docs is None else docs[micro]) / cfg.grad_accum
+                loss.backward()
+            loss_sum += loss.detach()
+        wrapped.finish_gradient_synchronization()
+        grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
+        optimizer.step()
+        return loss_sum, grad_norm
+
     graphed = None
     if cfg.cuda_graph:
         from cs336_systems.step_graph import CapturedStep
@@ -660,17 +676,9 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
             if cfg.precision == "bf16" else contextlib.nullcontext
 
         def graph_step(xs: torch.Tensor, ys: torch.Tensor, *docs: torch.Tensor):
-            """One whole step on (grad_accum, B, T) inputs: what the eager loop below does for --parallel none."""
+            """One whole step on (grad_accum, B, T) inputs, gradients allocated inside the graph."""
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(cfg.grad_accum):
-                with graph_autocast():
-                    loss = loss_fn(xs[micro], ys[micro], docs[0][micro] if docs else None) / cfg.grad_accum
-                loss.backward()
-                loss_sum += loss.detach()
-            grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
-            optimizer.step()
-            return loss_sum, grad_norm
+            return run_step(xs, ys, docs[0] if docs else None, graph_autocast)
 
         graphed = CapturedStep(graph_step, optimizer=optimizer, warmup=2)
 
@@ -686,24 +694,14 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 wrapped.on_train_batch_start()
+                xs, ys = zip(*(data.get(step, micro) for micro in range(cfg.grad_accum)))
                 if graphed is not None:
-                    xs, ys = (torch.stack(t) for t in zip(*(data.get(step, m) for m in range(cfg.grad_accum))))
-                    docs = () if cfg.eos_id is None else (document_ids(xs, cfg.eos_id),)
-                    loss_sum, grad_norm = graphed(xs, ys, *docs)
+                    xs, ys = torch.stack(xs), torch.stack(ys)
+                    loss_sum, grad_norm = graphed(xs, ys, *(() if cfg.eos_id is None
+                                                           else (document_ids(xs, cfg.eos_id),)))
                 else:
-                    loss_sum = torch.zeros((), device=device)
-                    for micro in range(cfg.grad_accum):
-                        x, y = data.get(step, micro)
-                        doc_ids = None if cfg.eos_id is None else document_ids(x, cfg.eos_id)
-                        last = micro == cfg.grad_accum - 1
-                        with (contextlib.nullcontext() if last else no_sync()):
-                            with autocast():
-                                loss = loss_fn(x, y, doc_ids) / cfg.grad_accum
-                            loss.backward()
-                        loss_sum += loss.detach()
-                    wrapped.finish_gradient_synchronization()
-                    grad_norm = strategy.clip_gradients(wrapped, cfg.grad_clip or math.inf)
-                    optimizer.step()
+                    docs = None if cfg.eos_id is None else [document_ids(x, cfg.eos_id) for x in xs]
+                    loss_sum, grad_norm = run_step(xs, ys, docs, autocast)
                     optimizer.zero_grad(set_to_none=True)
                 _sync(device)
                 dt = timeit.default_timer() - t0

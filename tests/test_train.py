@@ -5,6 +5,7 @@ port with a timeout."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -435,3 +436,33 @@ def test_train_save_writes_step_records_with_the_run_settings(tmp_path):
     assert [r["step"] for r in rows] == [0, 1]
     assert all(isinstance(r["loss"], float) and r["loss_fn"] == "unfused" and r["cuda_graph"] is False
                for r in rows)
+
+
+def test_graph_step_wiring_matches_the_eager_loop(monkeypatch):
+    """What train hands to CapturedStep (stacked micro-batches, document ids, the same step body), run eagerly on
+    the CPU in place of a capture: the losses and weights of the eager loop, with gradient accumulation and
+    packed documents."""
+    from cs336_systems import step_graph
+    from cs336_systems import train as train_mod
+
+    calls = []
+
+    class Eager:  # CapturedStep's interface, without CUDA
+        def __init__(self, step_fn, *, optimizer=None, warmup=2):
+            self.step_fn = step_fn
+
+        def __call__(self, *inputs):
+            calls.append([tuple(t.shape) for t in inputs])
+            return self.step_fn(*inputs)
+
+    real_resolve = train_mod.resolve_settings
+    monkeypatch.setattr(step_graph, "CapturedStep", Eager)
+    cfg = dict(SMALL, steps=3, grad_accum=2, batch_size=2, optimizer="fused", eos_id=3, device="cpu")
+    eager = train(TrainConfig(**cfg, cuda_graph=False), log=lambda s: None)
+    monkeypatch.setattr(train_mod, "resolve_settings",
+                        lambda c, d: (replace(real_resolve(c, d)[0], cuda_graph=True), "settings"))
+    graphed = train(TrainConfig(**cfg), log=lambda s: None)
+    assert graphed["config"]["cuda_graph"] is True and calls == [[(2, 2, 16)] * 3] * 3
+    assert [r["loss"] for r in graphed["rows"]] == [r["loss"] for r in eager["rows"]]
+    for name, weight in eager["final_state"].items():
+        torch.testing.assert_close(graphed["final_state"][name], weight, rtol=0, atol=0)
