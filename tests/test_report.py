@@ -199,8 +199,9 @@ def _step_row(impl, context_length, step_ms, attention="sdpa"):
 def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_context(tmp_path):
     res = tmp_path / "results"
     write_records("training_step", [
-        _step_row("peer", 512, 100.0), _step_row("peer-graphs", 512, 95.0), _step_row("ours", 512, 90.0, "flash_triton"),
-        _step_row("ours", 512, 120.0), _step_row("peer", 2048, 400.0), _step_row("peer-graphs", 2048, 410.0),
+        _step_row("peer", 512, 100.0), _step_row("peer-graphs", 512, 95.0),
+        _step_row("ours", 512, 90.0, "flash_triton"), _step_row("ours", 512, 120.0),
+        _step_row("peer", 2048, 400.0), _step_row("peer-graphs", 2048, 410.0),
         _step_row("ours", 2048, 300.0, "flash_triton"), _step_row("ours", 2048, 500.0),
         _step_row("ours", 256, 50.0),  # no peer of this context in the run: no ratio, no summary row
     ], res, device="cpu")
