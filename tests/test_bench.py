@@ -182,11 +182,12 @@ def test_gpu_compile_and_checkpoint_run():
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss():
-    """The captured step in the settings it is meant for (bf16, compiled blocks, fused optimizer and loss); its
-    record says so and has no phases (one replay)."""
+@pytest.mark.parametrize("attention", ["sdpa", "flash_auto"])
+def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss(attention):
+    """The captured step in the settings it is meant for (bf16, compiled blocks, fused optimizer and loss; SDPA as
+    PyTorch dispatches it and the measured backend); its record says so and has no phases (one replay)."""
     rec = run_benchmark(BenchConfig(preset="small", context_length=128, precision="bf16", compile=True,
-                                    compile_scope="blocks", attention="sdpa", optimizer="fused", loss="fused",
+                                    compile_scope="blocks", attention=attention, optimizer="fused", loss="fused",
                                     cuda_graph=True, warmup=3, steps=3, device="cuda"))
     assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
     assert rec["step_mean_ms"] > 0
@@ -265,6 +266,25 @@ def test_peer_is_timed_in_the_same_run_and_records_carry_the_ratio(tmp_path, cap
     for r in ours:
         assert r["n_params"] == peer[0]["n_params"]  # same sizes, parameter for parameter
         assert r["step_ratio_vs_peer"] == pytest.approx(r["step_mean_ms"] / peer[0]["step_mean_ms"])
+        assert r["peer_sdpa"] == peer[0]["peer_sdpa"] == "sdpa"  # no measured table for a CPU: PyTorch's dispatch
+
+
+def test_peer_with_a_pinned_sdpa_backend_computes_the_same_loss():
+    """The peer's SDPA priority list (what bench pins from the measured table) changes the kernel, not the maths:
+    with the memory-efficient backend first a CPU falls through to its own kernel and gets the same loss."""
+    from cs336_systems.attention.auto import sdpa_priority
+    from cs336_systems.bench.peer import build_peer
+    from cs336_systems.configs import get_preset
+
+    kwargs = get_preset("tiny").replace(context_length=16).model_kwargs()
+    tokens = torch.randint(0, kwargs["vocab_size"], (2, 16))
+    losses = []
+    for backends in (None, sdpa_priority("sdpa_efficient")):
+        torch.manual_seed(0)
+        model, _, loss_fn = build_peer(kwargs, torch.device("cpu"), compile=False, sdpa_backends=backends)
+        losses.append(loss_fn(tokens, tokens).item())
+    assert model.blocks[0].sdpa_backends == sdpa_priority("sdpa_efficient")
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
 def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatch):

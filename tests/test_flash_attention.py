@@ -12,6 +12,7 @@ rounding step of the dtype at the data's magnitude (for values near zero).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -608,19 +609,85 @@ def test_gpu_variant_falls_back_on_layouts_descriptors_cannot_describe(seed):
 
 
 def test_flash_auto_chooses_by_the_nearest_measured_shape():
-    from cs336_systems.attention.auto import choose, flash_auto_attention
+    from torch.nn.attention import SDPBackend
+
+    from cs336_systems.attention.auto import choose, flash_auto_attention, sdpa_priority
 
     row = dict(batch_heads=100, head_dim=64, dtype="bfloat16", causal=True)
-    table = {"device": "GPU X", "shapes": [dict(row, seq_len=512, ours_ms=0.2, sdpa_ms=0.3),
-                                           dict(row, seq_len=2048, ours_ms=0.9, sdpa_ms=0.7)]}
+    table = {"device": "GPU X", "shapes": [dict(row, seq_len=512, ours_ms=0.2, sdpa_ms=0.3, sdpa_backend="sdpa_flash"),
+                                           dict(row, seq_len=2048, ours_ms=0.9, sdpa_ms=0.7,
+                                                sdpa_backend="sdpa_cudnn"),
+                                           dict(row, seq_len=8192, ours_ms=9.0, sdpa_ms=7.0)]}  # an older table
     assert choose(96, 512, 64, torch.bfloat16, True, "GPU X", table) == "flash_triton"
     assert choose(96, 700, 64, torch.bfloat16, True, "GPU X", table) == "flash_triton"
-    assert choose(96, 4096, 64, torch.bfloat16, True, "GPU X", table) == "sdpa"
+    assert choose(96, 700, 64, torch.bfloat16, True, "GPU X", table, sdpa_only=True) == "sdpa_flash"
+    assert choose(96, 2500, 64, torch.bfloat16, True, "GPU X", table) == "sdpa_cudnn"
+    assert choose(96, 16384, 64, torch.bfloat16, True, "GPU X", table) == "sdpa"  # no backend named: PyTorch's
     assert choose(96, 512, 64, torch.bfloat16, True, "GPU Y", table) == "sdpa"  # another GPU model
     assert choose(96, 512, 128, torch.bfloat16, True, "GPU X", table) == "sdpa"  # nothing measured
     assert choose(96, 512, 64, torch.bfloat16, False, "GPU X", table) == "sdpa"
+    assert sdpa_priority("sdpa_cudnn") == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                           SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    assert sdpa_priority("sdpa_flash")[0] == SDPBackend.FLASH_ATTENTION and len(sdpa_priority("sdpa_flash")) == 4
+    assert sdpa_priority("sdpa") is None and sdpa_priority("flash_triton") is None
     q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))  # CPU: SDPA
     torch.testing.assert_close(flash_auto_attention(q, k, v, True), reference(q, k, v, True, torch.float32)[0])
+
+
+@pytest.mark.parametrize("decision", [None, "sdpa_efficient"])
+def test_flash_auto_compiles_without_a_graph_break(monkeypatch, decision):
+    """Under torch.compile the choice is a constant and the SDPA backend's priority context is traced: one graph
+    (fullgraph), the same values as eager. ``sdpa_efficient`` first on a CPU falls through to the CPU's kernels."""
+    from cs336_systems.attention import auto
+
+    q, k, v = (torch.randn(2, 3, 17, 16, dtype=torch.float64) for _ in range(3))
+    monkeypatch.setattr(auto, "_choices", {})
+    if decision is not None:  # a GPU's answer, cached for this CPU call
+        auto._choices[(tuple(q.shape), tuple(k.shape), q.dtype, True, q.device, False)] = decision
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: auto.flash_auto_attention(q, k, v, True), fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), reference(q, k, v, True, torch.float64)[0])
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 25, 512, 64), (2, 25, 2048, 64), (3, 12, 333, 64)], ids=str)
+def test_gpu_flash_auto_runs_the_measured_backend_within_twice_sdpa_error(shape, seed):
+    """At the models' shapes (and an odd length) flash_auto's pick (cuDNN first on an H100) gives O and the three
+    gradients within twice the error of PyTorch's default SDPA dispatch in bf16, against fp64."""
+    from cs336_systems.attention import auto
+
+    q, k, v, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    ref = run_reference(q, k, v, do, True)
+
+    def run(fn):
+        qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = fn(qs, ks, vs)
+        o.backward(do)
+        return o.detach(), qs.grad, ks.grad, vs.grad
+
+    ours = run(lambda a, b, c: auto.flash_auto_attention(a, b, c, True))
+    theirs = run(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True))
+    for name, got, peer, exact in zip(("O", "dQ", "dK", "dV"), ours, theirs, (ref[0], *ref[2:]), strict=True):
+        err, peer_err = ((t.double() - exact).abs().max().item() for t in (got, peer))
+        assert torch.isfinite(got).all() and err <= 2 * peer_err + 1e-3, f"{name}: {err:.3g} vs sdpa {peer_err:.3g}"
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, True, q.device, False)
+    if torch.cuda.get_device_name() == auto._table().get("device"):
+        assert auto._choices[key] == "sdpa_cudnn"
+
+
+def test_flash_auto_marks_its_choice_as_torch_compiler_would():
+    """``auto`` marks its choice constant by hand (importing torch._dynamo would import Triton too early); the mark
+    must be the one ``torch.compiler.assume_constant_result`` sets, or Dynamo would trace the table lookup."""
+    from cs336_systems.attention import auto
+
+    def probe():
+        return 0
+
+    torch.compiler.assume_constant_result(probe)
+    marks = dict(vars(probe))
+    assert marks and all(getattr(auto._decide, k, None) == v for k, v in marks.items())
 
 
 def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
@@ -717,4 +784,26 @@ def test_flash_bench_peer_ratios_and_auto_table():
     assert summary["forward_backward_ratio"] == pytest.approx(1.2)
     table = auto_table(rows, "GPU X", "records.jsonl")
     assert table["shapes"] == [{"config": "xl_512", "batch_heads": 100, "seq_len": 512, "head_dim": 64,
-                                "dtype": "bfloat16", "causal": True, "ours_ms": 0.30, "sdpa_ms": 0.25}]
+                                "dtype": "bfloat16", "causal": True, "ours_ms": 0.30, "sdpa_ms": 0.25,
+                                "sdpa_backend": "sdpa_flash"}]
+
+
+def test_flash_bench_writes_the_auto_table_from_records(tmp_path, capsys):
+    """``--from-records``: the table of a committed shapes run, on a machine without a GPU; bad input exits 2."""
+    from cs336_systems.cli import main
+
+    base = dict(config="xl_2048", batch=4, heads=25, seq_len=2048, head_dim=64, dtype="bf16", causal=True,
+                status="ok", suite="issue18_shapes", provenance={"device": "GPU X"})
+    records = tmp_path / "shapes.jsonl"
+    records.write_text("".join(json.dumps(dict(base, impl=i, forward_backward_ms=ms)) + "\n"
+                               for i, ms in (("triton", 0.79), ("sdpa_cudnn", 0.60), ("sdpa_flash", 0.96))))
+    out = tmp_path / "auto.json"
+    assert main(["flash-bench", "--only", "shapes", "--auto-table", str(out), "--from-records", str(records)]) == 0
+    table = json.loads(out.read_text())
+    assert table["device"] == "GPU X" and table["records"] == str(records)
+    assert [(r["sdpa_backend"], r["sdpa_ms"]) for r in table["shapes"]] == [("sdpa_cudnn", 0.60)]
+    assert main(["flash-bench", "--auto-table", str(out), "--from-records", str(records)]) == 2
+    assert main(["flash-bench", "--only", "shapes", "--auto-table", str(out),
+                 "--from-records", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "--from-records goes with --only shapes" in err and "cannot read records" in err

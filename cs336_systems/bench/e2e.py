@@ -23,6 +23,7 @@ from tqdm import tqdm
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
+from cs336_systems.attention.auto import choose, sdpa_priority
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
@@ -184,6 +185,16 @@ def _captured_step(cfg: BenchConfig, model, optimizer, loss_fn, device: torch.de
     return CapturedStep(step, optimizer=optimizer, warmup=cfg.warmup - 1)
 
 
+def _peer_sdpa(cfg: BenchConfig, model_cfg, batch: int, device: torch.device) -> str:
+    """The SDPA backend measured fastest at the model's attention shape on this GPU (``flash_auto``'s table,
+    SDPA's backends only): the peer's best user pins it."""
+    if device.type != "cuda":
+        return "sdpa"
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    return choose(batch * model_cfg.num_heads, cfg.context_length, model_cfg.d_model // model_cfg.num_heads, dtype,
+                  True, torch.cuda.get_device_name(device), sdpa_only=True)
+
+
 def run_benchmark(cfg: BenchConfig) -> dict:
     """Run one configuration; returns a flat record (``status`` is ``ok`` or ``OOM``)."""
     device = cfg.torch_device
@@ -199,10 +210,12 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         if cfg.impl != "ours":
             from cs336_systems.bench.peer import build_peer
 
+            sdpa = _peer_sdpa(cfg, model_cfg, batch, device)
             model, optimizer, loss_fn = build_peer(model_cfg.model_kwargs(), device, compile=device.type == "cuda",
-                                                   mode="reduce-overhead" if cfg.impl == "peer-graphs" else None)
+                                                   mode="reduce-overhead" if cfg.impl == "peer-graphs" else None,
+                                                   sdpa_backends=sdpa_priority(sdpa))
             step_model = model
-            record["peer_compiled"] = device.type == "cuda"
+            record.update(peer_compiled=device.type == "cuda", peer_sdpa=sdpa)
             if cfg.mode != "train-step":
                 optimizer = None
         else:

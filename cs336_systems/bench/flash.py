@@ -259,18 +259,21 @@ def versus_peers(rows: list[dict], modes: tuple[str, ...] = ("forward", "forward
 
 
 def auto_table(rows: list[dict], device_name: str, records: str) -> dict:
-    """The ``flash_auto`` backend's table: per measured shape, ours and the fastest SDPA backend
+    """The ``flash_auto`` backend's table: per measured shape, ours and the fastest SDPA backend, by name
     (forward+backward medians of the same run)."""
     shapes = []
     for config in dict.fromkeys(r["config"] for r in rows):
         group = {r["impl"]: r for r in rows if r["config"] == config and r.get("status") == "ok"}
-        sdpa = [group[i]["forward_backward_ms"] for i in ("sdpa_cudnn", "sdpa_flash") if i in group]
+        sdpa = [(group[i]["forward_backward_ms"], i) for i in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+                if i in group]
         if "triton" not in group or not sdpa:
             continue
         r = group["triton"]
+        sdpa_ms, backend = min(sdpa)
         shapes.append({"config": config, "batch_heads": r["batch"] * r["heads"], "seq_len": r["seq_len"],
                        "head_dim": r["head_dim"], "dtype": str(DTYPES[r["dtype"]]).removeprefix("torch."),
-                       "causal": r["causal"], "ours_ms": r["forward_backward_ms"], "sdpa_ms": min(sdpa)})
+                       "causal": r["causal"], "ours_ms": r["forward_backward_ms"], "sdpa_ms": sdpa_ms,
+                       "sdpa_backend": backend})
     return {"device": device_name, "records": records, "shapes": shapes}
 
 

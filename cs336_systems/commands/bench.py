@@ -168,7 +168,7 @@ def add_peer_ratios(record: dict, peers: dict[tuple, dict]) -> None:
     peer = peers.get(_peer_key(record))
     if record.get("impl") != "ours" or peer is None or record.get("status") != "ok":
         return
-    record.update(peer_impl=peer["impl"], peer_step_mean_ms=peer["step_mean_ms"],
+    record.update(peer_impl=peer["impl"], peer_sdpa=peer.get("peer_sdpa"), peer_step_mean_ms=peer["step_mean_ms"],
                   peer_peak_memory_gib=peer.get("peak_memory_gib"),
                   step_ratio_vs_peer=record["step_mean_ms"] / peer["step_mean_ms"])
     if record.get("peak_memory_gib") and peer.get("peak_memory_gib"):

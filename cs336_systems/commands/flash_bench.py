@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --only shapes: which of issue 18's shapes")
     p.add_argument("--auto-table", default=None,
                    help="with --only shapes: also write the flash_auto backend's choice table (JSON) here")
+    p.add_argument("--from-records", default=None, metavar="JSONL",
+                   help="with --only shapes --auto-table: write the table from a shapes run's records instead of "
+                        "measuring (no GPU needed)")
     p.add_argument("--shape-rep-ms", type=float, default=300.0, help="do_bench rep per measurement with --only shapes")
     p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
     p.add_argument("--seq-len", nargs="+", type=int, default=None, help="default: powers of two 128..65536")
@@ -78,6 +81,8 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_records:
+        return _table_from_records(args)
     if not torch.cuda.is_available():
         raise ValueError("flash-bench needs a CUDA GPU (the Triton kernels and the SDPA peers are GPU code)")
     device = torch.device("cuda")
@@ -119,6 +124,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s")
         print(_table(rows, ["config", *SHOW]))
         print(f"wrote {path}")
+    return 0
+
+
+def _table_from_records(args: argparse.Namespace) -> int:
+    """``--from-records``: the flash_auto table of a committed ``--only shapes`` run."""
+    if args.only != "shapes" or not args.auto_table:
+        raise ValueError("flash-bench: --from-records goes with --only shapes --auto-table PATH")
+    path = Path(args.from_records)
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"flash-bench: cannot read records from {path}: {err}") from err
+    rows = [r for r in rows if r.get("suite") == "issue18_shapes"]
+    devices = {r.get("provenance", {}).get("device") for r in rows}
+    if not rows or len(devices) != 1 or None in devices:
+        raise ValueError(f"flash-bench: {path} holds no records of one --only shapes run (suite issue18_shapes, "
+                         "one device)")
+    table = auto_table(rows, devices.pop(), str(path))
+    Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {args.auto_table} ({len(table['shapes'])} shapes from {path})")
     return 0
 
 

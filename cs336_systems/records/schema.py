@@ -171,7 +171,8 @@ _STEP_MEASURED = {**_f("loss impl", STR), **_f("peer_compiled cuda_graph", BOOL)
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
-                  **_f("compile_scope error peer_impl", STR),  # bench --impl ours peer: the peer's step beside ours
+                  # bench --impl ours peer: the peer's step beside ours (peer_sdpa: the SDPA backend it ran first)
+                  **_f("compile_scope error peer_impl peer_sdpa", STR),
                   **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM)}
 
 _PRECISION_ROWS = {  # cs336-systems precision: accumulation loops and the autocast dtype table

@@ -8,12 +8,17 @@
 #   d: xl/2048 vs the peer; selective activation checkpointing at xl/2048 (regional compilation)
 #   e: `bench` with no settings flags (small/512, fast settings) vs the peer, 50 steps
 #   f: GPU tests of the final code; xl/512 vs the peer again, 20 steps
+#   g, h, i, j (session 12: both sides run the SDPA backend measured fastest, ours through flash_auto, the peer
+#      pinned from the same table): g GPU tests and small/512; h xl/512; i xl/2048 (peers and ours, CUDA graph);
+#      j xl/2048 ours with PyTorch's default SDPA dispatch, and train's defaults at xl/512
 set -u
 source scripts/device/step.sh
 R=$OUT/results
 mkdir -p "$R"
 CLI="python3 -m cs336_systems"
 B="bench --problem training_step --results-dir $R --precision bf16 --attention sdpa --compile yes --warmup 3"
+G="bench --problem training_step --results-dir $R --precision bf16 --compile yes --compile-scope blocks \
+--optimizer fused --loss fused --cuda-graph yes --warmup 3"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee -a "$OUT/summary.txt"
 case "${1:-}" in
 a)
@@ -50,7 +55,26 @@ f)  # the final code: GPU tests, and xl/512 with the fast settings vs the peer a
   step 450 xl-512 $CLI $B --impl peer ours --preset xl --context-length 512 --compile-scope model \
     --optimizer fused --loss unfused --steps 20
   ;;
-*) echo "usage: $0 a|b|c|d|e|f"; exit 2;;
+g)
+  step 240 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py tests/test_flash_attention.py \
+    -k "auto or cuda_graph or peer"
+  step 330 small-512 $CLI $G --preset small --context-length 512 --impl peer peer-graphs ours \
+    --attention flash_auto sdpa --steps 20
+  ;;
+h)  # the peers' whole-model compiles of xl take about 200 s each
+  step 580 xl-512 $CLI $G --preset xl --context-length 512 --impl peer peer-graphs ours --attention flash_auto \
+    --steps 10
+  ;;
+i)
+  step 580 xl-2048 $CLI $G --preset xl --context-length 2048 --impl peer peer-graphs ours --attention flash_auto \
+    --steps 10
+  ;;
+j)
+  step 200 xl-2048-sdpa $CLI $G --preset xl --context-length 2048 --impl ours --attention sdpa --steps 10
+  step 330 train-xl-512 $CLI train --preset xl --context-length 512 --steps 30 --precision bf16 \
+    --checkpoint-dir /tmp/ck-s12 --log-every 5
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
