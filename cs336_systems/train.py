@@ -41,6 +41,7 @@ from cs336_basics.data import document_ids
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
+from cs336_systems import attention as _attention  # noqa: F401  (registers flash_*: train works uninstalled too)
 from cs336_systems import checkpoint
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, own_state_names, parse_checkpoint_spec
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
