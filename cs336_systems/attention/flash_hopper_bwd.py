@@ -72,6 +72,20 @@ def _mma_layout(m, n, num_warps):
 
 
 @gluon.jit
+def _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, slot, idx, n_iter, n_tiles, lo,
+               BLOCK_M: gl.constexpr, tile_bytes: gl.constexpr):
+    """Start the TMA loads of the Q and dO tiles of iteration ``idx`` (query head ``idx // n_tiles`` of the group,
+    then the query tile) into ring slot ``slot``, each completing on its slot's barrier; nothing past ``n_iter``."""
+    pred = idx < n_iter
+    g = idx // gl.maximum(n_tiles, 1)
+    start = lo + (idx - g * n_tiles) * BLOCK_M
+    mbarrier.expect(q_bar.index(slot), tile_bytes, pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [g, start, 0], q_bar.index(slot), q_buf.index(slot), pred=pred)
+    mbarrier.expect(do_bar.index(slot), tile_bytes, pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [g, start, 0], do_bar.index(slot), do_buf.index(slot), pred=pred)
+
+
+@gluon.jit
 def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                             stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
@@ -147,13 +161,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_bar, k_buf)
     tma.async_copy_global_to_shared(v_desc, [start_n, 0], kv_bar, v_buf)
     for i in gl.static_range(STAGES):  # prologue: the first STAGES tiles
-        pred = i < n_iter
-        g_i = i // gl.maximum(n_tiles, 1)
-        start_i = lo + (i - g_i * n_tiles) * BLOCK_M
-        mbarrier.expect(q_bar.index(i), tile_bytes, pred=pred)
-        tma.async_copy_global_to_shared(q_desc, [g_i, start_i, 0], q_bar.index(i), q_buf.index(i), pred=pred)
-        mbarrier.expect(do_bar.index(i), tile_bytes, pred=pred)
-        tma.async_copy_global_to_shared(do_desc, [g_i, start_i, 0], do_bar.index(i), do_buf.index(i), pred=pred)
+        _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, i, i, n_iter, n_tiles, lo, BLOCK_M, tile_bytes)
 
     if DQ_TMA:
         dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], gl.float32)
@@ -209,14 +217,9 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
         gl.thread_barrier()  # every wgmma reading Q, dO (buffer s) and dS^T has finished
 
-        nxt = it + STAGES  # refill buffer s with the tile STAGES ahead
-        pred = nxt < n_iter
-        g_n = nxt // n_tiles
-        start_n_m = lo + (nxt - g_n * n_tiles) * BLOCK_M
-        mbarrier.expect(q_bar.index(s), tile_bytes, pred=pred)
-        tma.async_copy_global_to_shared(q_desc, [g_n, start_n_m, 0], q_bar.index(s), q_buf.index(s), pred=pred)
-        mbarrier.expect(do_bar.index(s), tile_bytes, pred=pred)
-        tma.async_copy_global_to_shared(do_desc, [g_n, start_n_m, 0], do_bar.index(s), do_buf.index(s), pred=pred)
+        # refill buffer s with the tile STAGES ahead
+        _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, s, it + STAGES, n_iter, n_tiles, lo, BLOCK_M,
+                   tile_bytes)
 
         if DQ_TMA:
             tma.store_wait(pendings=0)  # the previous tile's reduce has read dq_buf

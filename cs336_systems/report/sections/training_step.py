@@ -69,13 +69,18 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
     answers = []
     for (preset, context, batch, precision), (_, ratio, r, peer) in sorted(best.items()):
         what = f"{preset}, context {context}, batch {batch}, {precision}, {r['provenance']['device']}"
-        memory = (f", peak {r['peak_memory_gib']:.1f} vs {peer['peak_memory_gib']:.1f} GiB"
-                  if r.get("peak_memory_gib") and peer.get("peak_memory_gib") else "")
+        memory = memory_target = ""
+        if r.get("peak_memory_gib") and peer.get("peak_memory_gib"):
+            memory = f", peak {r['peak_memory_gib']:.2f} vs {peer['peak_memory_gib']:.2f} GiB"
+            memory_target = ("; peak memory no higher than the peer's: "
+                             + ("met" if r["peak_memory_gib"] <= peer["peak_memory_gib"] else "missed"))
         settings = (f"{r['attention']}, optimizer {r['optimizer']}, loss {r['loss']}, compiled {r['compile_scope']}"
                     + (", CUDA graph" if r.get("cuda_graph") else ""))
+        peer_sdpa = f", SDPA backend {peer['peer_sdpa']}" if peer.get("peer_sdpa") else ""
         parts.append(f"{what} (newest run): ours {r['step_mean_ms']:.2f} ms per step ({settings}, MFU "
-                     f"{r['mfu']:.1%}{memory}), the fastest peer ({peer['impl']}) {peer['step_mean_ms']:.2f} ms: "
-                     f"{ratio:.2f}x its time; target <= {TARGET}x: {'met' if ratio <= TARGET else 'missed'}.\n")
+                     f"{r['mfu']:.1%}{memory}), the fastest peer ({peer['impl']}{peer_sdpa}) "
+                     f"{peer['step_mean_ms']:.2f} ms: {ratio:.2f}x its time; target <= {TARGET}x: "
+                     f"{'met' if ratio <= TARGET else 'missed'}{memory_target}.\n")
         answers.append(f"{preset}/{context}: {ratio:.2f}x ({r['step_mean_ms']:.1f} vs {peer['impl']} "
                        f"{peer['step_mean_ms']:.1f} ms)")
         ctx.versus("training_step", f"full training step, {what}", f"{r['step_mean_ms']:.2f} ms, MFU {r['mfu']:.1%}",
