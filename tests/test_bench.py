@@ -191,6 +191,10 @@ def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss(attention)
                                     cuda_graph=True, warmup=3, steps=3, device="cuda"))
     assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
     assert rec["step_mean_ms"] > 0
+    # nothing of this configuration (graph pool, compiled blocks, optimizer state) is left for the next one
+    after = run_benchmark(BenchConfig(preset="tiny", context_length=32, precision="bf16", warmup=1, steps=1,
+                                      device="cuda"))
+    assert after["memory_before_gib"] < 0.1, after["memory_before_gib"]  # library workspaces at most
 
 
 def test_cuda_graph_bench_config_bad_input():

@@ -205,8 +205,13 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     model = optimizer = step_model = None
     try:
         if device.type == "cuda":
+            # the previous configuration's objects held in reference cycles (compiled modules, a captured step's
+            # graph and its memory pool) outlive its own clean-up, which runs while its locals still refer to
+            # them: collect them now, or this configuration's peak would include them
+            gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
+            record["memory_before_gib"] = torch.cuda.memory_allocated(device) / 2**30
         if cfg.impl != "ours":
             from cs336_systems.bench.peer import build_peer
 

@@ -169,7 +169,7 @@ _STEP_CONFIG = {**_f("preset attention checkpoint mode precision optimizer study
                 **_f("context_length batch_size warmup steps", INT), "compile": BOOL, "device": STR}
 _STEP_MEASURED = {**_f("loss impl", STR), **_f("peer_compiled cuda_graph", BOOL),  # the training step's settings
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
-                  **_f("mfu model_tflops peak_memory_gib peak_tflops tokens_per_s", NUM),
+                  **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
                   # bench --impl ours peer: the peer's step beside ours (peer_sdpa: the SDPA backend it ran first)
                   **_f("compile_scope error peer_impl peer_sdpa", STR),
