@@ -32,6 +32,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+_WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """One warm-up stream per device for every ``CapturedStep``: libraries keep a workspace per stream for the life
+    of the process (cuBLAS: tens of MiB), so a new stream per captured step would leave one behind each time."""
+    if device not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[device] = torch.cuda.Stream(device)
+    return _WARMUP_STREAMS[device]
+
 
 class CapturedStep:
     """See the module docstring. ``warmup``: eager calls before the capture (at least 1: kernels compile on
@@ -78,7 +88,7 @@ class CapturedStep:
         workspaces, happens off the stream that will be captured)."""
         current = torch.cuda.current_stream(inputs[0].device)
         if self._side is None:
-            self._side = torch.cuda.Stream(inputs[0].device)
+            self._side = _warmup_stream(inputs[0].device)
         self._side.wait_stream(current)
         with torch.cuda.stream(self._side):
             out = self.step_fn(*inputs)

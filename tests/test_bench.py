@@ -186,15 +186,19 @@ def test_gpu_compile_and_checkpoint_run():
 def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss(attention):
     """The captured step in the settings it is meant for (bf16, compiled blocks, fused optimizer and loss; SDPA as
     PyTorch dispatches it and the measured backend); its record says so and has no phases (one replay)."""
-    rec = run_benchmark(BenchConfig(preset="small", context_length=128, precision="bf16", compile=True,
-                                    compile_scope="blocks", attention=attention, optimizer="fused", loss="fused",
-                                    cuda_graph=True, warmup=3, steps=3, device="cuda"))
-    assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
-    assert rec["step_mean_ms"] > 0
-    # nothing of this configuration (graph pool, compiled blocks, optimizer state) is left for the next one
-    after = run_benchmark(BenchConfig(preset="tiny", context_length=32, precision="bf16", warmup=1, steps=1,
-                                      device="cuda"))
-    assert after["memory_before_gib"] < 0.1, after["memory_before_gib"]  # library workspaces at most
+    cfg = BenchConfig(preset="small", context_length=128, precision="bf16", compile=True, compile_scope="blocks",
+                      attention=attention, optimizer="fused", loss="fused", cuda_graph=True, warmup=3, steps=3,
+                      device="cuda")
+    probe = BenchConfig(preset="tiny", context_length=32, precision="bf16", warmup=1, steps=1, device="cuda")
+    left = []
+    for _ in range(2):
+        rec = run_benchmark(cfg)
+        assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
+        assert rec["step_mean_ms"] > 0
+        left.append(run_benchmark(probe)["memory_before_gib"])
+    # nothing of a configuration (graph pool, compiled blocks, ~2 GiB of weights and optimizer state) is left for
+    # the next one, beyond the libraries' per-stream workspaces, which do not grow from one configuration to the next
+    assert left[0] < 0.5 and left[1] - left[0] < 0.01, left
 
 
 def test_cuda_graph_bench_config_bad_input():
