@@ -191,14 +191,15 @@ def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss(attention)
                       device="cuda")
     probe = BenchConfig(preset="tiny", context_length=32, precision="bf16", warmup=1, steps=1, device="cuda")
     left = []
-    for _ in range(2):
+    for _ in range(3):
         rec = run_benchmark(cfg)
         assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
         assert rec["step_mean_ms"] > 0
         left.append(run_benchmark(probe)["memory_before_gib"])
     # nothing of a configuration (graph pool, compiled blocks, ~2 GiB of weights and optimizer state) is left for
-    # the next one, beyond the libraries' per-stream workspaces, which do not grow from one configuration to the next
-    assert left[0] < 0.5 and left[1] - left[0] < 0.01, left
+    # the next one, beyond the libraries' workspaces: made on first use (the second run may still add one), then
+    # no growth from one configuration to the next
+    assert max(left) < 0.5 and left[2] - left[1] < 0.01, left
 
 
 def test_cuda_graph_bench_config_bad_input():
