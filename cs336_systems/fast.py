@@ -28,8 +28,9 @@ class FastSettings:
 
 
 # Attention "flash_auto" (cs336_systems.attention.auto): per shape, the fastest of our kernel and SDPA's backends
-# measured on this GPU model; on an H100 that is SDPA's cuDNN backend at every model shape, which PyTorch's default
-# order puts after its flash backend (xl/2048: 0.60 vs 0.96 ms forward+backward per layer).
+# measured on this GPU model. On an H100 with torch 2.11 that is SDPA's cuDNN backend at every model shape, which
+# SDPA's own dispatch already picks there (so the two run the same kernels: xl/2048 240.4 vs 240.5 ms a step);
+# the table keeps the choice measured where a version or GPU dispatches otherwise.
 # The fused LM head + loss measured slower than the compiled unfused one at vocabulary 10,000 (small/512 on an
 # H100, same run: 28.8 vs 25.8 ms per step), where the logits are small; it is what lets large vocabularies fit
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a

@@ -5,9 +5,11 @@ The choice comes from ``auto_choice.json`` next to this module, written by ``cs3
 backward, the training case) on one GPU model. A call on a CUDA GPU of that model looks up the nearest measured
 shape (same head dim, dtype and causality; nearest in sequence length, then in batch x heads, on a log scale)
 and runs what was fastest there: our kernel, or SDPA with that backend first in its priority order (cuDNN,
-flash or memory-efficient; PyTorch's default order puts flash before cuDNN, which on an H100 is the slower one at
-every model shape we measured: ``results/flash_leaderboard/``). Without a measurement (CPU, another GPU, Nq != Nk,
-a table without backends) it calls ``F.scaled_dot_product_attention`` as PyTorch dispatches it. Decisions are
+flash or memory-efficient). SDPA's own dispatch varies with the torch version and GPU (torch 2.11 on an H100
+already picks cuDNN, the fastest there at every model shape, ``results/flash_leaderboard/``; the order it
+reports, and other builds' choice, put flash first), so the measured choice is pinned rather than assumed.
+Without a measurement (CPU, another GPU, Nq != Nk, a table without backends) it calls
+``F.scaled_dot_product_attention`` as PyTorch dispatches it. Decisions are
 cached per (shape, dtype, causality, device) and are constants to ``torch.compile`` (no graph break). Windows
 and packed documents (``window=``, ``doc_ids=``) run ours on a CUDA GPU and SDPA with an explicit mask
 elsewhere; grouped-query heads follow the table. Registered through the ``cs336_basics.attention_backends``
