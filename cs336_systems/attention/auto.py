@@ -6,8 +6,8 @@ backward, the training case) on one GPU model. A call on a CUDA GPU of that mode
 shape (same head dim, dtype and causality; nearest in sequence length, then in batch x heads, on a log scale)
 and runs what was fastest there: our kernel, or SDPA with that backend first in its priority order (cuDNN,
 flash or memory-efficient). SDPA's own dispatch varies with the torch version and GPU (torch 2.11 on an H100
-already picks cuDNN, the fastest there at every model shape, ``results/flash_leaderboard/``; the order it
-reports, and other builds' choice, put flash first), so the measured choice is pinned rather than assumed.
+already picks cuDNN, the fastest there at every model shape, ``results/flash_leaderboard/``, although the
+priority order it reports puts flash first), so the measured choice is pinned rather than assumed.
 Without a measurement (CPU, another GPU, Nq != Nk, a table without backends) it calls
 ``F.scaled_dot_product_attention`` as PyTorch dispatches it. Decisions are
 cached per (shape, dtype, causality, device) and are constants to ``torch.compile`` (no graph break). Windows
@@ -15,8 +15,8 @@ and packed documents (``window=``, ``doc_ids=``) run ours on a CUDA GPU and SDPA
 elsewhere; grouped-query heads follow the table. Registered through the ``cs336_basics.attention_backends``
 entry points, so ``BasicsTransformerLM(attention_backend="flash_auto")`` works without importing this package.
 
-``fastest_sdpa(...)`` is the same lookup among SDPA's backends only: the plain-PyTorch peer of ``bench`` uses
-it, so that both sides of a comparison run the fastest SDPA backend.
+``choose(..., sdpa_only=True)`` is the same lookup among SDPA's backends only: ``bench`` pins its answer in the
+plain-PyTorch peer, so that both sides of a comparison run the fastest SDPA backend.
 """
 
 from __future__ import annotations
@@ -105,11 +105,6 @@ def _decide(q_shape: tuple[int, ...], k_shape: tuple[int, ...], dtype: torch.dty
     return choice
 
 
-def fastest_sdpa(q: Tensor, k: Tensor, is_causal: bool) -> list[SDPBackend] | None:
-    """The priority order of SDPA's backends measured fastest for this call's shape (None: PyTorch's own)."""
-    return sdpa_priority(_decide(tuple(q.shape), tuple(k.shape), q.dtype, is_causal, q.device, True))
-
-
 @register_attention_backend("flash_auto")
 def flash_auto_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *, window=None,
                          doc_ids: Tensor | None = None) -> Tensor:
@@ -121,6 +116,7 @@ def flash_auto_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, *, wi
     if extras and q.device.type == "cuda":
         choice = "flash_triton"
     else:
+        # off CUDA, a window or documents go to SDPA with a mask (sdpa_only: never our kernel there)
         choice = _decide(tuple(q.shape), tuple(k.shape), q.dtype, is_causal, q.device, bool(extras))
     if choice == "flash_triton":
         from cs336_systems.attention.flash_triton import flash_attention

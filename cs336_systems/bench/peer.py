@@ -8,7 +8,7 @@ projections, RoPE on q and k, ``F.scaled_dot_product_attention(is_causal=True)``
 sets the pace); ratios are taken against the faster of the peers timed. ``bench --impl ours peer`` times both
 with the same harness (forward incl. the loss, backward, optimizer; synchronised host clock and CUDA events) and
 writes the ratio into our records. It uses nothing of ours but the preset's sizes and, like a user who measured
-SDPA's backends (PyTorch's default order tries flash before cuDNN), the fastest SDPA backend at the model's shape
+SDPA's backends (its own dispatch differs between torch builds and GPUs), the fastest SDPA backend at the model's shape
 (``sdpa_backends``: a priority list for ``sdpa_kernel(..., set_priority=True)``, from the same table our
 ``flash_auto`` reads).
 """
