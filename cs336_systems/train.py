@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -44,6 +45,7 @@ from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems import attention as _attention  # noqa: F401  (registers flash_*: train works uninstalled too)
 from cs336_systems import checkpoint
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, own_state_names, parse_checkpoint_spec
+from cs336_systems.bench.e2e import autocast_context
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
 from cs336_systems.fast import fast_settings
@@ -615,8 +617,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
     no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)
     data = TokenBatches(cfg, model_cfg.vocab_size, T, B, rank, world, device)
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if cfg.precision == "bf16" \
-        else contextlib.nullcontext
+    autocast = functools.partial(autocast_context, cfg.precision, device)
     tokens_per_step = B * T * cfg.grad_accum * world
     flops_per_step_per_device = training_flops_per_token(model_cfg, T) * B * T * cfg.grad_accum
     peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
@@ -673,8 +674,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
 
         model.check_inputs = False  # preflight checked the token file; the check would synchronise in the graph
         # autocast's weight-cast cache would hold tensors of the capture past it (CapturedStep's requirements)
-        graph_autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)) \
-            if cfg.precision == "bf16" else contextlib.nullcontext
+        graph_autocast = functools.partial(autocast_context, cfg.precision, device, cache_enabled=False)
 
         def graph_step(xs: torch.Tensor, ys: torch.Tensor, *docs: torch.Tensor):
             """One whole step on (grad_accum, B, T) inputs, gradients allocated inside the graph."""
