@@ -405,14 +405,14 @@ def test_gpu_cuda_graph_train_tracks_eager_and_resumes(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_fast_settings_on_cuda_train_and_resume(tmp_path):
-    """On a GPU with nothing given: sdpa, whole-model compile, the fused optimizer (bf16 copies of fp32 masters
+    """On a GPU with nothing given: flash_auto, whole-model compile, the fused optimizer (bf16 copies of fp32 masters
     under bf16) are picked and printed; a run stopped after step 2 and resumed tracks the uninterrupted one
     (bf16, compiled kernels and atomics in backward: 1e-2 relative on the loss, not bit-exact), and its
     checkpoint holds fp32 weights under the model's own keys."""
     cfg = dict(SMALL, batch_size=2, grad_accum=1, steps=4, precision="bf16", device="cuda")
     lines = []
     full = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2), log=lines.append)
-    assert any(s.startswith("train: fast settings for cuda: attention=sdpa, compile=True") for s in lines), lines
+    assert any(s.startswith("train: fast settings for cuda: attention=flash_auto, compile=True") for s in lines), lines
     assert (full["config"]["optimizer"], full["config"]["compile"]) == ("fused", True)
     shutil.rmtree(tmp_path / "a" / "step-000004")
     resumed = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), resume=True), log=lambda s: None)
