@@ -1,0 +1,83 @@
+"""What is live at a `bench` configuration's peak? (issue 19: ours vs the peer's peak memory at small/512)
+
+Runs one configuration of ``bench --problem training_step`` with the CUDA caching allocator's history on
+(``torch.cuda.memory._record_memory_history``), then replays the history: the peak of allocated bytes, the
+allocation that reached it, and the blocks live at that moment grouped by where they were allocated (the innermost
+frames outside torch's own plumbing). Optionally saves the snapshot (pickle, for pytorch.org/memory_viz).
+    python scripts/device/memory_peak.py ours|peer-graphs [--preset small] [--context-length 512] [--save PATH]
+"""
+
+import argparse
+import pickle
+from collections import defaultdict
+
+import torch
+
+from cs336_systems.bench.e2e import BenchConfig, run_benchmark
+
+SKIP = ("torch/utils/", "torch/nn/modules/module.py", "contextlib.py", "torch/_dynamo/eval_frame.py",
+        "torch/autograd/", "torch/_tensor.py", "threading.py", "torch/cuda/memory.py")
+
+
+def where(frames: list[dict], depth: int = 3) -> str:
+    kept = [f for f in frames if not any(s in f["filename"] for s in SKIP)]
+    return " < ".join(f"{f['filename'].split('/')[-1]}:{f['line']}({f['name']})" for f in kept[:depth]) or "?"
+
+
+def analyse(snapshot: dict, top: int) -> None:
+    live: dict[int, tuple[int, list]] = {}
+    cur = peak = 0
+    at_peak: dict[int, tuple[int, list]] = {}
+    peak_frames: list = []
+    peak_index = 0
+    trace = snapshot["device_traces"][0]
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], e.get("frames", []))
+            cur += e["size"]
+            if cur > peak:
+                peak, at_peak, peak_frames, peak_index = cur, dict(live), e.get("frames", []), i
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            cur -= live.pop(e["addr"])[0]
+    print(f"history: {len(trace)} events; peak {peak / 2**30:.3f} GiB of traced allocations at event {peak_index} "
+          f"({len(at_peak)} blocks live)")
+    print(f"reached by: {where(peak_frames, 6)}")
+    groups: dict[str, list[int]] = defaultdict(list)
+    for size, frames in at_peak.values():
+        groups[where(frames)].append(size)
+    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
+    for key, sizes in rows[:top]:
+        print(f"{sum(sizes) / 2**20:10.1f} MiB {len(sizes):5d} blocks  {key}")
+    rest = sum(sum(s) for _, s in rows[top:])
+    print(f"{rest / 2**20:10.1f} MiB in {max(len(rows) - top, 0)} other groups")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("impl", choices=["ours", "peer", "peer-graphs"])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--context-length", type=int, default=512)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--save")
+    args = ap.parse_args()
+    common = dict(preset=args.preset, context_length=args.context_length, precision="bf16", warmup=3, steps=5)
+    if args.impl == "ours":  # the fast settings bench picks on CUDA at vocabulary 10,000
+        cfg = BenchConfig(**common, compile=True, compile_scope="model", attention="flash_auto", optimizer="fused",
+                          loss="unfused", cuda_graph=True)
+    else:
+        cfg = BenchConfig(**common, impl=args.impl, attention="sdpa")
+    torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+    record = run_benchmark(cfg)
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    print(f"{args.impl} {args.preset}/{args.context_length}: step {record.get('step_mean_ms', 0):.2f} ms, "
+          f"peak {record.get('peak_memory_gib', 0):.3f} GiB (max_memory_allocated), "
+          f"before {record.get('memory_before_gib', 0):.3f} GiB")
+    analyse(snapshot, args.top)
+    if args.save:
+        with open(args.save, "wb") as f:
+            pickle.dump(snapshot, f)
+
+
+if __name__ == "__main__":
+    main()
