@@ -10,6 +10,7 @@ frames outside torch's own plumbing). Optionally saves the snapshot (pickle, for
 import argparse
 import pickle
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 
@@ -42,6 +43,20 @@ def analyse(snapshot: dict, top: int) -> None:
     print(f"history: {len(trace)} events; peak {peak / 2**30:.3f} GiB of traced allocations at event {peak_index} "
           f"({len(at_peak)} blocks live)")
     print(f"reached by: {where(peak_frames, 6)}")
+    allocs = [(i, e) for i, e in enumerate(trace[:peak_index + 1]) if e["action"] == "alloc"][-12:]
+    for i, e in allocs:  # what ran just before the peak: the phase it falls in
+        print(f"  event {i}: {e['size'] / 2**20:8.1f} MiB  {where(e.get('frames', []), 4)}")
+    step = max(len(trace) // 20, 1)
+    curve, cur, sizes = [], 0, {}
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            sizes[e["addr"]] = e["size"]
+            cur += e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in sizes:
+            cur -= sizes.pop(e["addr"])
+        if i % step == 0:
+            curve.append(f"{cur / 2**30:.2f}")
+    print("allocated (GiB) every 5% of the history: " + " ".join(curve))
     groups: dict[str, list[int]] = defaultdict(list)
     for size, frames in at_peak.values():
         groups[where(frames)].append(size)
@@ -58,6 +73,8 @@ def main() -> None:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--context-length", type=int, default=512)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="BenchConfig fields to override (ints and yes/no parsed), e.g. cuda_graph=no")
     ap.add_argument("--save")
     args = ap.parse_args()
     common = dict(preset=args.preset, context_length=args.context_length, precision="bf16", warmup=3, steps=5)
@@ -66,10 +83,15 @@ def main() -> None:
                           loss="unfused", cuda_graph=True)
     else:
         cfg = BenchConfig(**common, impl=args.impl, attention="sdpa")
+    for item in args.set:
+        key, value = item.split("=", 1)
+        parsed = {"yes": True, "no": False}.get(value, int(value) if value.isdigit() else value)
+        cfg = replace(cfg, **{key: parsed})
     torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
     record = run_benchmark(cfg)
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    print(f"{args.impl} {args.preset}/{args.context_length} {' '.join(args.set)}")
     print(f"{args.impl} {args.preset}/{args.context_length}: step {record.get('step_mean_ms', 0):.2f} ms, "
           f"peak {record.get('peak_memory_gib', 0):.3f} GiB (max_memory_allocated), "
           f"before {record.get('memory_before_gib', 0):.3f} GiB")
