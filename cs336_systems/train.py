@@ -40,7 +40,6 @@ import torch.distributed as dist
 from cs336_basics.attention import get_attention_backend, supports_attention_extras
 from cs336_basics.data import document_ids
 from cs336_basics.model import BasicsTransformerLM
-from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems import attention as _attention  # noqa: F401  (registers flash_*: train works uninstalled too)
 from cs336_systems import checkpoint
@@ -49,7 +48,7 @@ from cs336_systems.bench.e2e import autocast_context
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
 from cs336_systems.fast import fast_settings
-from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
+from cs336_systems.fused.linear_cross_entropy import defer_lm_head, head_loss, linear_cross_entropy
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.parallel.process_group import DistInfo, init_distributed, under_torchrun
@@ -613,7 +612,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         head = model.lm_head.weight
         loss_fn = lambda x, y, d: linear_cross_entropy(wrapped(x, d), head, y)
     else:
-        loss_fn = lambda x, y, d: cross_entropy(wrapped(x, d), y)
+        loss_of_logits = head_loss(cfg.compile)
+        loss_fn = lambda x, y, d: loss_of_logits(wrapped(x, d), y)
     # Our FSDP has no no_sync(): it reduce-scatters every micro-batch and the shard gradients add up.
     no_sync = getattr(wrapped, "no_sync", contextlib.nullcontext)
     data = TokenBatches(cfg, model_cfg.vocab_size, T, B, rank, world, device)

@@ -21,13 +21,13 @@ import torch
 from tqdm import tqdm
 
 from cs336_basics.model import BasicsTransformerLM
-from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
 from cs336_systems.attention.auto import choose, sdpa_priority
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
+from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
 Mode = Literal["forward", "forward-backward", "train-step"]
@@ -160,11 +160,12 @@ def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
             block.compile()
     elif cfg.compile:
         step_model = torch.compile(model)
+    loss_of_logits = head_loss(cfg.compile)
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if cfg.loss == "fused":
             return linear_cross_entropy(step_model(x), model.lm_head.weight, y)
-        return cross_entropy(step_model(x), y)
+        return loss_of_logits(step_model(x), y)
 
     return model, optimizer, loss_fn, step_model
 

@@ -126,3 +126,13 @@ def defer_lm_head(model: nn.Module) -> nn.Module:
         raise ValueError("linear_cross_entropy: the model needs an `lm_head` with a weight and no bias")
     model.lm_head = DeferredHead(head)
     return model
+
+
+def head_loss(compile: bool):
+    """The unfused loss, ``cs336_basics.nn_utils.cross_entropy`` on the LM head's logits, compiled with the model
+    (``compile``): Inductor runs the fp32 upcast, log-sum-exp and gather as one kernel and the backward as another,
+    where eager autograd keeps several fp32 temporaries the size of the logits alive at the start of backward (at
+    small/512 on an H100, the step's peak memory: ``scripts/device/memory_peak.py``)."""
+    from cs336_basics.nn_utils import cross_entropy
+
+    return torch.compile(cross_entropy) if compile else cross_entropy
