@@ -26,15 +26,15 @@ def where(frames: list[dict], depth: int = 3) -> str:
 
 
 def analyse(snapshot: dict, top: int) -> None:
-    live: dict[int, tuple[int, list]] = {}
+    live: dict[int, tuple[int, list, int]] = {}
     cur = peak = 0
-    at_peak: dict[int, tuple[int, list]] = {}
+    at_peak: dict[int, tuple[int, list, int]] = {}
     peak_frames: list = []
     peak_index = 0
     trace = snapshot["device_traces"][0]
     for i, e in enumerate(trace):
         if e["action"] == "alloc":
-            live[e["addr"]] = (e["size"], e.get("frames", []))
+            live[e["addr"]] = (e["size"], e.get("frames", []), i)
             cur += e["size"]
             if cur > peak:
                 peak, at_peak, peak_frames, peak_index = cur, dict(live), e.get("frames", []), i
@@ -58,11 +58,16 @@ def analyse(snapshot: dict, top: int) -> None:
             curve.append(f"{cur / 2**30:.2f}")
     print("allocated (GiB) every 5% of the history: " + " ".join(curve))
     groups: dict[str, list[int]] = defaultdict(list)
-    for size, frames in at_peak.values():
+    for size, frames, _ in at_peak.values():
         groups[where(frames)].append(size)
     rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     for key, sizes in rows[:top]:
         print(f"{sum(sizes) / 2**20:10.1f} MiB {len(sizes):5d} blocks  {key}")
+    unknown = sorted((b for b in at_peak.values() if where(b[1]) == "?"), key=lambda b: -b[0])[:8]
+    for size, _, index in unknown:  # allocated without Python frames (autograd's thread, C++): the nearest caller
+        near = next((trace[j] for j in range(index, -1, -1) if where(trace[j].get("frames", [])) != "?"), {})
+        print(f"  ? {size / 2**20:8.1f} MiB at event {index} (stream {trace[index].get('stream')}), after "
+              f"{where(near.get('frames', []), 4)}")
     rest = sum(sum(s) for _, s in rows[top:])
     print(f"{rest / 2**20:10.1f} MiB in {max(len(rows) - top, 0)} other groups")
 
