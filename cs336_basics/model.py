@@ -167,9 +167,6 @@ class CausalMultiHeadSelfAttention(nn.Module):
         self.k_proj = Linear(d_model, kv * self.head_dim, device=device, dtype=dtype)
         self.v_proj = Linear(d_model, kv * self.head_dim, device=device, dtype=dtype)
         self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
-        # True: q, k and v from one matmul over the three weights, concatenated each call (the parameters and
-        # their names stay as they are); fewer, larger GEMMs (cs336_systems.fast.fuse_qkv sets it where measured)
-        self.fused_qkv = False
         self.positional_encoder = positional_encoder
         self.attention_backend_name = (
             attention_backend
@@ -190,14 +187,11 @@ class CausalMultiHeadSelfAttention(nn.Module):
     def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """x: (..., T, D); doc_ids: optional (B, T) ints, attention stays within equal ids (packed documents)."""
         T = x.shape[-2]
-        if self.fused_qkv:
-            w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-            kv_width = self.num_kv_heads * self.head_dim
-            q, k, v = (x @ w.T).split([self.d_model, kv_width, kv_width], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = rearrange(q, "... t (h d) -> ... h t d", h=self.num_heads)  # (B, H, T, Dh)
-        k, v = (rearrange(t, "... t (h d) -> ... h t d", h=self.num_kv_heads) for t in (k, v))  # (B, Hkv, T, Dh)
+        q = rearrange(self.q_proj(x), "... t (h d) -> ... h t d", h=self.num_heads)  # (B, H, T, Dh)
+        k, v = (
+            rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_kv_heads)  # (B, Hkv, T, Dh)
+            for proj in (self.k_proj, self.v_proj)
+        )
         if self.positional_encoder is not None:
             if token_positions is None:
                 token_positions = torch.arange(T, device=x.device)

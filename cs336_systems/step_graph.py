@@ -101,7 +101,8 @@ class CapturedStep:
         torch.cuda.empty_cache()  # the warm-up's cached blocks: the graph's pool takes their place
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            # on the warm-up stream: one stream's library workspaces (cuBLAS: 32 MiB on Hopper) serve both
+            with torch.cuda.graph(graph, stream=self._side or _warmup_stream(inputs[0].device)):
                 outputs = self.step_fn(*self.static_inputs)
         except RuntimeError as err:
             raise RuntimeError(f"CapturedStep: the step could not be captured as a CUDA graph ({err}); a captured "

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # before the kernels are compiled: CPU runs t
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.optimizer import AdamW
 from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
-from cs336_systems.fused.linear_cross_entropy import linear_cross_entropy
+from cs336_systems.fused.linear_cross_entropy import head_loss, linear_cross_entropy
 
 
 @pytest.mark.parametrize("shape,vocab,chunk_rows", [((3, 37), 101, 5), ((53,), 29, 53), ((2, 5, 7), 1000, 1)])
@@ -50,6 +50,27 @@ def test_linear_cross_entropy_low_precision_tracks_fp64(seed):
     assert abs(loss.item() - ref.item()) < 2**-8 * (h_ref @ w_ref.T).abs().max().item()
     for got, want in ((h.grad, h_ref.grad), (w.grad, w_ref.grad)):
         assert (got.double() - want).norm() / want.norm() < 1e-2
+
+
+def test_compiled_head_loss_matches_ours_on_fp64_reference():
+    """The compiled unfused loss (bench's and train's on a compiled model) against our cross_entropy in fp64: fp32
+    arithmetic on odd sizes, gradient included; shapes that do not match keep their ValueError."""
+    from cs336_basics.nn_utils import cross_entropy
+
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(3, 7, 101, generator=gen, dtype=torch.float64) * 4).requires_grad_()
+    targets = torch.randint(0, 101, (3, 7), generator=gen)
+    ref = cross_entropy(logits, targets)
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    x = logits.detach().float().requires_grad_()
+    loss = head_loss(compile=True)(x, targets)
+    (g,) = torch.autograd.grad(loss, x)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=1e-6)  # fp32 sums of 101 terms
+    torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-7)
+    assert head_loss(compile=False) is cross_entropy
+    with pytest.raises(ValueError, match="do not match targets"):
+        head_loss(compile=True)(x, targets[:, :3])
 
 
 def test_linear_cross_entropy_bad_input():

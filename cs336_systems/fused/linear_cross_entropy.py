@@ -128,11 +128,28 @@ def defer_lm_head(model: nn.Module) -> nn.Module:
     return model
 
 
+def _cross_entropy_fp32(logits: Tensor, targets: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten().long())
+
+
 def head_loss(compile: bool):
-    """The unfused loss, ``cs336_basics.nn_utils.cross_entropy`` on the LM head's logits, compiled with the model
-    (``compile``): Inductor runs the fp32 upcast, log-sum-exp and gather as one kernel and the backward as another,
-    where eager autograd keeps several fp32 temporaries the size of the logits alive at the start of backward (at
-    small/512 on an H100, the step's peak memory: ``scripts/device/memory_peak.py``)."""
+    """The unfused loss on the LM head's logits: ``cs336_basics.nn_utils.cross_entropy``, or with ``compile``
+    (where the model is compiled) the same mean loss as PyTorch's log-softmax + NLL on the fp32-upcast logits,
+    compiled: Inductor fuses the upcast, log-sum-exp and target pick into one kernel and the backward into
+    ``softmax - onehot`` written once in the logits' dtype. Eager autograd of our loss, or Inductor on it (its
+    ``amax`` and ``gather`` backward scatter into fp32 buffers), keeps two or more fp32 temporaries the size of the
+    logits alive at the start of backward, where a step's memory peaks (small/512 on an H100:
+    ``scripts/device/memory_peak.py``)."""
     from cs336_basics.nn_utils import cross_entropy
 
-    return torch.compile(cross_entropy) if compile else cross_entropy
+    if not compile:
+        return cross_entropy
+    compiled = torch.compile(_cross_entropy_fp32)
+
+    def loss(logits: Tensor, targets: Tensor) -> Tensor:
+        if logits.shape[:-1] != targets.shape:
+            raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} do not match targets "
+                             f"{tuple(targets.shape)}")
+        return compiled(logits, targets)
+
+    return loss

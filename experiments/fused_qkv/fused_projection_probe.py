@@ -6,7 +6,7 @@ a block's input projections in bf16, forward and backward, as autograd runs them
   fused:    W = cat(W_i) (a copy per step); y = x W^T; dx = g W; dW = g^T x (3 mm)
   fused, no cat: the same with the weights already adjacent (what bf16 copies laid out side by side would allow)
 Prints a table and ratios; writes nothing.
-    python scripts/device/fused_projection_probe.py
+    python experiments/fused_qkv/fused_projection_probe.py
 """
 
 import torch

@@ -2,7 +2,7 @@
 
 Runs ``bench``'s training step with the fast settings (bf16) twice per round, separate then fused projections,
 and prints step time and peak memory of each; ``--rounds`` alternates them to see drift.
-    python scripts/device/fused_qkv_check.py --preset xl --context-length 512 [--steps 20] [--rounds 1]
+    python experiments/fused_qkv/fused_qkv_check.py --preset xl --context-length 512 [--steps 20] [--rounds 1]
 """
 
 import argparse
