@@ -397,6 +397,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
         log(f"leaderboard: {cfg.impl}: out of memory ({str(err).splitlines()[0][:120]})")
         return {**record, "status": "OOM", "error": str(err).splitlines()[0][:300],
                 "wall_s": time.perf_counter() - started}
+        peak_memory = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
     finally:
         del step
     flops = training_flops_per_token(model_cfg, model_cfg.context_length, causal=True) * tokens
@@ -406,7 +407,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     achieved = flops / (step_ms * 1e-3) / 1e12
     record.update(status="ok", step_ms=step_ms, tokens_per_s=tokens / (step_ms * 1e-3), model_tflop=flops / 1e12,
                   achieved_tflops=achieved, matmul_peak_tflops=peak_tflops, mfu=achieved / peak_tflops,
-                  peak_memory_gib=(torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None),
+                  peak_memory_gib=peak_memory,  # read before the matmul-peak measurement allocates its operands
                   device_memory_gib=(plan.device_bytes / GIB if plan.device_bytes else None),
                   wall_s=time.perf_counter() - started, **phases)
     return record

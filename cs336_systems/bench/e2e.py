@@ -255,6 +255,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         label = f"{cfg.impl} {cfg.preset}/{cfg.context_length}"
         for i in tqdm(range(cfg.warmup + cfg.steps), desc=label, unit="step", delay=2, leave=False):
             one_step(i >= cfg.warmup)
+        # the configuration's own peak: above what was allocated when it started (a previous configuration's
+        # library workspaces stay), and before the matmul-peak measurement below allocates its operands
+        peak_memory = ((torch.cuda.max_memory_allocated(device) / 2**30 - record["memory_before_gib"])
+                       if device.type == "cuda" else None)
 
         tokens = batch * cfg.context_length
         step = summarize(timer.host["step"])
@@ -273,7 +277,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             model_tflops=tflops,
             peak_tflops=peak,
             mfu=tflops / peak,
-            peak_memory_gib=(torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
+            peak_memory_gib=peak_memory,
         )
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:
         if not is_oom(err):
