@@ -89,7 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-study", action="store_true",
                    help=f"run each configuration with {', '.join(map(str, WARMUP_STUDY))} warm-up steps, each in a "
                         "fresh process (overrides --warmup)")
-    p.add_argument("--isolate", action="store_true", help="run each configuration in a fresh process")
+    p.add_argument("--isolate", action="store_true",
+                   help="run each configuration in a fresh process (the default on CUDA when ours is compared with "
+                        "a peer: the earlier configuration's workspaces and cached kernels would count for the later)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--problem", default="benchmarking_script", choices=PROBLEMS,
                    help="the handout problem these records answer (their folder under results/)")
@@ -187,12 +189,17 @@ def format_table(records: list[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     configs = configs_from_args(args)
-    isolate = args.isolate or args.warmup_study
+    compared = {c.impl for c in configs} > {"ours"} and any(c.impl == "ours" for c in configs)
+    isolate = args.isolate or args.warmup_study or (compared and configs[0].torch_device.type == "cuda")
+    if isolate and not (args.isolate or args.warmup_study):
+        print("bench: ours against a peer on CUDA: each configuration in a fresh process (peak memory and "
+              "warm state its own)")
     writer = RecordWriter(args.problem, args.results_dir, configs[0].torch_device, enabled=not args.no_save)
     records, peers = [], {}
     for cfg in tqdm(configs, desc="bench", unit="config", delay=2):
         record = run_benchmark_isolated(cfg) if isolate else run_benchmark(cfg)
         record["study"] = "warmup" if args.warmup_study else "sweep"
+        record["isolated"] = isolate
         key = _peer_key(record)
         if cfg.impl != "ours" and record.get("status") == "ok" and (
                 key not in peers or record["step_mean_ms"] < peers[key]["step_mean_ms"]):

@@ -167,7 +167,7 @@ def _timing(prefix: str) -> dict[str, tuple[type, ...]]:
 # cs336-systems bench (e2e.py): one training-step configuration
 _STEP_CONFIG = {**_f("preset attention checkpoint mode precision optimizer study status", STR),
                 **_f("context_length batch_size warmup steps", INT), "compile": BOOL, "device": STR}
-_STEP_MEASURED = {**_f("loss impl", STR), **_f("peer_compiled cuda_graph", BOOL),  # the training step's settings
+_STEP_MEASURED = {**_f("loss impl", STR), **_f("peer_compiled cuda_graph isolated", BOOL),  # the step's settings
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
