@@ -7,6 +7,8 @@ device synchronize around every phase (``timeit.default_timer``, the handout's m
 events recorded around the same regions as a cross-check. ``run_benchmark_isolated`` runs one
 configuration in a fresh interpreter, which the warm-up study needs: otherwise a configuration
 with zero warm-up steps would profit from the kernels and library handles loaded by the previous one.
+Peak memory (CUDA) is the most allocated over the steps after the first (the first compiles: the compiler's
+autotuning buffers are not the step's), less what was allocated when the configuration started.
 """
 
 from __future__ import annotations
@@ -255,8 +257,13 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         label = f"{cfg.impl} {cfg.preset}/{cfg.context_length}"
         for i in tqdm(range(cfg.warmup + cfg.steps), desc=label, unit="step", delay=2, leave=False):
             one_step(i >= cfg.warmup)
+            if i == 0 and cfg.warmup >= 1 and device.type == "cuda":
+                # the peak of the steps after the first: the first compiles, and the compiler's autotuning
+                # buffers (tens of MiB) sit beside its activations; CUDA graphs are recorded after it
+                torch.cuda.reset_peak_memory_stats(device)
         # the configuration's own peak: above what was allocated when it started (a previous configuration's
-        # library workspaces stay), and before the matmul-peak measurement below allocates its operands
+        # library workspaces stay: bench isolates comparisons), and before the matmul-peak measurement below
+        # allocates its operands
         peak_memory = ((torch.cuda.max_memory_allocated(device) / 2**30 - record["memory_before_gib"])
                        if device.type == "cuda" else None)
 
