@@ -389,6 +389,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
         step = build_step(cfg, plan)
         step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
         phases = phase_breakdown(step, device, repeats=1 if step_ms > 5000 or device.type == "cpu" else 3)
+        peak_memory = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:  # an allocator's failure (is_oom)
         from cs336_systems.bench.e2e import is_oom
 
@@ -397,7 +398,6 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
         log(f"leaderboard: {cfg.impl}: out of memory ({str(err).splitlines()[0][:120]})")
         return {**record, "status": "OOM", "error": str(err).splitlines()[0][:300],
                 "wall_s": time.perf_counter() - started}
-        peak_memory = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
     finally:
         del step
     flops = training_flops_per_token(model_cfg, model_cfg.context_length, causal=True) * tokens
