@@ -189,7 +189,8 @@ def format_table(records: list[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     configs = configs_from_args(args)
-    compared = {c.impl for c in configs} > {"ours"} and any(c.impl == "ours" for c in configs)
+    impls = {c.impl for c in configs}
+    compared = "ours" in impls and len(impls) > 1
     isolate = args.isolate or args.warmup_study or (compared and configs[0].torch_device.type == "cuda")
     if isolate and not (args.isolate or args.warmup_study):
         print("bench: ours against a peer on CUDA: each configuration in a fresh process (peak memory and "

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from cs336_basics.nn_utils import cross_entropy
+
 DEFAULT_CHUNK_BYTES = 1 << 30  # fp32 logits of one chunk: 1 GiB
 
 
@@ -140,8 +142,6 @@ def head_loss(compile: bool):
     ``amax`` and ``gather`` backward scatter into fp32 buffers), keeps two or more fp32 temporaries the size of the
     logits alive at the start of backward, where a step's memory peaks (small/512 on an H100:
     ``scripts/device/memory_peak.py``)."""
-    from cs336_basics.nn_utils import cross_entropy
-
     if not compile:
         return cross_entropy
     compiled = torch.compile(_cross_entropy_fp32)
