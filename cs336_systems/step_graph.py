@@ -60,7 +60,6 @@ class CapturedStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: tuple[Tensor, ...] = ()
         self.outputs = None
-        self._side: torch.cuda.Stream | None = None
 
     @property
     def captured(self) -> bool:
@@ -84,15 +83,14 @@ class CapturedStep:
         return self.outputs
 
     def _eager(self, inputs: tuple[Tensor, ...]):
-        """A warm-up step on a side stream (PyTorch's advice before a capture: lazy initialisation, e.g. cuBLAS
-        workspaces, happens off the stream that will be captured)."""
+        """A warm-up step on the side stream the capture will use (PyTorch's advice: not the default stream; lazy
+        initialisation such as cuBLAS workspaces then happens before the capture, for that stream)."""
         current = torch.cuda.current_stream(inputs[0].device)
-        if self._side is None:
-            self._side = _warmup_stream(inputs[0].device)
-        self._side.wait_stream(current)
-        with torch.cuda.stream(self._side):
+        side = _warmup_stream(inputs[0].device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
             out = self.step_fn(*inputs)
-        current.wait_stream(self._side)
+        current.wait_stream(side)
         return out
 
     def _capture(self, inputs: tuple[Tensor, ...]) -> None:
@@ -102,7 +100,7 @@ class CapturedStep:
         graph = torch.cuda.CUDAGraph()
         try:
             # on the warm-up stream: one stream's library workspaces (cuBLAS: 32 MiB on Hopper) serve both
-            with torch.cuda.graph(graph, stream=self._side or _warmup_stream(inputs[0].device)):
+            with torch.cuda.graph(graph, stream=_warmup_stream(inputs[0].device)):
                 outputs = self.step_fn(*self.static_inputs)
         except RuntimeError as err:
             raise RuntimeError(f"CapturedStep: the step could not be captured as a CUDA graph ({err}); a captured "
