@@ -113,7 +113,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: Tensor, token_positions: Tensor) -> Tensor:
-        """x: (..., T, dim); token_positions: broadcastable to (..., T). Returns x rotated, same dtype."""
+        """x: (..., dim); token_positions: integer positions broadcastable to ``x.shape[:-1]`` (for x of
+        (..., T, dim), positions of (..., T); for (B, T, H, dim), (B, T, 1)). Returns x rotated, same dtype."""
         cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, dim/2)
         x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
@@ -187,16 +188,18 @@ class CausalMultiHeadSelfAttention(nn.Module):
     def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """x: (..., T, D); doc_ids: optional (B, T) ints, attention stays within equal ids (packed documents)."""
         T = x.shape[-2]
-        q = rearrange(self.q_proj(x), "... t (h d) -> ... h t d", h=self.num_heads)  # (B, H, T, Dh)
-        k, v = (
-            rearrange(proj(x), "... t (h d) -> ... h t d", h=self.num_kv_heads)  # (B, Hkv, T, Dh)
-            for proj in (self.k_proj, self.v_proj)
-        )
+        # RoPE rotates q and k in the projections' own (..., T, H, Dh) layout (reads and writes contiguous; in the
+        # (..., H, T, Dh) views they are strided, which made the compiled rotation and its backward half as fast
+        # and added layout copies); the attention kernel then takes (..., H, T, Dh) views
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (B, T, H, Dh)
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))  # (B, T, Hkv, Dh)
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.positional_encoder is not None:
             if token_positions is None:
                 token_positions = torch.arange(T, device=x.device)
-            pos = token_positions.unsqueeze(-2) if token_positions.dim() > 1 else token_positions  # add a head dim
+            pos = token_positions.unsqueeze(-1)  # (..., T, 1): one position for all heads of a token
             q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
+        q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (B, H, T, Dh) views
         extras = {}
         if self.attention_window is not None and self.attention_window < T:  # a wider window hides nothing
             extras["window"] = (self.attention_window - 1, 0)

@@ -4,7 +4,9 @@
 measured fastest on an H100 against the compiled plain-PyTorch peer (``bench --impl ours peer``; records
 in ``results/training_step/``), on a CPU the reference path (no compiler, no Triton; the CPU is for
 correctness, not speed). Precision is not a speed setting here: it changes the numerics, so it stays the
-caller's choice; the fused optimizer keeps bf16 weight copies only under bf16.
+caller's choice; the fused optimizer keeps bf16 weight copies only under bf16. The residual stream's dtype
+under bf16 is one: bf16 where the fused optimizer applies, as Megatron-LM and torchtitan run it (the
+300-step loss check in ``results/training_step/`` holds it to the fp32-residual run's loss).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ class FastSettings:
     optimizer: str  # "ours", "torch-fused" or "fused" (cs336_systems.fused.adamw.FusedAdamW)
     loss: str  # "unfused" (LM head, then cross_entropy) or "fused" (cs336_systems.fused.linear_cross_entropy)
     cuda_graph: bool  # the whole step as one CUDA graph (cs336_systems.step_graph; needs optimizer "fused")
+    # the residual stream's dtype under bf16: "bf16" (the fused optimizer keeps the token embedding as a bf16 copy
+    # too: cs336_systems.fused.adamw.is_compute_weight) or "fp32" (autocast's); applies with optimizer "fused"
+    residual_dtype: str
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -31,6 +36,8 @@ class FastSettings:
 # measured on this GPU model. On an H100 with torch 2.11 that is SDPA's cuDNN backend at every model shape, which
 # SDPA's own dispatch already picks there (so the two run the same kernels: xl/2048 240.4 vs 240.5 ms a step);
 # the table keeps the choice measured where a version or GPU dispatches otherwise.
+# A bf16 residual stream measured 4.4 ms (1.9%) faster at xl/2048 and 0.56 GiB smaller at xl/512 (H100, compiled
+# blocks, CUDA graph, one process per variant: scripts/device/step_variants.py, results/logs/h100-s14/probe1).
 # The fused LM head + loss measured slower than the compiled unfused one at vocabulary 10,000 (small/512 on an
 # H100, same run: 28.8 vs 25.8 ms per step), where the logits are small; it is what lets large vocabularies fit
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a
@@ -44,6 +51,6 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True)
+                            loss=loss, cuda_graph=True, residual_dtype="bf16")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
-                        cuda_graph=False)
+                        cuda_graph=False, residual_dtype="fp32")

@@ -58,7 +58,9 @@ PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("ours", "fused")  # cs336_basics AdamW, or cs336_systems.fused.adamw.FusedAdamW (bench's names)
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
-FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph")  # None: fast_settings picks
+RESIDUAL_DTYPES = ("fp32", "bf16")  # the residual stream under bf16: autocast's, or bf16 (fused optimizer's copies)
+# None in TrainConfig: fast_settings picks
+FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype")
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -91,6 +93,7 @@ class TrainConfig:
     optimizer: str | None = None  # "ours" or "fused" (FusedAdamW: under bf16, bf16 weights with fp32 masters)
     loss: str | None = None  # "unfused" or "fused" (chunked LM head + cross-entropy, no logits tensor)
     cuda_graph: bool | None = None  # the whole step captured once and replayed (CUDA, optimizer fused, no parallel)
+    residual_dtype: str | None = None  # "bf16": the token embedding a bf16 copy too (bf16, optimizer fused); "fp32"
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
     attention_window: int | None = None  # sliding window: keys per query, itself included; None: the preset's
@@ -170,18 +173,24 @@ class TrainConfig:
             if self.uses_attention_extras and not supports_attention_extras(fn):
                 raise ValueError(f"train: --attention {self.attention} takes no window= / doc_ids= (grouped-query "
                                  "heads, --attention-window, --eos-id); use one that does, e.g. sdpa or reference")
-        for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES)):
+        for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES),
+                              ("residual_dtype", RESIDUAL_DTYPES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
                                  f"{', '.join(allowed)}")
-        for name in ("compile", "optimizer", "loss", "activation_checkpointing", "cuda_graph"):
+        for name in ("compile", "optimizer", "loss", "activation_checkpointing", "cuda_graph",
+                     "residual_dtype"):
             reason = unsupported(self.parallel, name, getattr(self, name))
             if reason is not None:
                 raise ValueError(f"train: {reason}")
         if self.cuda_graph and self.optimizer not in (None, "fused"):
             raise ValueError(f"train: --cuda-graph yes needs --optimizer fused (the optimizer that reads each step's "
                              f"values from the GPU), not {self.optimizer}")
+        if self.residual_dtype == "bf16" and (self.precision != "bf16" or self.optimizer not in (None, "fused")):
+            raise ValueError(f"train: --residual-dtype bf16 keeps the token embedding as a bf16 copy in the fused "
+                             f"optimizer: it needs --precision bf16 and --optimizer fused (got {self.precision}, "
+                             f"{self.optimizer or 'the default optimizer'})")
         if self.resume and (self.checkpoint_dir is None or TIME_FIELD in self.checkpoint_dir):
             raise ValueError("train: --resume needs --checkpoint-dir DIR (the directory of the run to continue)")
         if self.checkpoint_every is not None and self.checkpoint_dir is None:
@@ -224,6 +233,8 @@ def unsupported(parallel: str, name: str, value) -> str | None:
         return f"--loss fused does not work with --parallel {parallel}; use --loss unfused or one of {unsharded}"
     if name == "cuda_graph" and value and parallel != "none":
         return f"--cuda-graph yes works with --parallel none only, not {parallel}; use --cuda-graph no"
+    if name == "residual_dtype" and value == "bf16" and parallel != "none":
+        return f"--residual-dtype bf16 works with --parallel none only (--optimizer fused), not {parallel}"
     if name == "compile" and value and sharded:
         unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
         return f"--compile yes is not supported with --parallel {parallel}; use --compile no or one of {unsharded}"
@@ -231,7 +242,7 @@ def unsupported(parallel: str, name: str, value) -> str | None:
 
 
 # where a fast setting does not apply
-_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False}
+_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False, "residual_dtype": "fp32"}
 
 
 def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfig, str]:
@@ -256,6 +267,9 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         if name == "cuda_graph" and value and (picked.get("optimizer") or cfg.optimizer) != "fused":
             notes.append(f"cuda_graph=True not with optimizer={picked.get('optimizer') or cfg.optimizer}")
             value = False
+        if name == "residual_dtype" and value == "bf16" and (
+                cfg.precision != "bf16" or (picked.get("optimizer") or cfg.optimizer) != "fused"):
+            value = "fp32"  # autocast's: bf16 applies only under bf16 with the fused optimizer
         picked[name] = value
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
@@ -567,7 +581,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
-        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id"):  # keys of later versions
+        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id", "residual_dtype"):
+            # keys of later versions
             if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
         if saved["global_batch"] != B * cfg.grad_accum * world:
@@ -596,10 +611,11 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     if cfg.optimizer == "fused":  # --parallel none only (unsupported()): the wrapper leaves the parameters alone
         from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
 
-        # under bf16 the Linear weights become bf16 copies of fp32 masters (checkpoints store the masters)
+        # under bf16 the Linear weights (and with residual_dtype bf16 the token embedding) become bf16 copies of
+        # fp32 masters (checkpoints store the masters)
         optimizer = FusedAdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                compute_dtype=torch.bfloat16 if bf16 else None,
-                               low_precision=low_precision_params(model) if bf16 else ())
+                               low_precision=low_precision_params(model, cfg.residual_dtype) if bf16 else ())
     else:
         optimizer = strategy.make_optimizer(model.parameters(), AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if resume_from is not None:

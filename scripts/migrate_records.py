@@ -23,6 +23,8 @@ Idempotent: a second run changes nothing. Every changed field is named in the re
   per row, default values (None, False, "collective") left out; ``nccl_env`` keeps ``NCCL_*`` only.
 * ``COMMIT_CORRECTIONS``: runs whose recorded commit was wrong (named per file, with the reason and the
   commit whose tree ran).
+* ``training_step`` step rows and loss checks recorded before ``residual_dtype``: ``"fp32"`` (the token
+  embedding was fp32 in every earlier version).
 * FlexAttention sweep timings taken before each shape got a fresh compile (no ``flex_compile``):
   past dynamo's recompile limit they ran eagerly, so ``status`` becomes ``discarded: eager fallback``
   (the timings stay in the record).
@@ -202,8 +204,17 @@ def migrate_experiments(row: dict) -> None:
                              "nccl_env keeps NCCL_* only")
 
 
+def migrate_residual_dtype(rows: list[dict]) -> None:
+    for r in rows:
+        if "residual_dtype" not in r and (r.get("check") == "loss" or "impl" in r):
+            r["residual_dtype"] = "fp32"
+            _mark(r, "residual_dtype", "recorded before the field: the token embedding was fp32 in every earlier "
+                                       "version, so the residual stream was (autocast's) fp32")
+
+
 RUN_MIGRATIONS = {"optimizer_state_sharding_accounting": migrate_shard_run, "memory_profiling": migrate_memory_run,
-                  "ddp_bucketed_benchmarking": migrate_ddp_run, "flash_benchmarking": migrate_flash_rows}
+                  "ddp_bucketed_benchmarking": migrate_ddp_run, "flash_benchmarking": migrate_flash_rows,
+                  "training_step": migrate_residual_dtype}
 
 
 def migrate(results: Path) -> int:

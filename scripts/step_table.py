@@ -24,7 +24,7 @@ def main(root: str = "results/training_step", *flags: str) -> None:
     df = pd.DataFrame(rows)
     step = df[df.get("step_mean_ms").notna()] if "step_mean_ms" in df else df.iloc[:0]
     cols = ["file", "impl", "preset", "context_length", "compile_scope", "optimizer", "loss", "checkpoint",
-            "step_mean_ms", "step_median_ms", "step_std_ms", "forward_mean_ms", "backward_mean_ms",
+            "residual_dtype", "step_mean_ms", "step_median_ms", "step_std_ms", "forward_mean_ms", "backward_mean_ms",
             "optimizer_mean_ms", "mfu", "peak_memory_gib", "step_ratio_vs_peer", "memory_ratio_vs_peer"]
     pairs = []
     for _, ours in step[step["impl"] == "ours"].iterrows():
@@ -33,7 +33,8 @@ def main(root: str = "results/training_step", *flags: str) -> None:
         if len(peer):
             peer = peer.iloc[0]
             pairs.append({"run": ours["file"][:15], "preset": ours["preset"], "context": int(ours["context_length"]),
-                          "ours": f"{ours['compile_scope']}/{ours['optimizer']}/{ours['loss']}",
+                          "ours": f"{ours['compile_scope']}/{ours['optimizer']}/{ours['loss']}"
+                                  + ("/bf16-residual" if ours.get("residual_dtype") == "bf16" else ""),
                           "peer ms (mean)": peer["step_mean_ms"], "ours ms (mean)": ours["step_mean_ms"],
                           "ratio (mean)": ours["step_ratio_vs_peer"],
                           "ratio (median)": ours["step_median_ms"] / peer["step_median_ms"],

@@ -302,6 +302,7 @@ def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatc
     cpu, cuda = fast_settings("cpu"), fast_settings("cuda")
     assert (cpu.compile, cpu.optimizer, cpu.loss) == (False, "ours", "unfused")
     assert cuda.optimizer == "fused" and cuda.compile and cuda.loss == "unfused"
+    assert (cpu.residual_dtype, cuda.residual_dtype) == ("fp32", "bf16")
     assert fast_settings("cuda", vocab_size=151_936).loss == "fused"  # the 8b vocabulary
     said = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -309,6 +310,35 @@ def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatc
     assert configs[0].optimizer == "torch-fused" and configs[0].loss == "unfused"  # the user's choice wins
     assert any("fast settings" in line and "loss=unfused (tiny)" in line for line in said)
     assert not any("optimizer=" in line for line in said)  # only what it picked is printed
+
+
+def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
+    """The fast default's bf16 residual stream goes to our bf16 train steps with the fused optimizer only; an
+    explicit one elsewhere is refused, naming what it needs; a bf16 one trains on the CPU."""
+    import cs336_systems.commands.bench as bench_cmd
+    from cs336_systems.fast import FastSettings
+
+    cuda_like = FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="fused",
+                             loss="unfused", cuda_graph=False, residual_dtype="bf16")
+    monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: cuda_like)
+    said = []
+    args = _bench_args(["--preset", "tiny", "--device", "cpu", "--precision", "fp32", "bf16", "--optimizer",
+                        "fused", "ours", "--impl", "peer", "ours"])
+    got = {(c.impl, c.precision, c.optimizer): c.residual_dtype for c in configs_from_args(args, log=said.append)}
+    assert got == {("peer", "fp32", "torch-fused"): "fp32", ("peer", "bf16", "torch-fused"): "fp32",
+                   ("ours", "fp32", "fused"): "fp32", ("ours", "fp32", "ours"): "fp32",
+                   ("ours", "bf16", "fused"): "bf16", ("ours", "bf16", "ours"): "fp32"}
+    assert any("residual_dtype=bf16" in line for line in said)
+    args = _bench_args(["--preset", "tiny", "--device", "cpu", "--precision", "bf16", "--optimizer", "fused",
+                        "--residual-dtype", "fp32", "bf16"])
+    assert [c.residual_dtype for c in configs_from_args(args, log=lambda _: None)] == ["fp32", "bf16"]
+    with pytest.raises(ValueError, match="needs our train step with --precision bf16 and --optimizer fused"):
+        BenchConfig(**TINY, precision="fp32", optimizer="fused", residual_dtype="bf16")
+    with pytest.raises(ValueError, match="unknown residual dtype 'fp16'; choose from fp32, bf16"):
+        BenchConfig(**TINY, residual_dtype="fp16")
+    rec = run_benchmark(BenchConfig(**TINY, precision="bf16", optimizer="fused", residual_dtype="bf16", warmup=1,
+                                    steps=1))
+    assert rec["status"] == "ok" and rec["residual_dtype"] == "bf16"
 
 
 def test_activation_checkpointing_flag_and_its_old_name():

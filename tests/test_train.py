@@ -326,7 +326,7 @@ def test_fast_settings_are_printed_and_not_applied_on_cpu():
     out = train(TrainConfig(**dict(SMALL, steps=1, grad_accum=1), batch_size=2, device="cpu"), log=lines.append)
     (line,) = [s for s in lines if "fast settings" in s]
     assert line == ("train: fast settings for cpu: attention=reference, compile=False, compile_scope=model, "
-                    "optimizer=ours, loss=unfused, cuda_graph=False")
+                    "optimizer=ours, loss=unfused, cuda_graph=False, residual_dtype=fp32")
     assert {k: out["config"][k] for k in ("attention", "compile", "optimizer", "loss")} == dict(
         attention="reference", compile=False, optimizer="ours", loss="unfused")
 
@@ -338,13 +338,14 @@ def test_explicit_flags_beat_fast_settings(monkeypatch):
     from cs336_systems.fast import FastSettings
 
     cuda_like = FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss="fused",
-                             cuda_graph=False)
+                             cuda_graph=False, residual_dtype="bf16")
     monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
     cpu = torch.device("cpu")
     cfg, line = train_mod.resolve_settings(TrainConfig(attention="reference", compile=False), cpu)
     assert (cfg.attention, cfg.compile, cfg.compile_scope, cfg.optimizer, cfg.loss) == (
         "reference", False, "model", "fused", "fused")
-    assert line == "train: fast settings for cpu: compile_scope=model, optimizer=fused, loss=fused, cuda_graph=False"
+    assert line == ("train: fast settings for cpu: compile_scope=model, optimizer=fused, loss=fused, cuda_graph=False, "
+                    "residual_dtype=fp32")  # fp32 training: autocast's residual stream does not apply
     cfg, line = train_mod.resolve_settings(TrainConfig(parallel="fsdp"), cpu)
     assert (cfg.attention, cfg.compile, cfg.optimizer, cfg.loss) == ("sdpa", False, "ours", "unfused")
     assert "optimizer=fused not with --parallel fsdp" in line and "compile=True not with --parallel fsdp" in line
@@ -366,7 +367,7 @@ def test_cuda_graph_applies_only_where_it_can(monkeypatch):
     from cs336_systems.fast import FastSettings
 
     cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
-                             loss="unfused", cuda_graph=True)
+                             loss="unfused", cuda_graph=True, residual_dtype="bf16")
     monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
     cuda = torch.device("cuda")
     cfg, line = train_mod.resolve_settings(TrainConfig(optimizer="ours"), cuda)
@@ -380,6 +381,34 @@ def test_cuda_graph_applies_only_where_it_can(monkeypatch):
         TrainConfig(cuda_graph=True, parallel="bucketed")
     with pytest.raises(ValueError, match="--cuda-graph yes needs a CUDA device"):
         train(TrainConfig(**dict(SMALL, steps=1), cuda_graph=True, device="cpu"), log=lambda s: None)
+
+
+def test_residual_dtype_applies_only_where_it_can(monkeypatch):
+    """The fast default's bf16 residual stream needs bf16 and the fused optimizer (else fp32, autocast's); an
+    explicit one without them is an error naming what it needs. With it, the token embedding trains as a bf16
+    copy, and the checkpointed weights stay fp32 masters."""
+    from cs336_systems import train as train_mod
+    from cs336_systems.fast import FastSettings
+
+    cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
+                             loss="unfused", cuda_graph=False, residual_dtype="bf16")
+    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
+    cpu = torch.device("cpu")
+    resolve = train_mod.resolve_settings
+    assert resolve(TrainConfig(precision="bf16"), cpu)[0].residual_dtype == "bf16"
+    assert resolve(TrainConfig(), cpu)[0].residual_dtype == "fp32"
+    assert resolve(TrainConfig(precision="bf16", optimizer="ours"), cpu)[0].residual_dtype == "fp32"
+    assert resolve(TrainConfig(precision="bf16", parallel="bucketed"), cpu)[0].residual_dtype == "fp32"
+    with pytest.raises(ValueError, match=r"--residual-dtype bf16 keeps the token embedding .* needs --precision bf16"):
+        TrainConfig(residual_dtype="bf16")
+    with pytest.raises(ValueError, match="--residual-dtype bf16 works with --parallel none only"):
+        TrainConfig(residual_dtype="bf16", precision="bf16", parallel="bucketed")
+    with pytest.raises(ValueError, match="unknown --residual-dtype 'fp16'; choose from fp32, bf16"):
+        TrainConfig(residual_dtype="fp16")
+    out = train(TrainConfig(**dict(SMALL, steps=2), batch_size=2, precision="bf16", optimizer="fused",
+                            residual_dtype="bf16"), log=lambda s: None)
+    assert out["config"]["residual_dtype"] == "bf16"
+    assert out["final_state"]["token_embeddings.weight"].dtype == torch.float32  # the master, not the bf16 copy
 
 
 @pytest.mark.gpu

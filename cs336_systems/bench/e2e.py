@@ -36,9 +36,12 @@ Mode = Literal["forward", "forward-backward", "train-step"]
 MODES: tuple[Mode, ...] = ("forward", "forward-backward", "train-step")
 PRECISIONS = ("fp32", "bf16")
 # cs336_basics.optimizer.AdamW (foreach), torch.optim.AdamW(fused=True), or cs336_systems.fused.adamw.FusedAdamW
-# (one Triton pass per parameter; under bf16 the Linear weights become bf16 copies of fp32 masters)
+# (one Triton pass per parameter; under bf16 the Linear weights, and with residual_dtype bf16 the token embedding,
+# become bf16 copies of fp32 masters)
 OPTIMIZERS = ("ours", "torch-fused", "fused")
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
+# the residual stream under bf16: autocast's fp32, or bf16 (the fused optimizer keeps the embedding as a bf16 copy)
+RESIDUAL_DTYPES = ("fp32", "bf16")
 # our model and step, or the compiled plain-PyTorch peer (cs336_systems.bench.peer), also with CUDA graphs
 IMPLS = ("ours", "peer", "peer-graphs")
 PHASES = ("step", "forward", "backward", "optimizer")
@@ -61,6 +64,7 @@ class BenchConfig:
     loss: str = "unfused"
     impl: str = "ours"  # "peer": the settings above that concern our model (compile, attention, ...) do not apply
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
+    residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
     warmup: int = 5
     steps: int = 10
     device: str | None = None  # None: cuda if available, else cpu
@@ -81,6 +85,15 @@ class BenchConfig:
             raise ValueError(f"benchmarking_script: unknown loss {self.loss!r}; choose from {', '.join(LOSSES)}")
         if self.impl not in IMPLS:
             raise ValueError(f"benchmarking_script: unknown impl {self.impl!r}; choose from {', '.join(IMPLS)}")
+        if self.residual_dtype not in RESIDUAL_DTYPES:
+            raise ValueError(f"benchmarking_script: unknown residual dtype {self.residual_dtype!r}; choose from "
+                             f"{', '.join(RESIDUAL_DTYPES)}")
+        if self.residual_dtype == "bf16" and (self.impl != "ours" or self.mode != "train-step"
+                                              or self.precision != "bf16" or self.optimizer != "fused"):
+            raise ValueError("benchmarking_script: --residual-dtype bf16 keeps the token embedding as a bf16 copy in "
+                             "the fused optimizer: it needs our train step with --precision bf16 and --optimizer fused "
+                             f"(got impl {self.impl}, mode {self.mode}, precision {self.precision}, optimizer "
+                             f"{self.optimizer})")
         if self.device is not None:
             resolve_device(self.device, "benchmarking_script: --device")
         if self.cuda_graph:
@@ -143,7 +156,7 @@ def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
 
         bf16 = cfg.precision == "bf16"
         return FusedAdamW(model.parameters(), lr=1e-4, compute_dtype=torch.bfloat16 if bf16 else None,
-                          low_precision=low_precision_params(model) if bf16 else ())
+                          low_precision=low_precision_params(model, cfg.residual_dtype) if bf16 else ())
     return AdamW(model.parameters(), lr=1e-4)
 
 

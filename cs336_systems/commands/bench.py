@@ -10,7 +10,8 @@ benchmark (presets small..2.7B, context 512, train step, fp32 and bf16); on a CP
 ``tiny`` preset for a few steps, which finishes in seconds.
 
 Unless told otherwise, ``bench`` uses the fastest measured settings for the device
-(:func:`cs336_systems.fast.fast_settings`: attention backend, compile scope, fused optimizer, fused loss)
+(:func:`cs336_systems.fast.fast_settings`: attention backend, compile scope, fused optimizer, fused loss, CUDA
+graph, the residual stream's dtype)
 and prints them; with no ``--preset`` it runs ``small`` at context 512 on CUDA and ``tiny`` at 128 on a CPU.
 ``--impl ours peer`` also times the compiled plain-PyTorch peer (``bench/peer.py``) in the same process and
 writes our step / peer step and peak memory ratios into our records.
@@ -35,6 +36,7 @@ from cs336_systems.bench.e2e import (
     MODES,
     OPTIMIZERS,
     PRECISIONS,
+    RESIDUAL_DTYPES,
     BenchConfig,
     run_benchmark,
     run_benchmark_isolated,
@@ -49,9 +51,9 @@ PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compil
             "mfu_target", "training_step")
 WARMUP_STUDY = (0, 1, 2, 5)
 TABLE_COLUMNS = ["impl", "preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint",
-                 "optimizer", "loss", "cuda_graph", "warmup", "status", "forward_mean_ms", "backward_mean_ms",
-                 "optimizer_mean_ms", "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu", "peak_memory_gib",
-                 "step_ratio_vs_peer", "memory_ratio_vs_peer"]
+                 "optimizer", "loss", "cuda_graph", "residual_dtype", "warmup", "status", "forward_mean_ms",
+                 "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu",
+                 "peak_memory_gib", "step_ratio_vs_peer", "memory_ratio_vs_peer"]
 CPU_DEFAULT = ("tiny", 128)  # preset and context without --preset on a CPU: seconds, not minutes
 CUDA_DEFAULT = ("small", 512)
 
@@ -81,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph", choices=["no", "yes", "both"], default=None,
                    help="capture our train step as one CUDA graph and replay it (needs CUDA and --optimizer fused): "
                         "no, yes or both; default: the fast settings' (yes on CUDA where it applies)")
+    p.add_argument("--residual-dtype", nargs="+", choices=RESIDUAL_DTYPES, default=None,
+                   help="the residual stream's dtype under --precision bf16: fp32 (autocast's) or bf16 (the fused "
+                        "optimizer keeps the token embedding as a bf16 copy too); default: the fast settings' (bf16 "
+                        "on CUDA where it applies: bf16, --optimizer fused, train-step)")
     p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
                    help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run; peer-graphs: "
                         "the same compiled with mode='reduce-overhead' (CUDA graphs); ratios are against the faster")
@@ -117,7 +123,8 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     contexts = args.context_length or [context_default]
     fast = fast_settings(device)
     chosen = {name: getattr(args, name, None)
-              for name in ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph")}
+              for name in ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph",
+                           "residual_dtype")}
     picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
@@ -133,6 +140,12 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     # only where it applies: our train step with the fused optimizer
     graphs = {"no": [False], "yes": [True], "both": [False, True]}[chosen["cuda_graph"] or "no"]
     graph_default = chosen["cuda_graph"] is None and fast.cuda_graph
+    # the same for the residual dtype: the fast default where it applies (bf16, fused, train-step), else fp32
+    residuals = chosen["residual_dtype"] or [None]
+
+    def residual(r: str | None, precision: str, optimizer: str, mode: str) -> str:
+        applies = precision == "bf16" and optimizer == "fused" and mode == "train-step"
+        return r or (fast.residual_dtype if applies else "fp32")
     warmups = list(WARMUP_STUDY) if args.warmup_study else [args.warmup]
     configs = []
     for impl in getattr(args, "impl", None) or ["ours"]:
@@ -149,8 +162,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
         configs += [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
                                 loss=lo, warmup=w, steps=args.steps, device=args.device,
-                                cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2))
-                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs]
+                                cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
+                                residual_dtype=residual(r, pr, o, m))
+                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
     first_seen: dict[tuple, int] = {}
@@ -181,7 +195,8 @@ def format_table(records: list[dict]) -> str:
     df = pd.DataFrame(records)
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     # Drop columns that do not vary and carry defaults, so the table stays readable.
-    for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope", "cuda_graph"):
+    for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope", "cuda_graph",
+                "residual_dtype"):
         if col in cols and df[col].nunique() <= 1:
             cols.remove(col)
     return markdown_table(records, cols, ".3g")

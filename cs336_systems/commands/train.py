@@ -7,8 +7,8 @@
 Checkpoints always: without ``--checkpoint-dir`` the run writes to ``runs/train-<UTC start time>/`` (the final
 checkpoint and ``metrics.jsonl``). SIGTERM / Ctrl-C: the current step finishes, a checkpoint is written, exit 0.
 Speed settings not given (``--attention``, ``--compile``, ``--compile-scope``, ``--optimizer``, ``--loss``,
-``--cuda-graph``) come from ``cs336_systems.fast.fast_settings`` (fast on CUDA, the reference path on a CPU) and
-are printed.
+``--cuda-graph``, ``--residual-dtype``) come from ``cs336_systems.fast.fast_settings`` (fast on CUDA, the
+reference path on a CPU) and are printed.
 docs/training.md.
 """
 
@@ -24,6 +24,7 @@ from cs336_systems.train import (
     LOSSES,
     OPTIMIZERS,
     PRECISIONS,
+    RESIDUAL_DTYPES,
     TIME_FIELD,
     TrainConfig,
     check_writable,
@@ -79,6 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="capture the whole step (forward, backward, clipping, optimizer) once as a CUDA graph and "
                    "replay it: no host work per step; needs CUDA, --optimizer fused and --parallel none (default: "
                    "yes where it applies)")
+    p.add_argument("--residual-dtype", choices=RESIDUAL_DTYPES, default=None,
+                   help="the residual stream's dtype under --precision bf16: fp32 (autocast's) or bf16 (the fused "
+                   "optimizer keeps the token embedding as a bf16 copy of an fp32 master too, as Megatron-LM and "
+                   "torchtitan run it); default: bf16 where it applies (bf16, --optimizer fused), else fp32")
     p.add_argument("--activation-checkpointing", default="none", metavar="{none,selective,nested,K}",
                    help="recompute activations in backward to save memory (not --checkpoint-dir, which saves the "
                    "run): none; selective (save matmul and attention outputs, recompute the rest); nested; or K = "
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
                       compile=None if args.compile is None else args.compile == "yes",
                       compile_scope=args.compile_scope, optimizer=args.optimizer, loss=args.loss,
                       cuda_graph=None if args.cuda_graph is None else args.cuda_graph == "yes",
+                      residual_dtype=args.residual_dtype,
                       activation_checkpointing=args.activation_checkpointing, num_kv_heads=args.num_kv_heads,
                       attention_window=args.attention_window, eos_id=args.eos_id, device=args.device,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,

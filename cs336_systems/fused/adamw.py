@@ -1,10 +1,11 @@
 """AdamW that owns fp32 master weights and writes the low-precision copy the forward computes with.
 
-``FusedAdamW(params, ..., compute_dtype=torch.bfloat16, low_precision=is_matmul_weight)`` keeps an fp32
-master of every parameter ``low_precision`` selects and turns the parameter itself into a bf16 tensor:
+``FusedAdamW(params, ..., compute_dtype=torch.bfloat16, low_precision=low_precision_params(model))`` keeps an
+fp32 master of every parameter in ``low_precision`` and turns the parameter itself into a bf16 tensor:
 the model then runs its matmuls on bf16 weights (autocast's per-step weight casts find nothing to cast)
-and its gradients arrive in bf16. Each step updates, per parameter, the master, both moments and the
-bf16 copy in one pass:
+and its gradients arrive in bf16; ``low_precision_params(model, "bf16")`` adds the token embedding, which
+makes the residual stream bf16 (``is_compute_weight``). Each step updates, per parameter, the master, both
+moments and the bf16 copy in one pass:
 
 * CUDA: one multi-tensor Triton launch per bucket (parameters of one dtype and step count; a table of
   addresses picks each block's tensor) reads master, m, v (fp32) and the gradient and writes master, m, v
@@ -18,9 +19,10 @@ bf16 copy in one pass:
 
 Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v, bias corrections,
 ``p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``; the Triton kernel rounds as those ops do
-(IEEE sqrt and division). Parameters not selected (embeddings, norm gains) stay fp32 and are their own
-master. ``master_state_dict(model)`` returns the model's state with the fp32 masters in place of the bf16
-copies (what a checkpoint should store). Parameters handed over in bf16 or fp16 (and not selected) keep
+(IEEE sqrt and division). Parameters not selected (norm gains; the token embedding unless
+``is_compute_weight`` selects it, which makes the residual stream bf16) stay fp32 and are their own master.
+``master_state_dict(model)`` returns the model's state with the fp32 masters in place of the bf16 copies
+(what a checkpoint should store). Parameters handed over in bf16 or fp16 (and not selected) keep
 their moments in that dtype, as ``cs336_basics.optimizer.AdamW`` does: the 2026 leaderboard's all-bf16
 configuration, with the arithmetic in fp32 and one rounding per stored value.
 
@@ -201,7 +203,29 @@ def is_matmul_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
     return isinstance(module, (Linear, nn.Linear)) and name == "weight"
 
 
-def low_precision_params(model: nn.Module, select: Callable = is_matmul_weight) -> set[nn.Parameter]:
+def is_compute_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
+    """Linear weights and the token embedding table. With the table in bf16 its rows, and so the residual stream
+    (the embedding output, every residual add and their gradients), are bf16 too, where autocast keeps them fp32:
+    the default of Megatron-LM (without ``--fp32-residual-connection``) and of torchtitan (FSDP2 with
+    ``param_dtype=bfloat16``). Norm gains stay fp32; the norms compute in fp32."""
+    from cs336_basics.model import Embedding
+
+    return is_matmul_weight(module, name, param) or (isinstance(module, (Embedding, nn.Embedding))
+                                                     and name == "weight")
+
+
+# which parameters get a bf16 copy, by the residual stream's dtype under bf16 autocast
+RESIDUAL_DTYPES = {"fp32": is_matmul_weight, "bf16": is_compute_weight}
+
+
+def low_precision_params(model: nn.Module, select: Callable | str = is_matmul_weight) -> set[nn.Parameter]:
+    """The parameters ``select`` picks: a predicate ``(module, name, param)``, or a residual dtype of
+    ``RESIDUAL_DTYPES`` ("fp32": the Linear weights; "bf16": those and the token embedding)."""
+    if isinstance(select, str):
+        if select not in RESIDUAL_DTYPES:
+            raise ValueError(f"low_precision_params: unknown residual dtype {select!r}; choose from "
+                             f"{', '.join(RESIDUAL_DTYPES)}")
+        select = RESIDUAL_DTYPES[select]
     return {p for mod in model.modules() for name, p in mod.named_parameters(recurse=False) if select(mod, name, p)}
 
 

@@ -1,6 +1,7 @@
 """Loss check of the fast training step: the same model, data and seed trained with the unfused path
-(LM head + cross_entropy, cs336 AdamW) and with the fused one (linear_cross_entropy, FusedAdamW with bf16
-weight copies under bf16, plus the fast settings' attention and compilation), step by step.
+(LM head + cross_entropy, cs336 AdamW; autocast's fp32 residual stream) and with the fused one
+(linear_cross_entropy, FusedAdamW with bf16 weight copies under bf16, the fast settings' attention, compilation
+and residual stream dtype, or ``--residual-dtype``), step by step.
 
 Data: a learnable synthetic language (each token follows a fixed random successor of the previous one with
 probability 0.9, else a uniform draw), so the losses fall well below log(V) and the comparison means
@@ -54,7 +55,7 @@ def train(fused: bool, args, device: torch.device) -> list[float]:
         defer_lm_head(model)
         opt = FusedAdamW(model.parameters(), lr=args.lr, weight_decay=0.1,
                          compute_dtype=torch.bfloat16 if bf16 else None,
-                         low_precision=low_precision_params(model) if bf16 else ())
+                         low_precision=low_precision_params(model, args.residual_dtype) if bf16 else ())
         if fast.compile:
             for block in model.layers:
                 block.compile()
@@ -81,19 +82,24 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--residual-dtype", default=None, choices=["fp32", "bf16"],
+                   help="the fused path's residual stream under bf16 (default: the fast settings')")
     p.add_argument("--results-dir", default="results")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args.residual_dtype = args.residual_dtype or fast_settings(device).residual_dtype
     runs = {name: train(name == "fused", args, device) for name in ("unfused", "fused")}
     final = {k: statistics.fmean(v[-10:]) for k, v in runs.items()}
     rel = abs(final["fused"] - final["unfused"]) / final["unfused"]
     rows = [{"check": "loss", "path": k, **{a: getattr(args, a) for a in ("preset", "context_length", "batch_size",
                                                                            "precision", "steps", "lr", "seed")},
+             "residual_dtype": args.residual_dtype if k == "fused" and args.precision == "bf16" else "fp32",
              "first_loss": v[0], "final_loss_last10": final[k], "losses": v,
              "relative_difference": rel, "within_1_percent": rel < 0.01} for k, v in runs.items()]
     path = write_records("training_step", rows, args.results_dir, device=device)
     print(f"loss check {args.preset} {args.precision} {args.steps} steps: unfused {final['unfused']:.4f} "
-          f"(from {runs['unfused'][0]:.3f}), fused {final['fused']:.4f}, relative difference {rel:.2e} -> {path}")
+          f"(from {runs['unfused'][0]:.3f}), fused (residual {args.residual_dtype}) {final['fused']:.4f}, relative "
+          f"difference {rel:.2e} -> {path}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@
 #   g, h, i, j (session 12: both sides run the SDPA backend measured fastest, ours through flash_auto, the peer
 #      pinned from the same table): g GPU tests and small/512; h xl/512; i xl/2048 (peers and ours, CUDA graph);
 #      j xl/2048 ours with PyTorch's default SDPA dispatch, and train's defaults at xl/512
+#   k, l, m (session 14: bf16 residual stream, RoPE in the projections' layout; bench's defaults): k GPU tests,
+#      small/512 vs peer-graphs and the loss check; l xl/512 vs peer-graphs; m xl/2048 vs the peer, ours with
+#      the fp32 and the bf16 residual stream
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -74,7 +77,23 @@ j)
   step 330 train-xl-512 $CLI train --preset xl --context-length 512 --steps 30 --precision bf16 \
     --checkpoint-dir /tmp/ck-s12 --log-every 5
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2;;
+k)  # session 14 (bf16 residual stream, RoPE in the projections' layout): GPU tests, small/512, the loss check
+  step 400 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_bench.py \
+    tests/test_train.py tests/test_model_flash_features.py tests/test_flash_attention.py
+  step 150 small-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer-graphs ours --steps 30
+  step 150 loss-check python3 scripts/device/step_loss_check.py --preset small --precision bf16 --steps 300 \
+    --results-dir "$R"
+  ;;
+l)
+  step 580 xl-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer-graphs ours --preset xl --context-length 512 --steps 15
+  ;;
+m)  # ours with both residual dtypes, each in its own process beside the peer
+  step 580 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer ours --preset xl --context-length 2048 --residual-dtype fp32 bf16 --steps 10
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

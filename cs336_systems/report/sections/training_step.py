@@ -101,9 +101,9 @@ def _checks(rows: list[dict]) -> list[str]:
                      + provenance([r]) + "\n")
     loss = [r for r in rows if r.get("check") == "loss"]
     if loss:
-        df = pd.DataFrame([{k: r.get(k) for k in ("path", "preset", "context_length", "batch_size", "precision",
-                                                  "steps", "first_loss", "final_loss_last10", "relative_difference",
-                                                  "within_1_percent")} for r in loss])
+        cols = ("path", "residual_dtype", "preset", "context_length", "batch_size", "precision", "steps",
+                "first_loss", "final_loss_last10", "relative_difference", "within_1_percent")
+        df = pd.DataFrame([{k: r.get(k) for k in cols} for r in loss])
         parts += ["Loss after training with and without the fused loss (final: mean of the last 10 steps):\n",
                   table(df, ".5g") + "\n", provenance(loss) + "\n"]
     return parts
