@@ -18,6 +18,7 @@ import statistics
 
 import torch
 
+import cs336_systems.attention  # noqa: F401  (registers flash_auto and our kernels where the package is not installed)
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.nn_utils import cross_entropy
 from cs336_basics.optimizer import AdamW
