@@ -221,10 +221,22 @@ def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_cont
     # per configuration, the best of ours against the fastest peer, in the section and the summary
     assert "the fastest peer (peer-graphs) 95.00 ms: 0.95x its time; target <= 0.85x: missed" in section
     assert "the fastest peer (peer) 400.00 ms: 0.75x its time; target <= 0.85x: met" in section
+    assert "MFU >= 72%" not in section  # no matmul peak recorded: no MFU verdict
     versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
     assert "| 90.00 ms, MFU 30.0% | peer-graphs 95.00 ms | 0.95x |" in versus
     assert "| 300.00 ms, MFU 30.0% | peer 400.00 ms | 0.75x |" in versus
     assert "context 256" not in versus
+
+
+def test_training_step_mfu_target_names_the_run_s_highest_peak(tmp_path):
+    """xl/2048's MFU verdict uses the row's own MFU and says what it is against the run's highest matmul peak
+    (each process measures its own)."""
+    res = tmp_path / "results"
+    ours = {**_step_row("ours", 2048, 300.0), "mfu": 0.73, "peak_tflops": 670.0}
+    peer = {**_step_row("peer", 2048, 400.0), "mfu": 0.55, "peak_tflops": 700.0}
+    write_records("training_step", [peer, ours], res, device="cpu")
+    section = build_report(res, tmp_path / "REPORT.md").read_text().split("## training_step\n")[1]
+    assert "MFU >= 72%: met (73.0% of its process's 670 TFLOP/s; 69.9% of the run's highest peak, 700)" in section
 
 
 def test_mfu_target_takes_a_cuda_graph_step_without_phases(tmp_path):
