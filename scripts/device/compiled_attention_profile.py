@@ -3,7 +3,8 @@
 1. Host microseconds per call (no synchronisation in the loop) at one layer's shape: the opaque custom ops that
    compiled models call (``torch.ops.cs336_systems.flash_fwd`` / ``flash_bwd``), the launchers they wrap, and
    SDPA (cuDNN) for reference.
-2. The model: our preset with compiled blocks, bf16, the fused optimizer and loss, for each ``--attention``:
+2. The model: our preset with compiled blocks, bf16, the fused optimizer and loss (and ``--residual-dtype``), for
+   each ``--attention``:
    per phase, the host time to enqueue (no synchronisation) against the synchronised time (enqueue close to
    the total: the phase is host-bound), then one profiled step (``torch.profiler``; tables of the top ops by
    self CPU time and by device time, and a compressed Chrome trace) under ``--out``.
@@ -104,6 +105,8 @@ def main() -> None:
     parser.add_argument("--context-length", type=int, default=512)
     parser.add_argument("--attention", nargs="+", default=["flash_triton", "sdpa"])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--residual-dtype", default="bf16", choices=["fp32", "bf16"],
+                        help="the residual stream (bf16: the fast default on CUDA)")
     parser.add_argument("--out", type=Path, default=Path("profile"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,8 @@ def main() -> None:
     op_costs(preset.batch_size, preset.num_heads, args.context_length, preset.d_model // preset.num_heads)
     for attention in args.attention:
         cfg = BenchConfig(preset=args.preset, context_length=args.context_length, precision="bf16", compile=True,
-                          compile_scope="blocks", attention=attention, optimizer="fused", loss="fused")
+                          compile_scope="blocks", attention=attention, optimizer="fused", loss="fused",
+                          residual_dtype=args.residual_dtype)
         phase_times(cfg, args.out, args.steps)
         torch._dynamo.reset()
 
