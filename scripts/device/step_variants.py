@@ -2,11 +2,11 @@
 
     python scripts/device/step_variants.py VARIANT [--preset xl --context-length 2048 --compile-scope blocks]
 
-VARIANT is ``base`` (the code as committed), ``residual-bf16`` (the fused optimizer also keeps the token embedding
-as a bf16 copy of an fp32 master, so the residual stream and its gradient run in bf16, as Megatron-LM does by
-default), ``rope-bthd`` (q and k rotated in the projections' (B, T, H, Dh) layout, attention given (B, H, T, Dh)
-views: coalesced reads and writes, no layout copies), or both joined with ``+``. Prints one line per variant:
-step ms (mean, median), MFU and peak GiB, as ``bench`` measures them (``run_benchmark``).
+VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default) or ``rope-swap`` (RoPE as
+``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
+stack of two halves), or several joined with ``+``. Prints one JSON line: step ms (mean, median), MFU and peak
+GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe (05cc250) compared the bf16
+residual stream and RoPE in the projections' layout this way, before both became the code.
 """
 
 from __future__ import annotations
@@ -16,41 +16,22 @@ import json
 import statistics
 
 import torch
-from einops import rearrange
 
-import cs336_systems.fused.adamw as fused_adamw
-from cs336_basics.model import CausalMultiHeadSelfAttention, Embedding
+from cs336_basics.model import RotaryEmbedding
 from cs336_systems.bench.e2e import BenchConfig, run_benchmark
 
 
-def _residual_bf16() -> None:
-    original = fused_adamw.low_precision_params
+def _rope_swap() -> None:
+    def forward(self, x, token_positions):
+        cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., dim/2)
+        pairs = x.float().unflatten(-1, (-1, 2))  # (..., dim/2, 2): (even, odd)
+        signed_sin = torch.stack((-sin, sin), dim=-1)  # even: e cos - o sin; odd: o cos + e sin
+        return (pairs * cos.unsqueeze(-1) + pairs.flip(-1) * signed_sin).flatten(-2).to(x.dtype)
 
-    def select(module, name, param):
-        return fused_adamw.is_matmul_weight(module, name, param) or (isinstance(module, Embedding) and name == "weight")
-
-    fused_adamw.low_precision_params = lambda model, select_=select: original(model, select_)
-
-
-def _rope_bthd() -> None:
-    def forward(self, x, token_positions=None, doc_ids=None):
-        T = x.shape[-2]
-        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (B, T, H, Dh)
-        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        if self.positional_encoder is not None:
-            if token_positions is None:
-                token_positions = torch.arange(T, device=x.device)
-            pos = token_positions.unsqueeze(-1)  # (..., T, 1): the same position for every head
-            q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
-        q, k, v = (t.transpose(-3, -2) for t in (q, k, v))
-        out = self.attention_fn(q, k, v, True)
-        return self.output_proj(rearrange(out, "... h t d -> ... t (h d)"))
-
-    CausalMultiHeadSelfAttention.forward = forward
+    RotaryEmbedding.forward = forward
 
 
-PATCHES = {"base": lambda: None, "residual-bf16": _residual_bf16, "rope-bthd": _rope_bthd}
+PATCHES = {"base": lambda: None, "rope-swap": _rope_swap}
 
 
 def main() -> None:
@@ -59,6 +40,7 @@ def main() -> None:
     parser.add_argument("--preset", default="xl")
     parser.add_argument("--context-length", type=int, default=2048)
     parser.add_argument("--compile-scope", default="blocks", choices=("model", "blocks"))
+    parser.add_argument("--residual-dtype", default="bf16", choices=("fp32", "bf16"))
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     for name in args.variant.split("+"):
@@ -67,13 +49,13 @@ def main() -> None:
         PATCHES[name]()
     cfg = BenchConfig(preset=args.preset, context_length=args.context_length, precision="bf16", compile=True,
                       compile_scope=args.compile_scope, attention="flash_auto", optimizer="fused", loss="unfused",
-                      cuda_graph=True, warmup=3, steps=args.steps)
+                      cuda_graph=True, warmup=3, steps=args.steps, residual_dtype=args.residual_dtype)
     rec = run_benchmark(cfg)
     times = rec.get("step_times_ms", [float("nan")])
     print(json.dumps(dict(variant=args.variant, preset=args.preset, context=args.context_length,
-                          scope=args.compile_scope, status=rec["status"], step_mean_ms=statistics.mean(times),
-                          step_median_ms=statistics.median(times), mfu=rec.get("mfu"),
-                          peak_gib=rec.get("peak_memory_gib"), torch=torch.__version__)))
+                          scope=args.compile_scope, residual=args.residual_dtype, status=rec["status"],
+                          step_mean_ms=statistics.mean(times), step_median_ms=statistics.median(times),
+                          mfu=rec.get("mfu"), peak_gib=rec.get("peak_memory_gib"), torch=torch.__version__)))
 
 
 if __name__ == "__main__":
