@@ -197,12 +197,14 @@ def test_torchrun_ranks_stop_and_save_together_on_sigterm(tmp_path):
 
 # -- activation checkpointing, fused loss and fused optimizer (issue 19) ---------------------------------------
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_resume_is_exact_with_the_fused_loss_and_optimizer(tmp_path, precision):
+@pytest.mark.parametrize(("precision", "residual"), [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "bf16")])
+def test_resume_is_exact_with_the_fused_loss_and_optimizer(tmp_path, precision, residual):
     """As the test above, with --loss fused and --optimizer fused (CPU: its foreach path). Under bf16 the Linear
-    weights are bf16 copies of fp32 masters: the checkpoint stores the masters (fp32, the model's keys) and loading
-    restores both, so the resumed run is still bit-identical."""
-    cfg = dict(SMALL, batch_size=2, optimizer="fused", loss="fused", precision=precision, attention="reference")
+    weights (and with --residual-dtype bf16 the token embedding) are bf16 copies of fp32 masters: the checkpoint
+    stores the masters (fp32, the model's keys) and loading restores both, so the resumed run is still
+    bit-identical."""
+    cfg = dict(SMALL, batch_size=2, optimizer="fused", loss="fused", precision=precision, attention="reference",
+               residual_dtype=residual)
     full = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2), log=QUIET)
     shutil.rmtree(tmp_path / "a" / "step-000004")
     resumed = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), resume=True), log=QUIET)
@@ -217,6 +219,8 @@ def test_resume_is_exact_with_the_fused_loss_and_optimizer(tmp_path, precision):
     if precision == "bf16":  # the masters carry bits a bf16 copy would have lost
         assert any(not torch.equal(v, v.bfloat16().float()) for k, v in model.items() if k.endswith("proj.weight")
                    or "linear" in k or "lm_head" in k)
+        embedding = model["model.token_embeddings.weight"]
+        assert not torch.equal(embedding, embedding.bfloat16().float())  # a master under either residual dtype
 
 
 def test_checkpoints_keep_the_model_names_under_activation_checkpointing(tmp_path):

@@ -442,7 +442,8 @@ def test_fast_settings_on_cuda_train_and_resume(tmp_path):
     lines = []
     full = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2), log=lines.append)
     assert any(s.startswith("train: fast settings for cuda: attention=flash_auto, compile=True") for s in lines), lines
-    assert (full["config"]["optimizer"], full["config"]["compile"]) == ("fused", True)
+    assert (full["config"]["optimizer"], full["config"]["compile"], full["config"]["residual_dtype"]) == (
+        "fused", True, "bf16")
     shutil.rmtree(tmp_path / "a" / "step-000004")
     resumed = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a"), resume=True), log=lambda s: None)
     assert [r["loss"] for r in resumed["rows"]] == pytest.approx([r["loss"] for r in full["rows"][2:]], rel=1e-2)
