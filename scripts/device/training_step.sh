@@ -13,7 +13,7 @@
 #      j xl/2048 ours with PyTorch's default SDPA dispatch, and train's defaults at xl/512
 #   k, l, m (session 14: bf16 residual stream, RoPE in the projections' layout; bench's defaults): k GPU tests,
 #      small/512 vs peer-graphs and the loss check; l xl/512 vs peer-graphs; m xl/2048 vs the peer, ours with
-#      the fp32 and the bf16 residual stream
+#      the fp32 and the bf16 residual stream; n the GPU train test and train's defaults at xl/512 (records)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -93,7 +93,12 @@ m)  # ours with both residual dtypes, each in its own process beside the peer
   step 580 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl peer ours --preset xl --context-length 2048 --residual-dtype fp32 bf16 --steps 10
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m"; exit 2;;
+n)  # train's defaults on CUDA (bf16 residual stream among them): the GPU train test, then xl/512 for 30 steps
+  step 200 gpu-train python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_train.py -k fast_settings
+  step 400 train-xl-512 $CLI train --preset xl --context-length 512 --steps 30 --precision bf16 \
+    --checkpoint-dir /tmp/ck-s14 --log-every 5 --save --results-dir $R
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
