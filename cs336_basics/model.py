@@ -115,7 +115,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: Tensor, token_positions: Tensor) -> Tensor:
         """x: (..., dim); token_positions: integer positions broadcastable to ``x.shape[:-1]`` (for x of
         (..., T, dim), positions of (..., T); for (B, T, H, dim), (B, T, 1)). Returns x rotated, same dtype."""
-        cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., T, dim/2)
+        cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., dim/2), broadcast against x
         x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rotated.flatten(-2).to(x.dtype)

@@ -36,8 +36,8 @@ class FastSettings:
 # measured on this GPU model. On an H100 with torch 2.11 that is SDPA's cuDNN backend at every model shape, which
 # SDPA's own dispatch already picks there (so the two run the same kernels: xl/2048 240.4 vs 240.5 ms a step);
 # the table keeps the choice measured where a version or GPU dispatches otherwise.
-# A bf16 residual stream measured 4.4 ms (1.9%) faster at xl/2048 and 0.56 GiB smaller at xl/512 (H100, compiled
-# blocks, CUDA graph, one process per variant: scripts/device/step_variants.py, results/logs/h100-s14/probe1).
+# The bf16 residual stream: xl/2048 230.5 ms and 50.9 GiB against 236.2 ms and 53.2 GiB with the fp32 one (H100,
+# same bench run, each in its own process: results/training_step/20261124-205737-*).
 # The fused LM head + loss measured slower than the compiled unfused one at vocabulary 10,000 (small/512 on an
 # H100, same run: 28.8 vs 25.8 ms per step), where the logits are small; it is what lets large vocabularies fit
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a
