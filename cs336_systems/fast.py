@@ -15,6 +15,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+# the residual stream's dtype under bf16 (the names of bench's and train's --residual-dtype): autocast's fp32, or
+# bf16 with the token embedding a bf16 copy in the fused optimizer (cs336_systems.fused.adamw.is_compute_weight)
+RESIDUAL_DTYPES = ("fp32", "bf16")
+
 
 @dataclass(frozen=True, kw_only=True)
 class FastSettings:

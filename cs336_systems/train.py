@@ -47,7 +47,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, ow
 from cs336_systems.bench.e2e import autocast_context
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import fast_settings
+from cs336_systems.fast import RESIDUAL_DTYPES, fast_settings
 from cs336_systems.fused.linear_cross_entropy import defer_lm_head, head_loss, linear_cross_entropy
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
@@ -58,7 +58,6 @@ PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("ours", "fused")  # cs336_basics AdamW, or cs336_systems.fused.adamw.FusedAdamW (bench's names)
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
-RESIDUAL_DTYPES = ("fp32", "bf16")  # the residual stream under bf16: autocast's, or bf16 (fused optimizer's copies)
 # None in TrainConfig: fast_settings picks
 FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype")
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)

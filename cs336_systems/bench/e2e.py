@@ -29,6 +29,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
+from cs336_systems.fast import RESIDUAL_DTYPES
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -40,8 +41,6 @@ PRECISIONS = ("fp32", "bf16")
 # become bf16 copies of fp32 masters)
 OPTIMIZERS = ("ours", "torch-fused", "fused")
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
-# the residual stream under bf16: autocast's fp32, or bf16 (the fused optimizer keeps the embedding as a bf16 copy)
-RESIDUAL_DTYPES = ("fp32", "bf16")
 # our model and step, or the compiled plain-PyTorch peer (cs336_systems.bench.peer), also with CUDA graphs
 IMPLS = ("ours", "peer", "peer-graphs")
 PHASES = ("step", "forward", "backward", "optimizer")

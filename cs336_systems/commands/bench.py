@@ -36,7 +36,6 @@ from cs336_systems.bench.e2e import (
     MODES,
     OPTIMIZERS,
     PRECISIONS,
-    RESIDUAL_DTYPES,
     BenchConfig,
     run_benchmark,
     run_benchmark_isolated,
@@ -45,7 +44,7 @@ from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS, get_preset
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import fast_settings
+from cs336_systems.fast import RESIDUAL_DTYPES, fast_settings
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
             "mfu_target", "training_step")

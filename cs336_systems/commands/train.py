@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from cs336_systems.fast import RESIDUAL_DTYPES
 from cs336_systems.parallel import STRATEGIES
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.records import write_records
@@ -24,7 +25,6 @@ from cs336_systems.train import (
     LOSSES,
     OPTIMIZERS,
     PRECISIONS,
-    RESIDUAL_DTYPES,
     TIME_FIELD,
     TrainConfig,
     check_writable,

@@ -214,18 +214,18 @@ def is_compute_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool
                                                      and name == "weight")
 
 
-# which parameters get a bf16 copy, by the residual stream's dtype under bf16 autocast
-RESIDUAL_DTYPES = {"fp32": is_matmul_weight, "bf16": is_compute_weight}
+# which parameters get a bf16 copy, by the residual stream's dtype under bf16 (cs336_systems.fast.RESIDUAL_DTYPES)
+SELECT_BY_RESIDUAL_DTYPE = {"fp32": is_matmul_weight, "bf16": is_compute_weight}
 
 
 def low_precision_params(model: nn.Module, select: Callable | str = is_matmul_weight) -> set[nn.Parameter]:
     """The parameters ``select`` picks: a predicate ``(module, name, param)``, or a residual dtype of
-    ``RESIDUAL_DTYPES`` ("fp32": the Linear weights; "bf16": those and the token embedding)."""
+    ``SELECT_BY_RESIDUAL_DTYPE`` ("fp32": the Linear weights; "bf16": those and the token embedding)."""
     if isinstance(select, str):
-        if select not in RESIDUAL_DTYPES:
+        if select not in SELECT_BY_RESIDUAL_DTYPE:
             raise ValueError(f"low_precision_params: unknown residual dtype {select!r}; choose from "
-                             f"{', '.join(RESIDUAL_DTYPES)}")
-        select = RESIDUAL_DTYPES[select]
+                             f"{', '.join(SELECT_BY_RESIDUAL_DTYPE)}")
+        select = SELECT_BY_RESIDUAL_DTYPE[select]
     return {p for mod in model.modules() for name, p in mod.named_parameters(recurse=False) if select(mod, name, p)}
 
 

@@ -43,6 +43,7 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
     table_rows, best = [], {}  # best: (preset, context, batch, precision) -> (run, ratio, ours, peer), newest run
     for date, run in sorted(runs.items()):
         peers = _fastest_peers(run)
+        run_peak = max((x["peak_tflops"] for x in run if x.get("peak_tflops")), default=None)
         for r in run:
             if r["impl"] != "ours":
                 continue
@@ -60,7 +61,6 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                 key = (r["preset"], r["context_length"], r["batch_size"], r["precision"])
                 ratio = r["step_mean_ms"] / peer["step_mean_ms"]
                 if key not in best or best[key][0] < date or (best[key][0] == date and ratio < best[key][1]):
-                    run_peak = max((x["peak_tflops"] for x in run if x.get("peak_tflops")), default=None)
                     best[key] = (date, ratio, r, peer, run_peak)
     parts = ["Each row is one setting of ours (`cs336-systems bench --problem training_step`); *vs peer* is its "
              "step time over that of the fastest PyTorch peer timed in the same run at the same preset, context "
