@@ -341,6 +341,18 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     assert rec["status"] == "ok" and rec["residual_dtype"] == "bf16"
 
 
+def test_a_given_matmul_peak_is_the_mfu_denominator():
+    """bench measures the matmul peak once per run on CUDA and hands it to every configuration: the record's MFU is
+    against it (and says so); without one, each process measures its own."""
+    shared = run_benchmark(BenchConfig(**TINY, warmup=1, steps=1, peak_tflops=0.125))
+    assert shared["peak_tflops"] == 0.125 and shared["peak_tflops_shared"] is True
+    assert shared["mfu"] == pytest.approx(shared["model_tflops"] / 0.125)
+    own = run_benchmark(BenchConfig(**TINY, warmup=1, steps=1))
+    assert own["peak_tflops_shared"] is False and own["peak_tflops"] > 0
+    with pytest.raises(ValueError, match="peak_tflops must be > 0 or None, got 0"):
+        BenchConfig(**TINY, peak_tflops=0)
+
+
 def test_activation_checkpointing_flag_and_its_old_name():
     for flag in ("--activation-checkpointing", "--checkpoint"):
         args = _bench_args(["--preset", "tiny", "--device", "cpu", flag, "selective", "2"])

@@ -64,6 +64,9 @@ class BenchConfig:
     impl: str = "ours"  # "peer": the settings above that concern our model (compile, attention, ...) do not apply
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
+    # the MFU denominator (TFLOP/s), measured once by the caller for every configuration of a run; None: measured in
+    # this process after its steps
+    peak_tflops: float | None = None
     warmup: int = 5
     steps: int = 10
     device: str | None = None  # None: cuda if available, else cpu
@@ -93,6 +96,8 @@ class BenchConfig:
                              "the fused optimizer: it needs our train step with --precision bf16 and --optimizer fused "
                              f"(got impl {self.impl}, mode {self.mode}, precision {self.precision}, optimizer "
                              f"{self.optimizer})")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ValueError(f"benchmarking_script: peak_tflops must be > 0 or None, got {self.peak_tflops}")
         if self.device is not None:
             resolve_device(self.device, "benchmarking_script: --device")
         if self.cuda_graph:
@@ -120,6 +125,11 @@ class BenchConfig:
     @property
     def torch_device(self) -> torch.device:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def peak_dtype(precision: str) -> torch.dtype:
+    """The dtype whose matmul peak is a precision's MFU denominator."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def autocast_context(precision: str, device: torch.device, cache_enabled: bool = True):
@@ -217,6 +227,8 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     batch = cfg.batch_size or model_cfg.batch_size
     model_cfg = model_cfg.replace(context_length=cfg.context_length, batch_size=batch)
     record = {**asdict(cfg), "batch_size": batch, "device": str(device)}
+    if record["peak_tflops"] is None:  # measured below, after the steps
+        del record["peak_tflops"]
     model = optimizer = step_model = None
     try:
         if device.type == "cuda":
@@ -281,7 +293,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
 
         tokens = batch * cfg.context_length
         step = summarize(timer.host["step"])
-        peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+        peak = cfg.peak_tflops or matmul_peak_tflops(device.type, peak_dtype(cfg.precision))
         tflops = model_flops_per_step(cfg, batch) / (step["mean_ms"] * 1e-3) / 1e12
         record.update(status="ok", n_params=sum(p.numel() for p in model.parameters()))
         for phase in PHASES:
@@ -295,6 +307,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             model_flops_per_step=model_flops_per_step(cfg, batch),
             model_tflops=tflops,
             peak_tflops=peak,
+            peak_tflops_shared=cfg.peak_tflops is not None,
             mfu=tflops / peak,
             peak_memory_gib=peak_memory,
         )

@@ -23,6 +23,7 @@ interpreter so that nothing is warm from the configuration before it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 import pandas as pd
@@ -37,6 +38,7 @@ from cs336_systems.bench.e2e import (
     OPTIMIZERS,
     PRECISIONS,
     BenchConfig,
+    peak_dtype,
     run_benchmark,
     run_benchmark_isolated,
 )
@@ -45,6 +47,7 @@ from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS, get_preset
 from cs336_systems.devices import resolve_device
 from cs336_systems.fast import RESIDUAL_DTYPES, fast_settings
+from cs336_systems.profiling.timing import matmul_peak_tflops
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
             "mfu_target", "training_step")
@@ -209,6 +212,13 @@ def run(args: argparse.Namespace) -> int:
     if isolate and not (args.isolate or args.warmup_study):
         print("bench: ours against a peer on CUDA: each configuration in a fresh process (peak memory and "
               "warm state its own)")
+    if configs[0].torch_device.type == "cuda":
+        # one MFU denominator per precision for the whole run, measured before any configuration heats the GPU: each
+        # process's own measurement after its steps differed by a few % within one run
+        peaks = {pr: matmul_peak_tflops("cuda", peak_dtype(pr)) for pr in sorted({c.precision for c in configs})}
+        print("bench: MFU against the matmul peak measured now: "
+              + ", ".join(f"{pr} {tf:.0f} TFLOP/s" for pr, tf in peaks.items()))
+        configs = [dataclasses.replace(c, peak_tflops=peaks[c.precision]) for c in configs]
     writer = RecordWriter(args.problem, args.results_dir, configs[0].torch_device, enabled=not args.no_save)
     records, peers = [], {}
     for cfg in tqdm(configs, desc="bench", unit="config", delay=2):

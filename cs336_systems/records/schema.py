@@ -168,7 +168,8 @@ def _timing(prefix: str) -> dict[str, tuple[type, ...]]:
 _STEP_CONFIG = {**_f("preset attention checkpoint mode precision optimizer study status", STR),
                 **_f("context_length batch_size warmup steps", INT), "compile": BOOL, "device": STR}
 # the step's settings
-_STEP_MEASURED = {**_f("loss impl residual_dtype", STR), **_f("peer_compiled cuda_graph isolated", BOOL),
+_STEP_MEASURED = {**_f("loss impl residual_dtype", STR),
+                  **_f("peer_compiled cuda_graph isolated peak_tflops_shared", BOOL),
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
