@@ -237,6 +237,12 @@ def test_training_step_mfu_target_names_the_run_s_highest_peak(tmp_path):
     write_records("training_step", [peer, ours], res, device="cpu")
     section = build_report(res, tmp_path / "REPORT.md").read_text().split("## training_step\n")[1]
     assert "MFU >= 72%: met (73.0% of its process's 670 TFLOP/s; 69.9% of the run's highest peak, 700)" in section
+    # a run that measured one peak for all its configurations (bench on CUDA since b3d2c1d) says so
+    shared = [{**row, "peak_tflops": 700.0, "peak_tflops_shared": True, "mfu": row["mfu"] * row["peak_tflops"] / 700}
+              for row in (peer, ours)]
+    write_records("training_step", shared, tmp_path / "shared", device="cpu")
+    section = build_report(tmp_path / "shared", tmp_path / "REPORT2.md").read_text().split("## training_step\n")[1]
+    assert "MFU >= 72%: missed (69.9% of the run's matmul peak, 700 TFLOP/s)" in section
 
 
 def test_mfu_target_takes_a_cuda_graph_step_without_phases(tmp_path):
