@@ -28,9 +28,7 @@ class FastSettings:
     optimizer: str  # "ours", "torch-fused" or "fused" (cs336_systems.fused.adamw.FusedAdamW)
     loss: str  # "unfused" (LM head, then cross_entropy) or "fused" (cs336_systems.fused.linear_cross_entropy)
     cuda_graph: bool  # the whole step as one CUDA graph (cs336_systems.step_graph; needs optimizer "fused")
-    # the residual stream's dtype under bf16: "bf16" (the fused optimizer keeps the token embedding as a bf16 copy
-    # too: cs336_systems.fused.adamw.is_compute_weight) or "fp32" (autocast's); applies with optimizer "fused"
-    residual_dtype: str
+    residual_dtype: str  # one of RESIDUAL_DTYPES; applies under bf16 with optimizer "fused"
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())

@@ -44,7 +44,7 @@ from cs336_basics.optimizer import AdamW, get_cosine_lr
 from cs336_systems import attention as _attention  # noqa: F401  (registers flash_*: train works uninstalled too)
 from cs336_systems import checkpoint
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, own_state_names, parse_checkpoint_spec
-from cs336_systems.bench.e2e import autocast_context
+from cs336_systems.bench.e2e import autocast_context, compute_dtype
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
 from cs336_systems.fast import RESIDUAL_DTYPES, fast_settings
@@ -635,7 +635,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     autocast = functools.partial(autocast_context, cfg.precision, device)
     tokens_per_step = B * T * cfg.grad_accum * world
     flops_per_step_per_device = training_flops_per_token(model_cfg, T) * B * T * cfg.grad_accum
-    peak = matmul_peak_tflops(device.type, torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+    peak = matmul_peak_tflops(device.type, compute_dtype(cfg.precision))
     metrics_path = Path(cfg.metrics) if cfg.metrics else (Path(ckpt_dir) / METRICS_FILE if ckpt_dir else None)
     train_state = {"model": {k: getattr(model_cfg, k) for k in MODEL_FIELDS}, "config": asdict(cfg),
                    "global_batch": B * cfg.grad_accum * world}

@@ -127,8 +127,8 @@ class BenchConfig:
         return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def peak_dtype(precision: str) -> torch.dtype:
-    """The dtype whose matmul peak is a precision's MFU denominator."""
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype a precision's matmuls run in (and whose matmul peak is its MFU denominator)."""
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
@@ -215,7 +215,7 @@ def _peer_sdpa(cfg: BenchConfig, model_cfg, batch: int, device: torch.device) ->
     SDPA's backends only): the peer's best user pins it."""
     if device.type != "cuda":
         return "sdpa"
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    dtype = compute_dtype(cfg.precision)
     return choose(batch * model_cfg.num_heads, cfg.context_length, model_cfg.d_model // model_cfg.num_heads, dtype,
                   True, torch.cuda.get_device_name(device), sdpa_only=True)
 
@@ -293,7 +293,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
 
         tokens = batch * cfg.context_length
         step = summarize(timer.host["step"])
-        peak = cfg.peak_tflops or matmul_peak_tflops(device.type, peak_dtype(cfg.precision))
+        peak = cfg.peak_tflops or matmul_peak_tflops(device.type, compute_dtype(cfg.precision))
         tflops = model_flops_per_step(cfg, batch) / (step["mean_ms"] * 1e-3) / 1e12
         record.update(status="ok", n_params=sum(p.numel() for p in model.parameters()))
         for phase in PHASES:

@@ -38,7 +38,7 @@ from cs336_systems.bench.e2e import (
     OPTIMIZERS,
     PRECISIONS,
     BenchConfig,
-    peak_dtype,
+    compute_dtype,
     run_benchmark,
     run_benchmark_isolated,
 )
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     if configs[0].torch_device.type == "cuda":
         # one MFU denominator per precision for the whole run, measured before any configuration heats the GPU: each
         # process's own measurement after its steps differed by a few % within one run
-        peaks = {pr: matmul_peak_tflops("cuda", peak_dtype(pr)) for pr in sorted({c.precision for c in configs})}
+        peaks = {pr: matmul_peak_tflops("cuda", compute_dtype(pr)) for pr in sorted({c.precision for c in configs})}
         print("bench: MFU against the matmul peak measured now: "
               + ", ".join(f"{pr} {tf:.0f} TFLOP/s" for pr, tf in peaks.items()))
         configs = [dataclasses.replace(c, peak_tflops=peaks[c.precision]) for c in configs]
