@@ -2,9 +2,9 @@
 
     python scripts/device/step_variants.py VARIANT [--preset xl --context-length 2048 --compile-scope blocks]
 
-VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default) or ``rope-swap`` (RoPE as
+VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default), ``rope-swap`` (RoPE as
 ``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
-stack of two halves), or several joined with ``+``. Prints one JSON line: step ms (mean, median), MFU and peak
+stack of two halves), one of the Inductor options in ``PATCHES``, or several joined with ``+``. Prints one JSON line: step ms (mean, median), MFU and peak
 GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe (05cc250) compared the bf16
 residual stream and RoPE in the projections' layout this way, before both became the code.
 """
@@ -31,7 +31,32 @@ def _rope_swap() -> None:
     RotaryEmbedding.forward = forward
 
 
-PATCHES = {"base": lambda: None, "rope-swap": _rope_swap}
+def _inductor(**settings):
+    """A variant that sets Inductor options (``torch._inductor.config``; dotted names under ``triton``)."""
+    def patch() -> None:
+        import torch._inductor.config as config
+
+        for name, value in settings.items():
+            owner = config.triton if name.startswith("triton_") else config
+            key = name.removeprefix("triton_")
+            if not hasattr(owner, key):
+                raise SystemExit(f"this torch ({torch.__version__}) has no Inductor option {name}")
+            setattr(owner, key, value)
+    return patch
+
+
+PATCHES = {
+    "base": lambda: None,
+    "rope-swap": _rope_swap,
+    # compiler options (session 15): programmatic dependent launch between Inductor's kernels; per-kernel tuning
+    # of block sizes by coordinate descent (which also tunes the norm backward's split); the norm backward's
+    # rows per program (16 by default at xl/2048: 512 partial sums of the gain's gradient, then an aten::sum);
+    # no mixed-order reduction (the gain's gradient as its own column reduction)
+    "pdl": _inductor(triton_enable_pdl=True),
+    "coord": _inductor(coordinate_descent_tuning=True),
+    "split64": _inductor(triton_mix_order_reduction_split_size=64),
+    "nomix": _inductor(triton_mix_order_reduction=False),
+}
 
 
 def main() -> None:

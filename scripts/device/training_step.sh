@@ -14,6 +14,7 @@
 #   k, l, m (session 14: bf16 residual stream, RoPE in the projections' layout; bench's defaults): k GPU tests,
 #      small/512 vs peer-graphs and the loss check; l xl/512 vs peer-graphs; m xl/2048 vs the peer, ours with
 #      the fp32 and the bf16 residual stream; n the GPU train test and train's defaults at xl/512 (records)
+#   o (session 15): Inductor options on our xl/2048 step (step_variants.py; VARIANTS="a b+c" picks them)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -98,7 +99,15 @@ n)  # train's defaults on CUDA (bf16 residual stream among them): the GPU train 
   step 400 train-xl-512 $CLI train --preset xl --context-length 512 --steps 30 --precision bf16 \
     --checkpoint-dir /tmp/ck-s14 --log-every 5 --save --results-dir $R
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n"; exit 2;;
+o)  # session 15: Inductor options probed on our captured xl/2048 step, one process each (step_variants.py);
+    # the base variant also prints Inductor's generated code for the block (log-code.txt)
+  P="python3 scripts/device/step_variants.py"
+  TORCH_LOGS=output_code step 200 probe-base $P base
+  grep -a "output_code\]" "$OUT/log-probe-base.txt" > "$OUT/log-code.txt"; sed -i '/output_code\]/d' "$OUT/log-probe-base.txt"
+  for v in ${VARIANTS:-pdl coord split64 nomix}; do step 240 "probe-$v" $P "$v"; done
+  grep -h '^{' "$OUT"/log-probe-*.txt | tee -a "$OUT/summary.txt"
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
