@@ -56,6 +56,10 @@ PATCHES = {
     "coord": _inductor(coordinate_descent_tuning=True),
     "split64": _inductor(triton_mix_order_reduction_split_size=64),
     "nomix": _inductor(triton_mix_order_reduction=False),
+    # matmuls autotuned among cuBLAS and Triton templates, whose epilogues may take the pointwise work after
+    # them (SwiGLU, its backward, the residual adds); -tma: with Hopper's persistent TMA templates among them
+    "autotune": _inductor(max_autotune=True),
+    "autotune-tma": _inductor(max_autotune=True, triton_enable_persistent_tma_matmul=True),
 }
 
 
