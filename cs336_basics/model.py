@@ -99,7 +99,8 @@ class RotaryEmbedding(nn.Module):
     """RoPE (Su et al., 2021): rotate each pair (x[2k], x[2k+1]) at position i by i * theta^(-2k/dim).
 
     cos/sin tables ``(context_length, dim/2)`` are non-persistent buffers (they follow ``.to()``
-    but are not in the state dict).
+    but are not in the state dict). ``kernel``: None, or a function ``(x, cos, sin) -> rotated x`` with the same
+    arithmetic that rotates instead (a fused kernel, e.g. ``cs336_systems.fused.rope.rotate``).
     """
 
     def __init__(self, context_length: int, dim: int, theta: float = 10000.0, device=None):
@@ -111,11 +112,14 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(torch.arange(context_length, device=device, dtype=torch.float64), inv_freq)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.kernel = None
 
     def forward(self, x: Tensor, token_positions: Tensor) -> Tensor:
         """x: (..., dim); token_positions: integer positions broadcastable to ``x.shape[:-1]`` (for x of
         (..., T, dim), positions of (..., T); for (B, T, H, dim), (B, T, 1)). Returns x rotated, same dtype."""
         cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., dim/2), broadcast against x
+        if self.kernel is not None:
+            return self.kernel(x, cos, sin)
         x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
         rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
         return rotated.flatten(-2).to(x.dtype)

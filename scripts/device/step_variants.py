@@ -4,7 +4,8 @@
 
 VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default), ``rope-swap`` (RoPE as
 ``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
-stack of two halves), one of the Inductor options in ``PATCHES``, or several joined with ``+``. Prints one JSON line: step ms (mean, median), MFU and peak
+stack of two halves), ``rope-triton`` (``cs336_systems.fused.rope``), one of the Inductor options in
+``PATCHES``, or several joined with ``+``. Prints one JSON line: step ms (mean, median), MFU and peak
 GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe (05cc250) compared the bf16
 residual stream and RoPE in the projections' layout this way, before both became the code.
 """
@@ -31,6 +32,18 @@ def _rope_swap() -> None:
     RotaryEmbedding.forward = forward
 
 
+def _rope_triton() -> None:
+    from cs336_systems.fused.rope import rotate
+
+    init = RotaryEmbedding.__init__
+
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.kernel = rotate
+
+    RotaryEmbedding.__init__ = patched
+
+
 def _inductor(**settings):
     """A variant that sets Inductor options (``torch._inductor.config``; dotted names under ``triton``)."""
     def patch() -> None:
@@ -48,6 +61,7 @@ def _inductor(**settings):
 PATCHES = {
     "base": lambda: None,
     "rope-swap": _rope_swap,
+    "rope-triton": _rope_triton,  # cs336_systems.fused.rope (session 15)
     # compiler options (session 15): programmatic dependent launch between Inductor's kernels; per-kernel tuning
     # of block sizes by coordinate descent (which also tunes the norm backward's split); the norm backward's
     # rows per program (16 by default at xl/2048: 512 partial sums of the gain's gradient, then an aten::sum);
