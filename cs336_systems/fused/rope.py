@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 
 
