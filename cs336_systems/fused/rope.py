@@ -53,17 +53,51 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, HALF: t
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, HALF: tl.constexpr,
+                       BLOCK_HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr, INVERSE: tl.constexpr,
+                       DTYPE: tl.constexpr):
+    """``_rope_kernel`` for 16-bit ``x`` read and written as 32-bit words, one (even, odd) pair each (little
+    endian: the even value in the low half), unpacked and packed with bit operations in registers."""
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    k = tl.arange(0, BLOCK_HALF)
+    mask = (rows < n_rows)[:, None] & (k < HALF)[None, :]
+    offs = rows.to(tl.int64)[:, None] * HALF + k[None, :]
+    words = tl.load(x_ptr + offs, mask=mask, other=0)
+    x_even = (words & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
+    x_odd = ((words >> 16) & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
+    table = ((rows // heads) % n_pos).to(tl.int64)[:, None] * HALF + k[None, :]
+    cos = tl.load(cos_ptr + table, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + table, mask=mask, other=0.0)
+    if INVERSE:
+        sin = -sin
+    out_even = (x_even * cos - x_odd * sin).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    out_odd = (x_even * sin + x_odd * cos).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
+    tl.store(out_ptr + offs, out_even | (out_odd << 16), mask=mask)
+
+
+BLOCK_VALUES, NUM_WARPS = 4096, 4  # values of x a program rotates; warps a program
+PAIRS = True  # 16-bit x through _rope_pairs_kernel
+_PAIR_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
 def _launch(x: Tensor, cos: Tensor, sin: Tensor, heads: int, inverse: bool) -> Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     half = cos.shape[-1]
     n_rows = x.numel() // (2 * half)
     block_half = triton.next_power_of_2(half)
-    block_rows = max(1, min(64, 4096 // block_half))  # about 8K values a program
+    block_rows = max(1, BLOCK_VALUES // (2 * block_half))
     grid = (triton.cdiv(n_rows, block_rows),)
+    if PAIRS and x.dtype in _PAIR_DTYPES:
+        torch.library.wrap_triton(_rope_pairs_kernel)[grid](
+            x.view(torch.int32), cos, sin, out.view(torch.int32), n_rows, heads, cos.numel() // half, HALF=half,
+            BLOCK_HALF=block_half, BLOCK_ROWS=block_rows, INVERSE=inverse, DTYPE=_PAIR_DTYPES[x.dtype],
+            num_warps=NUM_WARPS)
+        return out
     torch.library.wrap_triton(_rope_kernel)[grid](
         x, cos, sin, out, n_rows, heads, cos.numel() // half, HALF=half, BLOCK_HALF=block_half,
-        BLOCK_ROWS=block_rows, INVERSE=inverse, num_warps=4)
+        BLOCK_ROWS=block_rows, INVERSE=inverse, num_warps=NUM_WARPS)
     return out
 
 

@@ -1,6 +1,7 @@
 """RoPE on q and k at a model's shape: the compiled module (Inductor's kernel) against the Triton kernel of
 ``cs336_systems.fused.rope``, forward and forward+backward, same process (``triton.testing.do_bench`` medians),
-with each one's error against an fp64 rotation.
+with each one's error against an fp64 rotation, the kernels one forward+backward launches (``torch.profiler``),
+and the kernel's forward alone at other tile sizes, in both its forms (32-bit pairs, or split and join).
 
     python scripts/device/rope_bench.py [--batch 4 --context 2048 --heads 25 --head-dim 64]
 """
@@ -11,10 +12,11 @@ import argparse
 import json
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 from cs336_basics.model import RotaryEmbedding
-from cs336_systems.fused.rope import rotate
+from cs336_systems.fused import rope as fused_rope
 
 
 def main() -> None:
@@ -29,13 +31,16 @@ def main() -> None:
     q, k = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     dq, dk = torch.randn_like(q), torch.randn_like(k)
     pos = torch.arange(args.context, device="cuda").unsqueeze(-1)
+    gbytes = 4 * q.numel() * q.element_size() / 1e9  # q and k read and written
     rows = {}
     for name in ("inductor", "triton"):
         rope = RotaryEmbedding(args.context, args.head_dim, device="cuda")
         if name == "triton":
-            rope.kernel = rotate
+            rope.kernel = fused_rope.rotate
         fn = torch.compile(lambda q, k, rope=rope: (rope(q, pos), rope(k, pos)))
-        fwd = lambda fn=fn: fn(q, k)
+
+        def fwd(fn=fn):
+            return fn(q, k)
 
         def fwd_bwd(fn=fn):
             a, b = fn(q, k)
@@ -46,12 +51,29 @@ def main() -> None:
         cos, sin = rope.cos[pos].double(), rope.sin[pos].double()
         even, odd = q.detach().double()[..., 0::2], q.detach().double()[..., 1::2]
         exact = torch.stack((even * cos - odd * sin, even * sin + odd * cos), -1).flatten(-2)
-        gbytes = 4 * q.numel() * q.element_size() / 1e9  # q and k read and written
         f_ms = do_bench(fwd, warmup=50, rep=300, return_mode="median")
         fb_ms = do_bench(fwd_bwd, warmup=50, rep=300, grad_to_none=[q, k], return_mode="median")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            q.grad = k.grad = None
+            fwd_bwd()
+            torch.cuda.synchronize()
+        kernels = [(e.name[:90], round(e.device_time_total, 1)) for e in prof.key_averages()
+                   if e.device_time_total > 0 and e.self_device_time_total > 0]
         rows[name] = dict(forward_ms=f_ms, forward_backward_ms=fb_ms, forward_tb_s=gbytes / f_ms,
-                          max_err_vs_fp64=(a.double() - exact).abs().max().item())
-    print(json.dumps(dict(shape=shape, device=torch.cuda.get_device_name(), torch=torch.__version__, **rows)))
+                          max_err_vs_fp64=(a.double() - exact).abs().max().item(), kernels_us=kernels)
+    # the kernel alone (q only), forward, at other tile sizes and warp counts
+    rope = RotaryEmbedding(args.context, args.head_dim, device="cuda")
+    c, s = (t.reshape(-1, args.head_dim // 2).contiguous() for t in (rope.cos[pos], rope.sin[pos]))
+    sweep = {}
+    for pairs in (True, False):
+        for values in (2048, 4096, 8192, 16384):
+            for warps in (4, 8):
+                fused_rope.PAIRS, fused_rope.BLOCK_VALUES, fused_rope.NUM_WARPS = pairs, values, warps
+                ms = do_bench(lambda: fused_rope._launch(q.detach(), c, s, args.heads, False), warmup=50, rep=200,
+                              return_mode="median")
+                sweep[f"{'pairs' if pairs else 'split'}/{values}/{warps}"] = round(gbytes / 2 / ms, 3)  # TB/s
+    print(json.dumps(dict(shape=shape, device=torch.cuda.get_device_name(), torch=torch.__version__, **rows,
+                          kernel_forward_tb_s_by_values_warps=sweep)))
 
 
 if __name__ == "__main__":
