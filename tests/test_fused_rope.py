@@ -63,6 +63,17 @@ def test_triton_rope_matches_fp64_forward_and_gradient(shape, positions_shape, d
         assert err <= bound, (err, torch_err)
 
 
+def test_triton_rope_non_contiguous_input_and_gradient(seed):
+    rope, x, positions = _case((2, 4, 7, 32), (7,), torch.bfloat16, seed)  # (B, H, T, Dh) storage
+    x = x.transpose(1, 2).requires_grad_()  # (B, T, H, Dh) view, as attention's gradients arrive
+    cos, sin = rope.cos[positions], rope.sin[positions]
+    out = fused_rope.rotate(x, cos, sin)
+    grad = torch.randn(2, 4, 7, 32, generator=torch.Generator().manual_seed(seed)).to(DEVICE, torch.bfloat16)
+    (g,) = torch.autograd.grad(out, x, grad.transpose(1, 2))
+    for mine, ref in ((out, _rotate_fp64(x.detach(), cos, sin)), (g, _rotate_fp64(grad.transpose(1, 2), cos, -sin))):
+        torch.testing.assert_close(mine.double(), ref, rtol=2**-7, atol=1e-6)  # within a bf16 ulp
+
+
 def test_triton_rope_table_layouts():
     layout = fused_rope._table_layout
     assert layout((4, 8, 5, 64), (8, 1, 32)) == 5  # the model's (T, 1, Dh/2) tables

@@ -63,7 +63,7 @@ def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, H
     k = tl.arange(0, BLOCK_HALF)
     mask = (rows < n_rows)[:, None] & (k < HALF)[None, :]
     offs = rows.to(tl.int64)[:, None] * HALF + k[None, :]
-    words = tl.load(x_ptr + offs, mask=mask, other=0)
+    words = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + offs, mask=mask, other=0)
     x_even = (words & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
     x_odd = ((words >> 16) & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
     table = ((rows // heads) % n_pos).to(tl.int64)[:, None] * HALF + k[None, :]
@@ -73,7 +73,7 @@ def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, H
         sin = -sin
     out_even = (x_even * cos - x_odd * sin).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     out_odd = (x_even * sin + x_odd * cos).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
-    tl.store(out_ptr + offs, out_even | (out_odd << 16), mask=mask)
+    tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + offs, out_even | (out_odd << 16), mask=mask)
 
 
 BLOCK_VALUES, NUM_WARPS = 4096, 4  # values of x a program rotates; warps a program
@@ -83,7 +83,7 @@ _PAIR_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 def _launch(x: Tensor, cos: Tensor, sin: Tensor, heads: int, inverse: bool) -> Tensor:
     x = x.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
     half = cos.shape[-1]
     n_rows = x.numel() // (2 * half)
     block_half = triton.next_power_of_2(half)
@@ -91,7 +91,7 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, heads: int, inverse: bool) -> T
     grid = (triton.cdiv(n_rows, block_rows),)
     if PAIRS and x.dtype in _PAIR_DTYPES:
         torch.library.wrap_triton(_rope_pairs_kernel)[grid](
-            x.view(torch.int32), cos, sin, out.view(torch.int32), n_rows, heads, cos.numel() // half, HALF=half,
+            x, cos, sin, out, n_rows, heads, cos.numel() // half, HALF=half,
             BLOCK_HALF=block_half, BLOCK_ROWS=block_rows, INVERSE=inverse, DTYPE=_PAIR_DTYPES[x.dtype],
             num_warps=NUM_WARPS)
         return out

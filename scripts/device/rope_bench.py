@@ -57,7 +57,7 @@ def main() -> None:
             q.grad = k.grad = None
             fwd_bwd()
             torch.cuda.synchronize()
-        kernels = [(e.name[:90], round(e.device_time_total, 1)) for e in prof.key_averages()
+        kernels = [(e.key[:90], round(e.device_time_total, 1)) for e in prof.key_averages()
                    if e.device_time_total > 0 and e.self_device_time_total > 0]
         rows[name] = dict(forward_ms=f_ms, forward_backward_ms=fb_ms, forward_tb_s=gbytes / f_ms,
                           max_err_vs_fp64=(a.double() - exact).abs().max().item(), kernels_us=kernels)
