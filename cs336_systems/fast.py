@@ -18,6 +18,9 @@ import torch
 # the residual stream's dtype under bf16 (the names of bench's and train's --residual-dtype): autocast's fp32, or
 # bf16 with the token embedding a bf16 copy in the fused optimizer (cs336_systems.fused.adamw.is_compute_weight)
 RESIDUAL_DTYPES = ("fp32", "bf16")
+# RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager), or
+# cs336_systems.fused.rope's Triton kernel (CUDA)
+ROPE_KERNELS = ("torch", "triton")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +32,7 @@ class FastSettings:
     loss: str  # "unfused" (LM head, then cross_entropy) or "fused" (cs336_systems.fused.linear_cross_entropy)
     cuda_graph: bool  # the whole step as one CUDA graph (cs336_systems.step_graph; needs optimizer "fused")
     residual_dtype: str  # one of RESIDUAL_DTYPES; applies under bf16 with optimizer "fused"
+    rope: str  # one of ROPE_KERNELS
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -40,6 +44,8 @@ class FastSettings:
 # the table keeps the choice measured where a version or GPU dispatches otherwise.
 # The bf16 residual stream: xl/2048 230.5 ms and 50.9 GiB against 236.2 ms and 53.2 GiB with the fp32 one (H100,
 # same bench run, each in its own process: results/training_step/20261124-205737-*).
+# RoPE's Triton kernel: 76 us of kernels for q and k, forward and backward, at xl/2048 against Inductor's 109 (H100,
+# same process: scripts/device/rope_bench.py), about 1.5 ms a step (session 15, docs/training_step.md).
 # The fused LM head + loss measured slower than the compiled unfused one at vocabulary 10,000 (small/512 on an
 # H100, same run: 28.8 vs 25.8 ms per step), where the logits are small; it is what lets large vocabularies fit
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a
@@ -53,6 +59,6 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True, residual_dtype="bf16")
+                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
-                        cuda_graph=False, residual_dtype="fp32")
+                        cuda_graph=False, residual_dtype="fp32", rope="torch")

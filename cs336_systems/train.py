@@ -47,7 +47,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, ow
 from cs336_systems.bench.e2e import autocast_context, compute_dtype
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import RESIDUAL_DTYPES, fast_settings
+from cs336_systems.fast import RESIDUAL_DTYPES, ROPE_KERNELS, fast_settings
 from cs336_systems.fused.linear_cross_entropy import defer_lm_head, head_loss, linear_cross_entropy
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
@@ -59,7 +59,8 @@ OPTIMIZERS = ("ours", "fused")  # cs336_basics AdamW, or cs336_systems.fused.ada
 LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fused.linear_cross_entropy
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
 # None in TrainConfig: fast_settings picks
-FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype")
+FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype",
+               "rope")
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -93,6 +94,7 @@ class TrainConfig:
     loss: str | None = None  # "unfused" or "fused" (chunked LM head + cross-entropy, no logits tensor)
     cuda_graph: bool | None = None  # the whole step captured once and replayed (CUDA, optimizer fused, no parallel)
     residual_dtype: str | None = None  # "bf16": the token embedding a bf16 copy too (bf16, optimizer fused); "fp32"
+    rope: str | None = None  # "torch" (the model's code) or "triton" (cs336_systems.fused.rope, CUDA)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
     attention_window: int | None = None  # sliding window: keys per query, itself included; None: the preset's
@@ -173,7 +175,7 @@ class TrainConfig:
                 raise ValueError(f"train: --attention {self.attention} takes no window= / doc_ids= (grouped-query "
                                  "heads, --attention-window, --eos-id); use one that does, e.g. sdpa or reference")
         for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES),
-                              ("residual_dtype", RESIDUAL_DTYPES)):
+                              ("residual_dtype", RESIDUAL_DTYPES), ("rope", ROPE_KERNELS)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
@@ -250,6 +252,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
     what was picked. Explicit settings are kept as given."""
     if cfg.cuda_graph and device.type != "cuda":
         raise ValueError(f"train: --cuda-graph yes needs a CUDA device, got {device}; use --cuda-graph no")
+    if cfg.rope == "triton" and device.type != "cuda":
+        raise ValueError(f"train: --rope triton needs a CUDA device, got {device}; use --rope torch")
     fast = fast_settings(device, get_preset(cfg.preset).vocab_size)
     picked, notes = {}, []
     for name in FAST_FIELDS:
@@ -269,6 +273,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         if name == "residual_dtype" and value == "bf16" and (
                 cfg.precision != "bf16" or (picked.get("optimizer") or cfg.optimizer) != "fused"):
             value = "fp32"  # autocast's: bf16 applies only under bf16 with the fused optimizer
+        if name == "rope" and value == "triton" and device.type != "cuda":
+            value = "torch"  # the kernel is CUDA's
         picked[name] = value
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
@@ -580,7 +586,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
-        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id", "residual_dtype"):
+        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id", "residual_dtype", "rope"):
             # keys of later versions
             if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
@@ -591,6 +597,10 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                 check_inputs=cfg.data is not None, device=device)
     n_params = sum(p.numel() for p in model.parameters())  # before FSDP replaces weights by shards
+    if cfg.rope == "triton":
+        from cs336_systems.fused.rope import use_triton_rope
+
+        use_triton_rope(model)
     if cfg.loss == "fused":
         defer_lm_head(model)  # model(x) returns the final hidden states; lm_head.weight keeps its key
     # Activation checkpointing wraps the blocks (layers.3.x -> layers.3.blocks.0.x): checkpoints, the export and

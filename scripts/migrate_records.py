@@ -24,7 +24,7 @@ Idempotent: a second run changes nothing. Every changed field is named in the re
 * ``COMMIT_CORRECTIONS``: runs whose recorded commit was wrong (named per file, with the reason and the
   commit whose tree ran).
 * ``training_step`` step rows and loss checks recorded before ``residual_dtype``: ``"fp32"`` (the token
-  embedding was fp32 in every earlier version).
+  embedding was fp32 in every earlier version); our step rows recorded before ``rope``: ``"torch"``.
 * FlexAttention sweep timings taken before each shape got a fresh compile (no ``flex_compile``):
   past dynamo's recompile limit they ran eagerly, so ``status`` becomes ``discarded: eager fallback``
   (the timings stay in the record).
@@ -212,9 +212,21 @@ def migrate_residual_dtype(rows: list[dict]) -> None:
                                        "version, so the residual stream was (autocast's) fp32")
 
 
+def migrate_rope(rows: list[dict]) -> None:
+    for r in rows:
+        if "rope" not in r and r.get("impl") == "ours":
+            r["rope"] = "torch"
+            _mark(r, "rope", "recorded before the field: RoPE was the model's PyTorch code in every earlier version")
+
+
+def migrate_training_step(rows: list[dict]) -> None:
+    migrate_residual_dtype(rows)
+    migrate_rope(rows)
+
+
 RUN_MIGRATIONS = {"optimizer_state_sharding_accounting": migrate_shard_run, "memory_profiling": migrate_memory_run,
                   "ddp_bucketed_benchmarking": migrate_ddp_run, "flash_benchmarking": migrate_flash_rows,
-                  "training_step": migrate_residual_dtype}
+                  "training_step": migrate_training_step}
 
 
 def migrate(results: Path) -> int:

@@ -303,6 +303,7 @@ def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatc
     assert (cpu.compile, cpu.optimizer, cpu.loss) == (False, "ours", "unfused")
     assert cuda.optimizer == "fused" and cuda.compile and cuda.loss == "unfused"
     assert (cpu.residual_dtype, cuda.residual_dtype) == ("fp32", "bf16")
+    assert (cpu.rope, cuda.rope) == ("torch", "triton")
     assert fast_settings("cuda", vocab_size=151_936).loss == "fused"  # the 8b vocabulary
     said = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -319,7 +320,7 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     from cs336_systems.fast import FastSettings
 
     cuda_like = FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="fused",
-                             loss="unfused", cuda_graph=False, residual_dtype="bf16")
+                             loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch")
     monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: cuda_like)
     said = []
     args = _bench_args(["--preset", "tiny", "--device", "cpu", "--precision", "fp32", "bf16", "--optimizer",
@@ -339,6 +340,18 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     rec = run_benchmark(BenchConfig(**TINY, precision="bf16", optimizer="fused", residual_dtype="bf16", warmup=1,
                                     steps=1))
     assert rec["status"] == "ok" and rec["residual_dtype"] == "bf16"
+
+
+def test_rope_kernel_setting_bad_input():
+    with pytest.raises(ValueError, match="unknown rope kernel 'cuda'; choose from torch, triton"):
+        BenchConfig(**TINY, rope="cuda")
+    with pytest.raises(ValueError, match="--rope triton runs our model on a CUDA device"):
+        BenchConfig(**TINY, rope="triton")
+    with pytest.raises(ValueError, match=r"--rope triton runs our model on a CUDA device \(got impl peer"):
+        BenchConfig(**TINY, rope="triton", impl="peer")
+    with pytest.raises(SystemExit) as err:
+        _bench_args(["--rope", "cuda"])
+    assert err.value.code == 2
 
 
 def test_a_given_matmul_peak_is_the_mfu_denominator():

@@ -29,7 +29,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import RESIDUAL_DTYPES
+from cs336_systems.fast import RESIDUAL_DTYPES, ROPE_KERNELS
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -64,6 +64,7 @@ class BenchConfig:
     impl: str = "ours"  # "peer": the settings above that concern our model (compile, attention, ...) do not apply
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
+    rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
     # the MFU denominator (TFLOP/s), measured once by the caller for every configuration of a run; None: measured in
     # this process after its steps
     peak_tflops: float | None = None
@@ -96,6 +97,12 @@ class BenchConfig:
                              "the fused optimizer: it needs our train step with --precision bf16 and --optimizer fused "
                              f"(got impl {self.impl}, mode {self.mode}, precision {self.precision}, optimizer "
                              f"{self.optimizer})")
+        if self.rope not in ROPE_KERNELS:
+            raise ValueError(f"benchmarking_script: unknown rope kernel {self.rope!r}; choose from "
+                             f"{', '.join(ROPE_KERNELS)}")
+        if self.rope == "triton" and (self.impl != "ours" or self.torch_device.type != "cuda"):
+            raise ValueError(f"benchmarking_script: --rope triton runs our model on a CUDA device (got impl "
+                             f"{self.impl}, device {self.torch_device})")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"benchmarking_script: peak_tflops must be > 0 or None, got {self.peak_tflops}")
         if self.device is not None:
@@ -172,6 +179,10 @@ def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
 def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
     """Our model with ``cfg``'s settings: (model, optimizer or None, loss_fn(x, y), step_model)."""
     model = BasicsTransformerLM(**model_kwargs, attention_backend=cfg.attention, check_inputs=False, device=device)
+    if cfg.rope == "triton":
+        from cs336_systems.fused.rope import use_triton_rope
+
+        use_triton_rope(model)
     if cfg.loss == "fused":
         from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
 

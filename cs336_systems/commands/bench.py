@@ -46,14 +46,14 @@ from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS, get_preset
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import RESIDUAL_DTYPES, fast_settings
+from cs336_systems.fast import RESIDUAL_DTYPES, ROPE_KERNELS, fast_settings
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
             "mfu_target", "training_step")
 WARMUP_STUDY = (0, 1, 2, 5)
 TABLE_COLUMNS = ["impl", "preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint",
-                 "optimizer", "loss", "cuda_graph", "residual_dtype", "warmup", "status", "forward_mean_ms",
+                 "optimizer", "loss", "cuda_graph", "residual_dtype", "rope", "warmup", "status", "forward_mean_ms",
                  "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu",
                  "peak_memory_gib", "step_ratio_vs_peer", "memory_ratio_vs_peer"]
 CPU_DEFAULT = ("tiny", 128)  # preset and context without --preset on a CPU: seconds, not minutes
@@ -89,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the residual stream's dtype under --precision bf16: fp32 (autocast's) or bf16 (the fused "
                         "optimizer keeps the token embedding as a bf16 copy too); default: the fast settings' (bf16 "
                         "on CUDA where it applies: bf16, --optimizer fused, train-step)")
+    p.add_argument("--rope", nargs="+", choices=ROPE_KERNELS, default=None,
+                   help="RoPE's kernel in our model: torch (the model's code, compiled with it) or triton "
+                        "(cs336_systems.fused.rope, CUDA); default: the fast settings' (triton on CUDA)")
     p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
                    help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run; peer-graphs: "
                         "the same compiled with mode='reduce-overhead' (CUDA graphs); ratios are against the faster")
@@ -126,7 +129,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     fast = fast_settings(device)
     chosen = {name: getattr(args, name, None)
               for name in ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph",
-                           "residual_dtype")}
+                           "residual_dtype", "rope")}
     picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
@@ -144,6 +147,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     graph_default = chosen["cuda_graph"] is None and fast.cuda_graph
     # the same for the residual dtype: the fast default where it applies (bf16, fused, train-step), else fp32
     residuals = chosen["residual_dtype"] or [None]
+    ropes = chosen["rope"] or [fast.rope]
 
     def residual(r: str | None, precision: str, optimizer: str, mode: str) -> str:
         applies = precision == "bf16" and optimizer == "fused" and mode == "train-step"
@@ -165,8 +169,8 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
                                 loss=lo, warmup=w, steps=args.steps, device=args.device,
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
-                                residual_dtype=residual(r, pr, o, m))
-                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals]
+                                residual_dtype=residual(r, pr, o, m), rope=rp)
+                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
     first_seen: dict[tuple, int] = {}
@@ -198,7 +202,7 @@ def format_table(records: list[dict]) -> str:
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     # Drop columns that do not vary and carry defaults, so the table stays readable.
     for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope", "cuda_graph",
-                "residual_dtype"):
+                "residual_dtype", "rope"):
         if col in cols and df[col].nunique() <= 1:
             cols.remove(col)
     return markdown_table(records, cols, ".3g")

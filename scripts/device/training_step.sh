@@ -14,7 +14,8 @@
 #   k, l, m (session 14: bf16 residual stream, RoPE in the projections' layout; bench's defaults): k GPU tests,
 #      small/512 vs peer-graphs and the loss check; l xl/512 vs peer-graphs; m xl/2048 vs the peer, ours with
 #      the fp32 and the bf16 residual stream; n the GPU train test and train's defaults at xl/512 (records)
-#   o (session 15): Inductor options on our xl/2048 step (step_variants.py; VARIANTS="a b+c" picks them)
+#   o (session 15): Inductor options on our xl/2048 step (step_variants.py; VARIANTS="a b+c" picks them);
+#   p GPU tests and xl/2048 with both RoPE kernels vs the peer; q small/512 and xl/512 with bench's defaults
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -107,7 +108,20 @@ o)  # session 15: Inductor options probed on our captured xl/2048 step, one proc
   for v in ${VARIANTS:-pdl coord split64 nomix}; do step 240 "probe-$v" $P "$v"; done
   grep -h '^{' "$OUT"/log-probe-*.txt | tee -a "$OUT/summary.txt"
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o"; exit 2;;
+p)  # session 15 (RoPE's Triton kernel the CUDA default): GPU tests of the touched pieces, xl/2048 against the peer
+    # with both RoPE kernels, each in its own process
+  step 240 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_rope.py tests/test_bench.py \
+    tests/test_train.py
+  step 540 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer ours --preset xl --context-length 2048 --rope torch triton --steps 10
+  ;;
+q)  # session 15: small/512 and xl/512 with bench's defaults against the reduce-overhead peer
+  step 150 small-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer-graphs ours --steps 30
+  step 420 xl-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer-graphs ours --preset xl --context-length 512 --steps 15
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -11,7 +11,7 @@ from cs336_systems.report.sections._common import load, ok, provenance, table
 
 PROBLEM_IDS = ("training_step",)
 SETTINGS = ("preset", "context_length", "batch_size", "precision", "compile_scope", "attention", "optimizer", "loss",
-            "checkpoint", "cuda_graph", "residual_dtype")
+            "checkpoint", "cuda_graph", "residual_dtype", "rope")
 # What a peer must share with a row of ours to be its peer (besides the run): the peer has none of our other
 # settings, and bench times one peer of each kind per (preset, context, precision, mode) of a run.
 PEER_KEY = ("preset", "context_length", "batch_size", "precision", "mode")
@@ -78,7 +78,8 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                              + ("met" if r["peak_memory_gib"] <= peer["peak_memory_gib"] else "missed"))
         settings = (f"{r['attention']}, optimizer {r['optimizer']}, loss {r['loss']}, compiled {r['compile_scope']}"
                     + (", CUDA graph" if r.get("cuda_graph") else "")
-                    + (", bf16 residual stream" if r.get("residual_dtype") == "bf16" else ""))
+                    + (", bf16 residual stream" if r.get("residual_dtype") == "bf16" else "")
+                    + (", Triton RoPE" if r.get("rope") == "triton" else ""))
         peer_sdpa = f", SDPA backend {peer['peer_sdpa']}" if peer.get("peer_sdpa") else ""
         if (preset, context) == MFU_TARGET[:2] and run_peak and r.get("peak_tflops"):
             verdict = f"; MFU >= {MFU_TARGET[2]:.0%}: {'met' if r['mfu'] >= MFU_TARGET[2] else 'missed'} "
