@@ -15,7 +15,8 @@
 #      small/512 vs peer-graphs and the loss check; l xl/512 vs peer-graphs; m xl/2048 vs the peer, ours with
 #      the fp32 and the bf16 residual stream; n the GPU train test and train's defaults at xl/512 (records)
 #   o (session 15): Inductor options on our xl/2048 step (step_variants.py; VARIANTS="a b+c" picks them);
-#   p GPU tests and xl/2048 with both RoPE kernels vs the peer; q small/512 and xl/512 with bench's defaults
+#   p GPU tests and xl/2048 with both RoPE kernels vs the peer; q small/512 and xl/512 with bench's defaults,
+#      and small/512 without the CUDA graph with both RoPE kernels (host cost per call)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -120,6 +121,8 @@ q)  # session 15: small/512 and xl/512 with bench's defaults against the reduce-
     --impl peer-graphs ours --steps 30
   step 420 xl-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl peer-graphs ours --preset xl --context-length 512 --steps 15
+  step 200 small-512-nograph $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl ours --cuda-graph no --rope torch triton --steps 30
   ;;
 *) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q"; exit 2;;
 esac
