@@ -45,7 +45,8 @@ class FastSettings:
 # The bf16 residual stream: xl/2048 230.5 ms and 50.9 GiB against 236.2 ms and 53.2 GiB with the fp32 one (H100,
 # same bench run, each in its own process: results/training_step/20261124-205737-*).
 # RoPE's Triton kernel: 76 us of kernels for q and k, forward and backward, at xl/2048 against Inductor's 109 (H100,
-# same process: scripts/device/rope_bench.py), about 1.5 ms a step (session 15, docs/training_step.md).
+# same process: scripts/device/rope_bench.py), about 1.5 ms of kernel time a step; whole steps within their noise
+# (xl/2048 228.3 vs 228.2 ms, std 4: results/training_step/20261124-223043-*; docs/training_step.md, session 15).
 # The fused LM head + loss measured slower than the compiled unfused one at vocabulary 10,000 (small/512 on an
 # H100, same run: 28.8 vs 25.8 ms per step), where the logits are small; it is what lets large vocabularies fit
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a
