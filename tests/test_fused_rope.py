@@ -74,6 +74,16 @@ def test_triton_rope_non_contiguous_input_and_gradient(seed):
         torch.testing.assert_close(mine.double(), ref, rtol=2**-7, atol=1e-6)  # within a bf16 ulp
 
 
+def test_triton_rope_unaligned_16bit_input_takes_the_row_kernel(seed):
+    rope, x, positions = _case((2, 5, 3, 8), (5,), torch.bfloat16, seed)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEVICE)[1:].view(x.shape)  # 2-byte aligned rows
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 4 == 2
+    cos, sin = rope.cos[positions], rope.sin[positions]
+    torch.testing.assert_close(fused_rope.rotate(shifted, cos, sin).double(), _rotate_fp64(x, cos, sin),
+                               rtol=2**-7, atol=1e-6)
+
+
 def test_triton_rope_table_layouts():
     layout = fused_rope._table_layout
     assert layout((4, 8, 5, 64), (8, 1, 32)) == 5  # the model's (T, 1, Dh/2) tables

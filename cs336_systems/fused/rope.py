@@ -5,10 +5,11 @@ the same arithmetic as ``RotaryEmbedding.forward``: fp32, one rounding to ``x``'
 own: compiled from the module's ``stack`` of the two rotated halves, Inductor reads every input pair with scalar
 loads, twice (once per output element of the pair), and gathers cos and sin by position with a bounds check per
 element: at xl/2048 on an H100 its forward ran at about 1.7 TB/s and its backward at 2.3. Here each program
-loads a tile of whole head vectors as contiguous rows, splits them into (even, odd) in registers, loads the
-tile's cos and sin rows once per token, and writes the rotated rows back contiguous. The backward is the same
-kernel rotating by minus the angle. Registered as a ``torch.library.triton_op``, so ``torch.compile`` launches
-the kernel from its own code (no graph break, no Python per call).
+reads a tile of whole head vectors as contiguous 32-bit words, one (even, odd) pair of a 16-bit ``x`` each (other
+dtypes: loaded as rows and split into pairs in registers), rotates them with the tile's rows of the small cos / sin
+tables (gathered by position once per step, outside the kernel) and writes the words back: 2.8 TB/s there
+(``scripts/device/rope_bench.py``). The backward is the same kernel rotating by minus the angle. Registered as a
+``torch.library.triton_op``, so ``torch.compile`` launches the kernel from its own code (no graph break).
 
 Rows of ``x`` (its last dim, the head dim) map to rows of the cos / sin tables by broadcasting: the tables'
 leading shape must equal a suffix of ``x``'s leading shape followed by size-1 dims (as in the model: tables
@@ -77,7 +78,6 @@ def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, H
 
 
 BLOCK_VALUES, NUM_WARPS = 4096, 4  # values of x a program rotates; warps a program
-PAIRS = True  # 16-bit x through _rope_pairs_kernel
 _PAIR_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -89,7 +89,7 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, heads: int, inverse: bool) -> T
     block_half = triton.next_power_of_2(half)
     block_rows = max(1, BLOCK_VALUES // (2 * block_half))
     grid = (triton.cdiv(n_rows, block_rows),)
-    if PAIRS and x.dtype in _PAIR_DTYPES:
+    if x.dtype in _PAIR_DTYPES and x.data_ptr() % 4 == 0:  # 32-bit words need 4-byte aligned rows
         torch.library.wrap_triton(_rope_pairs_kernel)[grid](
             x, cos, sin, out, n_rows, heads, cos.numel() // half, HALF=half,
             BLOCK_HALF=block_half, BLOCK_ROWS=block_rows, INVERSE=inverse, DTYPE=_PAIR_DTYPES[x.dtype],

@@ -1,7 +1,7 @@
 """RoPE on q and k at a model's shape: the compiled module (Inductor's kernel) against the Triton kernel of
 ``cs336_systems.fused.rope``, forward and forward+backward, same process (``triton.testing.do_bench`` medians),
-with each one's error against an fp64 rotation, the kernels one forward+backward launches (``torch.profiler``),
-and the kernel's forward alone at other tile sizes, in both its forms (32-bit pairs, or split and join).
+with each one's error against an fp64 rotation, and the kernels one forward+backward launches (``torch.profiler``:
+the kernel times to compare; the do_bench times include each call's host work).
 
     python scripts/device/rope_bench.py [--batch 4 --context 2048 --heads 25 --head-dim 64]
 """
@@ -56,17 +56,6 @@ def main() -> None:
         rows[name] = dict(forward_ms=f_ms, forward_backward_ms=fb_ms, forward_tb_s=gbytes / f_ms,
                           max_err_vs_fp64=(a.double() - exact).abs().max().item())
         runs[name] = fwd_bwd
-    # the kernel alone (q only), forward, at other tile sizes and warp counts
-    rope = RotaryEmbedding(args.context, args.head_dim, device="cuda")
-    c, s = (t.reshape(-1, args.head_dim // 2).contiguous() for t in (rope.cos[pos], rope.sin[pos]))
-    sweep = {}
-    for pairs in (True, False):
-        for values in (2048, 4096, 8192, 16384):
-            for warps in (4, 8):
-                fused_rope.PAIRS, fused_rope.BLOCK_VALUES, fused_rope.NUM_WARPS = pairs, values, warps
-                ms = do_bench(lambda: fused_rope._launch(q.detach(), c, s, args.heads, False), warmup=50, rep=200,
-                              return_mode="median")
-                sweep[f"{'pairs' if pairs else 'split'}/{values}/{warps}"] = round(gbytes / 2 / ms, 3)  # TB/s
     # last (the profiler slows what runs after it): the kernels of one forward+backward, device time in us
     for name, fwd_bwd in runs.items():
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -75,8 +64,7 @@ def main() -> None:
             torch.cuda.synchronize()
         rows[name]["kernels_us"] = [(e.key[:90], e.count, round(e.self_device_time_total, 1))
                                     for e in prof.key_averages() if e.self_device_time_total > 0]
-    print(json.dumps(dict(shape=shape, device=torch.cuda.get_device_name(), torch=torch.__version__, **rows,
-                          kernel_forward_tb_s_by_values_warps=sweep)))
+    print(json.dumps(dict(shape=shape, device=torch.cuda.get_device_name(), torch=torch.__version__, **rows)))
 
 
 if __name__ == "__main__":
