@@ -78,7 +78,7 @@ def test_triton_rope_unaligned_16bit_input_takes_the_row_kernel(seed):
     rope, x, positions = _case((2, 5, 3, 8), (5,), torch.bfloat16, seed)
     shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEVICE)[1:].view(x.shape)  # 2-byte aligned rows
     shifted.copy_(x)
-    assert shifted.data_ptr() % 4 == 2
+    assert shifted.data_ptr() % 4 == 2 and shifted.storage_offset() == 1
     cos, sin = rope.cos[positions], rope.sin[positions]
     torch.testing.assert_close(fused_rope.rotate(shifted, cos, sin).double(), _rotate_fp64(x, cos, sin),
                                rtol=2**-7, atol=1e-6)

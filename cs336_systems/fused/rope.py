@@ -89,7 +89,8 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, heads: int, inverse: bool) -> T
     block_half = triton.next_power_of_2(half)
     block_rows = max(1, BLOCK_VALUES // (2 * block_half))
     grid = (triton.cdiv(n_rows, block_rows),)
-    if x.dtype in _PAIR_DTYPES and x.data_ptr() % 4 == 0:  # 32-bit words need 4-byte aligned rows
+    # 32-bit words need 4-byte aligned rows: an even offset into an (aligned) allocation; data_ptr() would not trace
+    if x.dtype in _PAIR_DTYPES and x.storage_offset() % 2 == 0:
         torch.library.wrap_triton(_rope_pairs_kernel)[grid](
             x, cos, sin, out, n_rows, heads, cos.numel() // half, HALF=half,
             BLOCK_HALF=block_half, BLOCK_ROWS=block_rows, INVERSE=inverse, DTYPE=_PAIR_DTYPES[x.dtype],
