@@ -95,6 +95,14 @@ class SwiGLU(nn.Module):
         return self.w2(silu(self.w1(x)) * self.w3(x))
 
 
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Each pair (x[2k], x[2k+1]) of ``x`` (..., dim) rotated by the angle whose cos / sin are ``cos`` / ``sin``
+    (..., dim/2, broadcast against x), in fp32, rounded once to ``x``'s dtype."""
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al., 2021): rotate each pair (x[2k], x[2k+1]) at position i by i * theta^(-2k/dim).
 
@@ -118,11 +126,7 @@ class RotaryEmbedding(nn.Module):
         """x: (..., dim); token_positions: integer positions broadcastable to ``x.shape[:-1]`` (for x of
         (..., T, dim), positions of (..., T); for (B, T, H, dim), (B, T, 1)). Returns x rotated, same dtype."""
         cos, sin = self.cos[token_positions], self.sin[token_positions]  # (..., dim/2), broadcast against x
-        if self.kernel is not None:
-            return self.kernel(x, cos, sin)
-        x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
-        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
-        return rotated.flatten(-2).to(x.dtype)
+        return (self.kernel or rotate_pairs)(x, cos, sin)
 
 
 def _check_heads_and_window(d_model: int, num_heads: int, num_kv_heads: int | None,

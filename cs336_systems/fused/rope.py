@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
+from cs336_basics.model import RotaryEmbedding, rotate_pairs
+
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 
 
@@ -142,12 +144,10 @@ def _table_layout(x_shape: tuple[int, ...], table_shape: tuple[int, ...]) -> int
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x`` (..., Dh) with pairs (x[2k], x[2k+1]) rotated by the angles of ``cos`` / ``sin`` (..., Dh/2),
     broadcastable against ``x`` as ``RotaryEmbedding.forward`` gathers them; the Triton kernel where the layout
-    allows (:func:`_table_layout`), else the same arithmetic in PyTorch."""
+    allows (:func:`_table_layout`), else the module's own arithmetic (``rotate_pairs``)."""
     heads = _table_layout(tuple(x.shape), tuple(cos.shape)) if cos.shape == sin.shape else None
     if heads is None or x.shape[-1] != 2 * cos.shape[-1] or not (x.is_cuda or _INTERPRETING):
-        x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
-        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
-        return rotated.flatten(-2).to(x.dtype)
+        return rotate_pairs(x, cos, sin)
     half = cos.shape[-1]
     table = lambda t: t.float().reshape(-1, half).contiguous()  # (P, Dh/2): a no-op for the model's tables
     return _rope_rotate(x, table(cos), table(sin), heads, False)
@@ -155,8 +155,6 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def use_triton_rope(model: nn.Module) -> int:
     """Make every ``RotaryEmbedding`` in ``model`` rotate with :func:`rotate`; returns how many it found."""
-    from cs336_basics.model import RotaryEmbedding
-
     found = 0
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):

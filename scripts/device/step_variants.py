@@ -4,10 +4,11 @@
 
 VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default), ``rope-swap`` (RoPE as
 ``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
-stack of two halves), ``rope-triton`` (``cs336_systems.fused.rope``), one of the Inductor options in
-``PATCHES``, or several joined with ``+``. Prints one JSON line: step ms (mean, median), MFU and peak
-GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe (05cc250) compared the bf16
-residual stream and RoPE in the projections' layout this way, before both became the code.
+stack of two halves), one of the Inductor options in ``PATCHES``, or several joined with ``+``; ``--rope triton``
+takes RoPE's Triton kernel (``bench --rope``; session 15's ``rope-triton`` variant). Prints one JSON line: step
+ms (mean, median), MFU and peak GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe
+(05cc250) compared the bf16 residual stream and RoPE in the projections' layout this way, before both became
+the code.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from cs336_basics.model import RotaryEmbedding
 from cs336_systems.bench.e2e import BenchConfig, run_benchmark
+from cs336_systems.fast import ROPE_KERNELS
 
 
 def _rope_swap() -> None:
@@ -30,18 +32,6 @@ def _rope_swap() -> None:
         return (pairs * cos.unsqueeze(-1) + pairs.flip(-1) * signed_sin).flatten(-2).to(x.dtype)
 
     RotaryEmbedding.forward = forward
-
-
-def _rope_triton() -> None:
-    from cs336_systems.fused.rope import rotate
-
-    init = RotaryEmbedding.__init__
-
-    def patched(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.kernel = rotate
-
-    RotaryEmbedding.__init__ = patched
 
 
 def _inductor(**settings):
@@ -61,7 +51,6 @@ def _inductor(**settings):
 PATCHES = {
     "base": lambda: None,
     "rope-swap": _rope_swap,
-    "rope-triton": _rope_triton,  # cs336_systems.fused.rope (session 15)
     # compiler options (session 15): programmatic dependent launch between Inductor's kernels; per-kernel tuning
     # of block sizes by coordinate descent (which also tunes the norm backward's split); the norm backward's
     # rows per program (16 by default at xl/2048: 512 partial sums of the gain's gradient, then an aten::sum);
@@ -84,6 +73,7 @@ def main() -> None:
     parser.add_argument("--context-length", type=int, default=2048)
     parser.add_argument("--compile-scope", default="blocks", choices=("model", "blocks"))
     parser.add_argument("--residual-dtype", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--rope", default="torch", choices=ROPE_KERNELS)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     for name in args.variant.split("+"):
@@ -92,11 +82,12 @@ def main() -> None:
         PATCHES[name]()
     cfg = BenchConfig(preset=args.preset, context_length=args.context_length, precision="bf16", compile=True,
                       compile_scope=args.compile_scope, attention="flash_auto", optimizer="fused", loss="unfused",
-                      cuda_graph=True, warmup=3, steps=args.steps, residual_dtype=args.residual_dtype)
+                      cuda_graph=True, warmup=3, steps=args.steps, residual_dtype=args.residual_dtype,
+                      rope=args.rope)
     rec = run_benchmark(cfg)
     times = rec.get("step_times_ms", [float("nan")])
     print(json.dumps(dict(variant=args.variant, preset=args.preset, context=args.context_length,
-                          scope=args.compile_scope, residual=args.residual_dtype, status=rec["status"],
+                          scope=args.compile_scope, residual=args.residual_dtype, rope=args.rope, status=rec["status"],
                           step_mean_ms=statistics.mean(times), step_median_ms=statistics.median(times),
                           mfu=rec.get("mfu"), peak_gib=rec.get("peak_memory_gib"), torch=torch.__version__)))
 
