@@ -1,8 +1,9 @@
 """The 2026 leaderboard (handout section 9): one full training step of the ``8b`` model.
 
 The step is the handout's: ``BasicsTransformerLM`` in bf16 (parameters, gradients and AdamW state all
-bf16, as its ``Config`` prescribes), causal, batch 2 x 32,768, forward, summed cross-entropy, backward,
-AdamW. The model's inputs and outputs are unchanged; what we change is how the step is computed:
+bf16, as its ``Config`` prescribes), causal, batch 2 x 32,768, forward, cross-entropy (the mean over the
+batch's tokens), backward, AdamW. The model's inputs and outputs are unchanged; what we change is how the
+step is computed:
 
 - attention through our FlashAttention-2 kernel (``attention`` backend, ``flash_triton`` by default);
 - the LM head and the loss fused over vocabulary chunks (no batch x seq x vocab logits);
@@ -12,6 +13,13 @@ AdamW. The model's inputs and outputs are unchanged; what we change is how the s
 
 ``impl="naive"`` is the handout's own step at the same size (full logits, reference attention, our
 foreach AdamW): on one GPU at full size it runs out of memory, which is recorded as its result.
+
+``nproc > 1`` runs the same step data parallel, one slice of the batch per process (one sequence per GPU
+at the handout's batch of 2): ``parallel="zero1"`` (the default) all-reduces the bf16 gradients in buckets
+during backward and shards the AdamW state over the ranks (each rank updates the parameters it owns and
+broadcasts them); ``"bucketed"`` keeps a full optimizer on every rank. Each rank's loss is the mean over its
+tokens, so the averaged gradient is the whole batch's mean loss's gradient, as in one process. The memory
+plan is per rank; the step time is the slowest rank's, over the same number of steps on every rank.
 
 The plan is arithmetic on the configuration (bytes per tensor class), printed before any allocation;
 a configuration that does not fit is refused with a ``ValueError``. The record puts the measured peak
@@ -32,6 +40,7 @@ from cs336_systems.records.schema import LEADERBOARD_2026, LEADERBOARD_2026_QUAL
 
 PROBLEM, QUALITY_PROBLEM = LEADERBOARD_2026, LEADERBOARD_2026_QUALITY
 IMPLS = ("ours", "naive")
+PARALLEL = ("zero1", "bucketed")  # data-parallel layouts of --nproc > 1 (cs336_systems.parallel.strategies)
 HANDOUT_WARMUP_MS, HANDOUT_REP_MS = 10_000.0, 30_000.0  # the handout's do_bench arguments
 GIB = 2**30
 
@@ -59,6 +68,9 @@ class LeaderboardConfig:
     memory_margin: float = 0.10  # the plan leaves this fraction of device memory free (the target is 5%)
     seed: int = 0
     rounding: str = "stochastic"  # how ours stores bf16 parameters and AdamW moments: stochastic or nearest
+    nproc: int = 1  # data-parallel processes (one GPU each); the batch is split among them
+    parallel: str = "zero1"  # the data-parallel layout when nproc > 1 (PARALLEL)
+    bucket_size_mb: float = 256.0  # gradient all-reduce buckets (MiB)
 
     def __post_init__(self):
         if self.impl not in IMPLS:
@@ -75,6 +87,16 @@ class LeaderboardConfig:
             raise ValueError(f"leaderboard: rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
         if not 0.0 <= self.memory_margin < 1.0:
             raise ValueError(f"leaderboard: memory_margin must lie in [0, 1), got {self.memory_margin!r}")
+        if not isinstance(self.nproc, int) or isinstance(self.nproc, bool) or self.nproc < 1:
+            raise ValueError(f"leaderboard: nproc must be a positive integer, got {self.nproc!r}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"leaderboard: parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
+        if not (isinstance(self.bucket_size_mb, int | float) and math.isfinite(self.bucket_size_mb)
+                and self.bucket_size_mb > 0):
+            raise ValueError(f"leaderboard: bucket_size_mb must be a positive number, got {self.bucket_size_mb!r}")
+        if self.nproc > 1 and self.impl != "ours":
+            raise ValueError(f"leaderboard: --nproc {self.nproc} runs our step only; the handout's naive step is "
+                             "single-process (impl ours)")
 
     @property
     def torch_device(self) -> torch.device:
@@ -93,7 +115,16 @@ class LeaderboardConfig:
             cfg = cfg.replace(**MINIATURE)
         overrides = {k: v for k, v in dict(num_layers=self.layers, context_length=self.context_length,
                                            batch_size=self.batch_size).items() if v is not None}
-        return cfg.replace(**overrides)
+        cfg = cfg.replace(**overrides)
+        if cfg.batch_size % self.nproc:
+            raise ValueError(f"leaderboard: the batch of {cfg.batch_size} sequences does not split evenly over "
+                             f"{self.nproc} processes; use --batch-size a multiple of --nproc")
+        return cfg
+
+    def rank_model_config(self) -> ModelConfig:
+        """The model configuration one process runs: the batch divided among the ``nproc`` processes."""
+        cfg = self.model_config()
+        return cfg.replace(batch_size=cfg.batch_size // self.nproc)
 
 
 # --- the memory plan ---------------------------------------------------------------------------
@@ -156,13 +187,16 @@ def block_saved_bytes_per_token(cfg: ModelConfig) -> int:
 
 def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | None = None,
                 margin: float = 0.10, loss_chunk_bytes: int = 2**30,
-                block_saved_bytes: int | None = None) -> MemoryPlan:
-    """The memory plan of one step of ``cfg`` (bf16 everything; see the module docstring).
+                block_saved_bytes: int | None = None, optimizer_shards: int = 1,
+                comm_bytes: int = 0) -> MemoryPlan:
+    """The memory plan of one step of ``cfg`` on one process (bf16 everything; see the module docstring).
 
     ``ours`` checkpoints every block but the last ``k``, with ``k`` as large as ``device_bytes`` allows
     after ``margin``; ``naive`` saves every block's activations and the full logits (fp32 log-softmax too).
     ``block_saved_bytes``: one block's saved activations as measured (:func:`measure_block_saved_bytes`);
-    ``None`` estimates them (:func:`block_saved_bytes_per_token`).
+    ``None`` estimates them (:func:`block_saved_bytes_per_token`). Data parallel: ``cfg`` carries the
+    process's share of the batch, ``optimizer_shards`` ranks share the AdamW state (zero1), and
+    ``comm_bytes`` is the communication buffers' share (gradient buckets, parameter broadcasts).
     """
     n_params = count_parameters(cfg)
     el = 2  # bf16
@@ -173,8 +207,9 @@ def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | Non
     # The backward of one block holds its saved tensors, their gradients (about as large) and the
     # residual-stream gradient; the attention kernel's fp32 dQ accumulator is 2x a bf16 q.
     recompute_peak = 2 * per_block_saved + 2 * residual + tokens * cfg.d_model * 4
-    workspace = 2 * GIB if device_bytes is not None else 0
-    common = dict(parameters=n_params * el, gradients=n_params * el, optimizer_state=2 * n_params * el,
+    workspace = (2 * GIB if device_bytes is not None else 0) + comm_bytes
+    common = dict(parameters=n_params * el, gradients=n_params * el,
+                  optimizer_state=-(-2 * n_params * el // optimizer_shards),
                   workspace=workspace, device_bytes=device_bytes, block_saved=per_block_saved,
                   block_saved_measured=measured)
     if impl == "naive":
@@ -230,7 +265,10 @@ def check_fits(plan: MemoryPlan, margin: float) -> None:
 
 @dataclass
 class Step:
-    """A built training step: ``run()`` does one full step; the phases are exposed for the breakdown."""
+    """A built training step: ``run()`` does one full step; the phases are exposed for the breakdown.
+
+    Data parallel, ``ddp`` is the wrapper around ``model``: it averages the gradients over the ranks during
+    backward (each rank's loss is the mean over its own tokens)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -238,9 +276,16 @@ class Step:
     targets: torch.Tensor
     impl: str
     own_names: dict[str, str] | None = None  # wrapped state-dict key -> the model's own (checkpointed blocks)
+    ddp: torch.nn.Module | None = None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ddp is not None:
+            self.ddp.on_train_batch_start()
 
     def forward(self) -> torch.Tensor:
-        return self.model(self.inputs)  # ours: final hidden states (the head is deferred to the loss)
+        # ours: final hidden states (the head is deferred to the loss)
+        return (self.model if self.ddp is None else self.ddp)(self.inputs)
 
     def loss(self, out: torch.Tensor) -> torch.Tensor:
         if self.impl == "naive":
@@ -251,14 +296,28 @@ class Step:
 
         return linear_cross_entropy(out, self.model.lm_head.weight, self.targets)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        if self.ddp is not None:
+            self.ddp.finish_gradient_synchronization()
+
     def run(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.loss(self.forward()).backward()
+        self.zero_grad()
+        self.backward(self.loss(self.forward()))
         self.optimizer.step()
 
 
-def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
-    """The model (bf16, causal), its optimizer and one random batch, as the handout's test builds them."""
+def in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def build_step(cfg: LeaderboardConfig, plan: MemoryPlan, rank: int = 0) -> Step:
+    """The model (bf16, causal), its optimizer and one random batch, as the handout's test builds them.
+
+    Inside a process group (of ``cfg.nproc`` processes; one under ``torchrun --nproc-per-node 1`` runs the same
+    code) the model is wrapped by ``cfg.parallel``'s strategy and this ``rank`` takes its slice of the batch."""
     import cs336_systems.attention  # noqa: F401  (registers our kernels' backend names)
     from cs336_basics.model import BasicsTransformerLM
     from cs336_systems.bench.checkpointing import CheckpointedBlocks, own_state_names
@@ -268,6 +327,8 @@ def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention_backend, device=device,
                                 dtype=torch.bfloat16, check_inputs=False)
     data = torch.randint(model_cfg.vocab_size, (2, model_cfg.batch_size, model_cfg.context_length), device=device)
+    per_rank = model_cfg.batch_size // cfg.nproc
+    data = data[:, rank * per_rank:(rank + 1) * per_rank].contiguous()
     inputs, targets = data[0], data[1]
     if cfg.impl == "naive":
         from cs336_basics.optimizer import AdamW
@@ -284,8 +345,15 @@ def build_step(cfg: LeaderboardConfig, plan: MemoryPlan) -> Step:
             m.layers[i] = CheckpointedBlocks([m.layers[i]])
 
     own_names = own_state_names(model, checkpoint_first_blocks)
-    optimizer = FusedAdamW(model.parameters(), stochastic_rounding=cfg.rounding == "stochastic", seed=cfg.seed)
-    return Step(model, optimizer, inputs, targets, cfg.impl, own_names)
+    adamw = dict(stochastic_rounding=cfg.rounding == "stochastic", seed=cfg.seed)
+    if not in_process_group():
+        return Step(model, FusedAdamW(model.parameters(), **adamw), inputs, targets, cfg.impl, own_names)
+    from cs336_systems.parallel.strategies import WrapOptions, get_strategy
+
+    strategy = get_strategy(cfg.parallel)
+    ddp = strategy.wrap(model, WrapOptions(bucket_size_mb=cfg.bucket_size_mb))
+    optimizer = strategy.make_optimizer(model.parameters(), FusedAdamW, **adamw)
+    return Step(model, optimizer, inputs, targets, cfg.impl, own_names, ddp=ddp)
 
 
 def _sync(device: torch.device) -> None:
@@ -298,7 +366,7 @@ def phase_breakdown(step: Step, device: torch.device, repeats: int = 2) -> dict[
     between two synchronisations (so the phases add up to slightly more than a step)."""
     times: dict[str, list[float]] = {"forward": [], "loss": [], "backward": [], "optimizer": []}
     for _ in range(repeats):
-        step.optimizer.zero_grad(set_to_none=True)
+        step.zero_grad()
         marks = [time.perf_counter()]
         out = step.forward()
         _sync(device)
@@ -306,7 +374,7 @@ def phase_breakdown(step: Step, device: torch.device, repeats: int = 2) -> dict[
         loss = step.loss(out)
         _sync(device)
         marks.append(time.perf_counter())
-        loss.backward()
+        step.backward(loss)
         _sync(device)
         marks.append(time.perf_counter())
         step.optimizer.step()
@@ -338,6 +406,41 @@ def bench_ms(fn, device: torch.device, warmup_ms: float, rep_ms: float) -> float
     return sorted(times)[len(times) // 2]
 
 
+def bench_ms_ranks(fn, device: torch.device, warmup_ms: float, rep_ms: float, min_reps: int = 3) -> float:
+    """``bench_ms`` for a step that runs in every process of a group: every rank runs the same number of
+    steps (counts from the slowest rank's estimate, as do_bench derives them from its own), each step timed
+    between synchronisations; a step's time is the slowest rank's, and the result their median."""
+    import torch.distributed as dist
+
+    def timed() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        return (time.perf_counter() - t0) * 1e3
+
+    timed()  # the first step compiles and allocates
+    estimate = torch.tensor([timed()], dtype=torch.float64, device=device)
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+    for _ in range(max(0, int(warmup_ms / float(estimate)) - 1)):
+        fn()
+    times = torch.tensor([timed() for _ in range(max(min_reps, int(rep_ms / float(estimate))))],
+                         dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return float(times.median())
+
+
+def _reduce(value: float, op: str, device: torch.device) -> float:
+    """``value`` combined over the process group (``"max"`` or ``"sum"``); itself outside one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return float(t)
+
+
 def device_memory_bytes(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
@@ -357,28 +460,58 @@ def compile_cache_files() -> int:
     return sum(1 for d in map(Path, dirs) if d.is_dir() for f in d.rglob("*") if f.is_file())
 
 
+def comm_buffer_bytes(cfg: LeaderboardConfig, model_cfg: ModelConfig) -> int:
+    """Transient communication buffers of one data-parallel rank: two gradient buckets being packed and
+    reduced, and (zero1) the parameter broadcasts in flight (``ShardedOptimizer``'s default buckets), none
+    larger than all the bf16 gradients together."""
+    if cfg.nproc == 1:
+        return 0
+    grads = 2 * count_parameters(model_cfg)
+    broadcasts = min(2 * 64 * 2**20, grads) if cfg.parallel == "zero1" else 0
+    return min(int(2 * cfg.bucket_size_mb * 2**20), grads) + broadcasts
+
+
 def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
-    """Plan, build, time and measure one configuration; returns its record (``status`` ``ok`` or ``OOM``)."""
+    """Plan, build, time and measure one configuration; returns its record (``status`` ``ok`` or ``OOM``).
+
+    Inside a process group of ``cfg.nproc`` processes (``run_distributed``) every process calls this; each
+    returns the same record (times, peak memory and the matmul peak combined over the ranks). An
+    out-of-memory error there is raised, not recorded: the other ranks would wait for it in a collective."""
+    import torch.distributed as dist
+
     started = time.perf_counter()
     cache_files = compile_cache_files()
-    device, model_cfg = cfg.torch_device, cfg.model_config()
-    plan = plan_memory(model_cfg, impl=cfg.impl, device_bytes=device_memory_bytes(device), margin=cfg.memory_margin)
+    device, model_cfg, rank_cfg = cfg.torch_device, cfg.model_config(), cfg.rank_model_config()
+    distributed = in_process_group()
+    if (dist.get_world_size() if distributed else 1) != cfg.nproc:
+        raise ValueError(f"leaderboard: nproc={cfg.nproc} runs inside a process group of that size (cs336-systems "
+                         "leaderboard --nproc N starts one, or torchrun --nproc-per-node N)")
+    rank = dist.get_rank() if distributed else 0
+    log = log if rank == 0 else (lambda *a, **k: None)
+    shards = dict(optimizer_shards=cfg.nproc if distributed and cfg.parallel == "zero1" else 1,
+                  comm_bytes=comm_buffer_bytes(cfg, model_cfg))
+    plan = plan_memory(rank_cfg, impl=cfg.impl, device_bytes=device_memory_bytes(device), margin=cfg.memory_margin,
+                       **shards)
+    where = f"{cfg.nproc} processes ({cfg.parallel}), {device.type}" if distributed else str(device)
     log(f"leaderboard: {cfg.impl} step of {model_cfg.name} ({model_cfg.num_layers} layers, batch "
-        f"{model_cfg.batch_size} x {model_cfg.context_length}, bf16) on {device}")
-    log(plan.describe())
+        f"{model_cfg.batch_size} x {model_cfg.context_length}, bf16) on {where}")
+    per = "per process " if distributed else ""
+    log(per + plan.describe())
     tokens = model_cfg.batch_size * model_cfg.context_length
     record = {"impl": cfg.impl, "preset": model_cfg.name, "layers": model_cfg.num_layers,
               "context_length": model_cfg.context_length, "batch_size": model_cfg.batch_size,
               "d_model": model_cfg.d_model, "vocab_size": model_cfg.vocab_size,
               "attention": cfg.attention_backend, **({"rounding": cfg.rounding} if cfg.impl == "ours" else {}),
+              "nproc": cfg.nproc, **({"parallel": cfg.parallel, "bucket_size_mb": cfg.bucket_size_mb}
+                                     if distributed else {}),
               "compile_cache_files_at_start": cache_files,
               "warmup_ms": cfg.warmup_ms, "rep_ms": cfg.rep_ms, **plan.as_record()}
     if cfg.impl == "ours":
         check_fits(plan, cfg.memory_margin)  # on the estimate: refuse before allocating anything
-        saved = measure_block_saved_bytes(model_cfg, device, cfg.attention_backend)
-        plan = plan_memory(model_cfg, device_bytes=plan.device_bytes, margin=cfg.memory_margin,
-                           block_saved_bytes=saved)
-        log("with one block's saved activations measured:\n" + plan.describe())
+        saved = measure_block_saved_bytes(rank_cfg, device, cfg.attention_backend)
+        plan = plan_memory(rank_cfg, device_bytes=plan.device_bytes, margin=cfg.memory_margin,
+                           block_saved_bytes=saved, **shards)
+        log("with one block's saved activations measured:\n" + per + plan.describe())
         check_fits(plan, cfg.memory_margin)
         record.update(plan.as_record())
     if device.type == "cuda":
@@ -386,14 +519,20 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     step = None
     try:
-        step = build_step(cfg, plan)
-        step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
+        step = build_step(cfg, plan, rank)
+        if distributed:
+            step_ms = bench_ms_ranks(step.run, device, cfg.warmup_ms, cfg.rep_ms)
+        else:
+            step_ms = bench_ms(step.run, device, cfg.warmup_ms, cfg.rep_ms)
         phases = phase_breakdown(step, device, repeats=1 if step_ms > 5000 or device.type == "cpu" else 3)
+        phases = {k: _reduce(v, "max", device) for k, v in phases.items()}
         peak_memory = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+        if peak_memory is not None:
+            peak_memory = _reduce(peak_memory, "max", device)  # the fullest rank's
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as err:  # an allocator's failure (is_oom)
         from cs336_systems.bench.e2e import is_oom
 
-        if not is_oom(err):
+        if distributed or not is_oom(err):
             raise
         log(f"leaderboard: {cfg.impl}: out of memory ({str(err).splitlines()[0][:120]})")
         return {**record, "status": "OOM", "error": str(err).splitlines()[0][:300],
@@ -403,7 +542,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     flops = training_flops_per_token(model_cfg, model_cfg.context_length, causal=True) * tokens
     from cs336_systems.profiling.timing import matmul_peak_tflops
 
-    peak_tflops = matmul_peak_tflops(device.type, torch.bfloat16)
+    peak_tflops = _reduce(matmul_peak_tflops(device.type, torch.bfloat16), "sum", device)  # all GPUs' together
     achieved = flops / (step_ms * 1e-3) / 1e12
     record.update(status="ok", step_ms=step_ms, tokens_per_s=tokens / (step_ms * 1e-3), model_tflop=flops / 1e12,
                   achieved_tflops=achieved, matmul_peak_tflops=peak_tflops, mfu=achieved / peak_tflops,
@@ -420,7 +559,7 @@ def compare_logits(cfg: LeaderboardConfig) -> dict:
     from cs336_basics.nn_utils import cross_entropy
 
     device, model_cfg = cfg.torch_device, cfg.model_config()
-    ours = build_step(dataclasses.replace(cfg, impl="ours"), plan_memory(model_cfg))
+    ours = build_step(dataclasses.replace(cfg, impl="ours", nproc=1), plan_memory(model_cfg))
     torch.manual_seed(cfg.seed)
     naive = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend="reference", device=device,
                                 dtype=torch.bfloat16, check_inputs=False)
@@ -502,3 +641,9 @@ def quality_guard(device: torch.device | str, *, preset: str = "small", steps: i
             "seed": seed, "stochastic_rounding": stochastic_rounding,
             "final_loss_bf16": final["bf16"], "final_loss_fp32_master": final["fp32_master"],
             "relative_difference": final["bf16"] / final["fp32_master"] - 1.0}
+
+
+def run_leaderboard_ranks(info, configs: list[LeaderboardConfig]) -> list[dict]:
+    """One process of a data-parallel leaderboard run (``process_group.run_distributed``'s worker): every
+    configuration in turn; rank 0 logs."""
+    return [run_leaderboard(cfg) for cfg in configs]

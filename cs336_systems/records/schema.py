@@ -219,8 +219,8 @@ _kind(TRAINING_STEP, "bench --problem training_step rows (--impl ours or peer), 
 _kind(LEADERBOARD_2026, "cs336-systems leaderboard: one 8B training step (ours or the handout's naive one), its "
       "memory plan and, with --check-logits, the comparison with the handout's model",
       {**_f("impl preset status", STR), **_f("layers context_length batch_size", INT)},
-      {**_f("d_model vocab_size plan_uncheckpointed_blocks compile_cache_files_at_start", INT),
-       **_f("attention error rounding", STR),
+      {**_f("d_model vocab_size plan_uncheckpointed_blocks compile_cache_files_at_start nproc", INT),
+       **_f("attention error rounding parallel", STR), "bucket_size_mb": NUM,
        **_f("warmup_ms rep_ms step_ms tokens_per_s model_tflop achieved_tflops matmul_peak_tflops mfu "
             "peak_memory_gib device_memory_gib wall_s forward_ms loss_ms backward_ms optimizer_ms "
             "logits_rel_error loss_ours loss_reference", NUM),
