@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The 2026 leaderboard (issue 20) in one device call on an H200, everything under $OUT:
-#   CS336_GIT_COMMIT=<commit> bash scripts/device/leaderboard.sh [cold] [reduced] [full] [guard] [shapes] [tests]
+#   CS336_GIT_COMMIT=<commit> bash scripts/device/leaderboard.sh [cold] [reduced] [full] [dp] [guard] [shapes] [tests]
 # reduced: 2 layers at context 8192 with the logits check; full: the handout's naive step (its OOM) and ours at
-# full size (FULL_IMPLS, FULL_ARGS); guard: the bf16 quality guard (small, 300 steps) for each of GUARD_SEEDS (with
-# GUARD_ARGS, e.g. --rounding nearest); cold: TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR start empty; tests: the
+# full size (FULL_IMPLS, FULL_ARGS); dp: ours data parallel under torchrun on DP_NPROC GPUs (default: all there
+# are; on one GPU the same code in a group of one, e.g. DP_ARGS="--batch-size 1" for one GPU's share of two);
+# guard: the bf16 quality guard (small, 300 steps) for each of GUARD_SEEDS (with GUARD_ARGS, e.g. --rounding nearest); cold: TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR start empty; tests: the
 # GPU tests of what the step uses; shapes: issue 18's attention shapes against the SDPA backends (SHAPE_IMPLS).
 set -u
 OUT=${OUT:-/tmp/leaderboard-out}; mkdir -p "$OUT/results"
@@ -19,6 +20,9 @@ for s in "$@"; do
                2>&1 | tee "$OUT/log-reduced.txt" | grep -E "logits|^\| ours|error" ;;
     full) timeout "${LIMIT_full:-330}" bash -c "$(declare -f lb); OUT=$OUT; lb --impl ${FULL_IMPLS:-naive ours} ${FULL_ARGS:-}" 2>&1 \
             | tee "$OUT/log-full.txt" | grep -vE "^\|:|^  " ;;
+    dp) timeout "${LIMIT_dp:-330}" python3 -m torch.distributed.run --standalone \
+          --nproc-per-node "${DP_NPROC:-$(nvidia-smi -L | wc -l)}" -m cs336_systems leaderboard \
+          --results-dir "$OUT/results" ${DP_ARGS:-} 2>&1 | tee "$OUT/log-dp.txt" | grep -vE "^\|:|^  " ;;
     guard) for seed in ${GUARD_SEEDS:-0}; do
              timeout "${LIMIT_guard:-100}" bash -c "$(declare -f lb); OUT=$OUT; lb --quality-check --seed $seed --layers 1 \
                --context-length 1024 ${GUARD_ARGS:-}" 2>&1 | tee -a "$OUT/log-guard.txt" | grep -E "quality|error"
