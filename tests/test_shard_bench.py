@@ -501,3 +501,32 @@ def test_cli_passes_pair_with_none(monkeypatch):
     assert shard_bench.run(_cli("--variants", "none", "fsdp", "--pair-with-none")) == 0
     assert shard_bench.run(_cli("--variants", "none", "fsdp")) == 0
     assert [c.pair_with_none for c in seen] == [True, False]
+
+
+def _plain_worker(info, cfg):
+    return sh.shard_bench_worker(info, cfg)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_and_fused_adamw_train_as_eager():
+    """Every wrapper and its PyTorch peer with compiled blocks and fused AdamW (issue 22's configuration) on 2 gloo
+    ranks: the same losses as eager foreach AdamW, step for step (fp32; the second loss is after one update)."""
+    variants = ("ddp", "torch-ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
+    rows = {}
+    for compiled in (False, True):
+        cfg = sh.ShardBenchConfig(**CFG, variants=variants, precision="fp32", memory_steps=1, compile=compiled,
+                                  optimizer="fused" if compiled else "foreach")
+        rows[compiled] = sh.summarize(cfg, spawn(_plain_worker, 2, (cfg,), timeout_s=300), "gloo")
+    for eager, compiled in zip(rows[False], rows[True], strict=True):
+        assert compiled["status"] == "ok" and compiled["compile"] and compiled["optimizer"] == "fused"
+        assert compiled["losses_rank0"] == pytest.approx(eager["losses_rank0"], rel=1e-4), compiled["variant"]
+
+
+def test_cli_passes_compile_and_optimizer(monkeypatch):
+    seen = []
+    monkeypatch.setattr(shard_bench, "run_shard_bench", lambda cfg: seen.append(cfg))
+    assert shard_bench.run(_cli("--compile", "--optimizer", "fused")) == 0
+    assert shard_bench.run(_cli()) == 0
+    assert [(c.compile, c.optimizer) for c in seen] == [(True, "fused"), (False, "foreach")]
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        sh.ShardBenchConfig(**CFG, optimizer="adam8bit")

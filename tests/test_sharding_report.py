@@ -52,3 +52,29 @@ def test_report_ratio_prefers_pairs():
     del rows["ddp"]["pair_ratio"]  # only one side paired: back to the rounds
     ratio, how = _ratio(rows["zero1"], rows["ddp"])
     assert ratio == pytest.approx(statistics.median([400.0 / 360.0, 400.0 / 390.0])) and "rounds" in how
+
+
+def test_compiled_peers_get_their_own_table_and_targets():
+    from cs336_systems.report.sections.sharding import _compiled_peers, _latest_run
+
+    class Ctx:
+        def __init__(self):
+            self.rows = []
+
+        def versus(self, *args):
+            self.rows.append(args)
+
+    prov = {"device": "NVIDIA H200", "date": "2026-12-01T00:00:00Z"}
+    steps = {"none": 100.0, "ddp": 104.0, "torch-ddp": 106.0, "zero1": 103.0, "torch-zero": 101.0, "fsdp": 110.0,
+             "torch-fsdp2": 112.0}
+    run = [{"variant": v, "status": "ok", "step_ms": ms, "provenance": prov, "compile": True, "optimizer": "fused",
+            "preset": "xl", "context_length": 512, "precision": "bf16", "world_size": 2} for v, ms in steps.items()]
+    ctx = Ctx()
+    text = "\n".join(_compiled_peers(ctx, run))
+    assert "context 512" in text and "| torch-fsdp2 |" in text
+    verdicts = {what.split(" (")[0]: (ratio, goal) for _, what, _, _, ratio, goal in ctx.rows}
+    assert verdicts["ddp vs torch-ddp, compiled blocks, fused AdamW"] == (pytest.approx(104 / 106), "<= 1.00x (met)")
+    assert verdicts["zero1 vs torch-zero, compiled blocks, fused AdamW"][1] == "<= 1.00x (NOT met)"
+    best = verdicts["best of ours"]
+    assert best[0] == pytest.approx(1.03) and best[1] == "<= 1.05x (met)"
+    assert _latest_run(run, "bf16", 2) == []  # never the accounting tables' run

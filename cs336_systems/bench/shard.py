@@ -2,15 +2,19 @@
 problems ``optimizer_state_sharding_accounting`` and ``fsdp_accounting``).
 
 Variants (each built afresh on every rank, so its memory after construction is its own):
-``none`` (plain model + AdamW: the single-GPU step), ``ddp`` (our bucketed DDP), ``zero1`` (the same +
-``ShardedOptimizer``), ``torch-zero`` (PyTorch DDP + ``ZeroRedundancyOptimizer``), ``fsdp`` (our
-FSDP), ``torch-fsdp2`` (``fully_shard`` per block and root); ``torch.optim.AdamW(foreach=True)``
-everywhere. Per variant: warm-up, timed steps synchronised only at their ends (``bench.harness``),
-then memory steps synchronised between phases to read the allocator, then one profiled step.
-``rounds`` repeats the variant list and ``pair_with_none`` times each variant in pairs with a plain
-single-GPU model, so host-speed drift cancels in the ratios. Memory counters are allocator values on
-GPUs and None on a CPU (nothing to ask); ``*_net_gib`` subtract what was allocated when the variant
-started. Method and history: docs/sharding.md ("Reproducing the measurements").
+``none`` (plain model + AdamW: the single-GPU step), ``ddp`` (our bucketed DDP), ``torch-ddp`` (PyTorch
+DDP), ``zero1`` (our DDP + ``ShardedOptimizer``), ``torch-zero`` (PyTorch DDP + ``ZeroRedundancyOptimizer``),
+``fsdp`` (our FSDP), ``torch-fsdp2`` (``fully_shard`` per block and root); ``torch.optim.AdamW`` everywhere,
+``foreach`` or ``fused`` (``optimizer``). ``compile`` compiles every Transformer block's forward before the
+model is wrapped (regional compilation, as torchtitan does before FSDP2), so every wrapper's hooks stay
+outside the compiled code and each variant and its PyTorch peer run the same compiled blocks.
+
+Per variant: warm-up, timed steps synchronised only at their ends (``bench.harness``), then memory
+steps synchronised between phases to read the allocator, then one profiled step. ``rounds`` repeats the
+variant list and ``pair_with_none`` times each variant in pairs with a plain single-GPU model, so
+host-speed drift cancels in the ratios. Memory counters are allocator values on GPUs and None on a CPU
+(nothing to ask); ``*_net_gib`` subtract what was allocated when the variant started. Method and
+history: docs/sharding.md ("Reproducing the measurements").
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
 from cs336_systems.records.schema import ABS_MEMORY_KEYS, SHARD_PROBLEM, net_key
 
 PROBLEM = SHARD_PROBLEM  # records of every variant (FSDP's too) live here
-VARIANTS = ("none", "ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
+VARIANTS = ("none", "ddp", "torch-ddp", "zero1", "torch-zero", "fsdp", "torch-fsdp2")
 PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("foreach", "fused")  # torch.optim.AdamW's implementation in every variant
 GIB = 2**30
 LEFTOVER_WARN_GIB = 0.25  # more than this allocated (or retained) between variants is reported
 TIMING = "ends-synced-aligned"  # the records' ``timing``: synchronised at a step's ends, ranks aligned before it
@@ -63,9 +68,15 @@ class ShardBenchConfig:
     attention: str = "reference"
     device: str | None = None
     timeout_s: float = 900.0
+    compile: bool = False  # torch.compile every Transformer block's forward (see the module docstring)
+    optimizer: str = "foreach"  # OPTIMIZERS
 
     def __post_init__(self):
         get_preset(self.preset)
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"shard-bench: compile must be a bool, got {self.compile!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"shard-bench: unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         bad = [v for v in (*self.variants, *self.profile) if v not in VARIANTS]
         if bad:
             raise ValueError(f"shard-bench: unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
@@ -136,8 +147,18 @@ def _minus(a: float | None, b: float | None) -> float | None:
 
 
 # shard-bench variant -> parallel strategy (``ddp`` is the bucketed strategy at its default 25 MiB buckets)
-VARIANT_STRATEGY = {"none": "none", "ddp": "bucketed", "zero1": "zero1", "torch-zero": "torch-zero", "fsdp": "fsdp",
-                    "torch-fsdp2": "torch-fsdp2"}
+VARIANT_STRATEGY = {"none": "none", "ddp": "bucketed", "torch-ddp": "torch-ddp", "zero1": "zero1",
+                    "torch-zero": "torch-zero", "fsdp": "fsdp", "torch-fsdp2": "torch-fsdp2"}
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Compile the forward of every Transformer block in place (module hooks, such as FSDP's gathers, stay eager
+    around it; the parameters stay the same objects, so hooks on them are unaffected)."""
+    from cs336_basics.model import TransformerBlock
+
+    for block in model.modules():
+        if isinstance(block, TransformerBlock):
+            block.forward = torch.compile(block.forward)
 
 
 def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
@@ -146,6 +167,8 @@ def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
     torch.manual_seed(0)
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention, check_inputs=False,
                                 device=device)
+    if cfg.compile:
+        compile_blocks(model)
     strategy = get_strategy(VARIANT_STRATEGY[variant])
     # Under bf16 the FSDP variants gather weights *and* reduce gradients in bf16 (FSDP2's default when
     # only param_dtype is set; half the traffic), as the recorded measurements were taken; zero1's BucketedDDP
@@ -153,7 +176,8 @@ def _build(cfg: ShardBenchConfig, variant: str, device: torch.device):
     dtype = torch.bfloat16 if cfg.precision == "bf16" else None
     wrapped = strategy.wrap(model, WrapOptions(compute_dtype=dtype if strategy.shards_gradients else None,
                                                reduce_dtype=dtype))
-    opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1, foreach=True)
+    opt = strategy.make_optimizer(model.parameters(), torch.optim.AdamW, lr=1e-5, weight_decay=0.1,
+                                  **{cfg.optimizer: True})
     return wrapped, opt, wrapped.finish_gradient_synchronization, model
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from cs336_systems.bench.harness import markdown_table
-from cs336_systems.bench.shard import PRECISIONS, PROBLEM, VARIANTS, ShardBenchConfig, run_shard_bench
+from cs336_systems.bench.shard import OPTIMIZERS, PRECISIONS, PROBLEM, VARIANTS, ShardBenchConfig, run_shard_bench
 from cs336_systems.commands.ddp_bench import CPU_CONTEXT_LENGTH, CPU_PRESET, GPU_PRESET, world_size_from
 from cs336_systems.parallel.process_group import under_torchrun
 from cs336_systems.records import write_records
@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the profiled step records CPU activity too and every rank writes its trace (needs "
                         "--trace-dir); the kernel metrics are unchanged")
     p.add_argument("--attention", default="reference")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every Transformer block's forward before wrapping (regional compilation)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="foreach",
+                   help="torch.optim.AdamW's implementation in every variant (fused: as its best users run it)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("--results-dir", default="results")
@@ -77,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                            warmup=args.warmup, steps=args.steps, memory_steps=args.memory_steps,
                            rounds=args.rounds, pair_with_none=args.pair_with_none,
                            profile=tuple(args.profile or ()), profile_cpu=args.profile_cpu, trace_dir=args.trace_dir,
-                           attention=args.attention, device=args.device, timeout_s=args.timeout_s)
+                           attention=args.attention, device=args.device, timeout_s=args.timeout_s,
+                           compile=args.compile, optimizer=args.optimizer)
     if not under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
         print(f"shard-bench: {len(cfg.variants)} variants x {cfg.rounds} round(s), {cfg.precision}, preset {preset}, "
               f"context {context}, batch {args.batch_size}/rank on {world} "

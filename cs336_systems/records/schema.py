@@ -288,7 +288,7 @@ _kind(SHARD_PROBLEM, "cs336-systems shard-bench: one sharding variant's training
        "local_param_numel_per_rank": LIST,
        **_f("losses_rank0 pair_partner_losses_rank0 pair_ratio_ci95 pair_ratios round_leftover_gib "
             "round_ratio_to_none round_retained_prev_gib round_step_ms", LIST),
-       **_f("pair_with_none profile_cpu", BOOL), "timeline": DICT,
+       **_f("pair_with_none profile_cpu compile", BOOL), "optimizer": STR, "timeline": DICT,
        **_f("timing trace_file leftover_warning error", STR), "experiment": DICT})
 _kind(TRAIN, "cs336-systems train: one logged step of a training run, with the run's configuration",
       {**_f("preset precision parallel attention", STR), **_f("step steps world_size", INT)},

@@ -27,12 +27,62 @@ COLUMNS = {"variant": "variant", "step_ms": "step (ms)", "init_peak_gib": "after
            "forward_saved_gib": "kept by forward", "subtracted_gib": "leftover subtracted"}
 
 
+def _compiled_peers_run(r: dict) -> bool:
+    """A run of issue 22's configuration (compiled blocks, fused AdamW): its own table, not the accounting's."""
+    return bool(r.get("compile")) or r.get("optimizer", "foreach") != "foreach"
+
+
+# ours -> its PyTorch counterpart in a compiled-peers run
+COMPILED_PAIRS = (("ddp", "torch-ddp"), ("zero1", "torch-zero"), ("fsdp", "torch-fsdp2"))
+DP_TARGET = 1.05  # issue 22: our best data-parallel step within this factor of one GPU's compiled step
+
+
+def _compiled_peers(ctx, records: list[dict]) -> list[str]:
+    """Issue 22: each wrapper beside its PyTorch counterpart, blocks compiled and AdamW fused, per context length
+    (the newest GPU run of each)."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in records:
+        if _compiled_peers_run(r) and r["status"] == "ok" and not r["provenance"]["device"].startswith("CPU"):
+            runs.setdefault((r["context_length"], r["provenance"]["date"]), []).append(r)
+    newest: dict[int, list[dict]] = {}
+    for (context, _date), run in sorted(runs.items()):
+        newest[context] = run  # sorted by date within a context: the last one stays
+    if not newest:
+        return []
+    out = ["\n## data parallelism against compiled peers\n",
+           "`cs336-systems shard-bench --compile --optimizer fused` (issue 22): every Transformer block compiled "
+           "before wrapping, `torch.optim.AdamW(fused=True)`, each of ours beside its PyTorch counterpart in the "
+           "same run; `ratio_to_none` is the step over the one-GPU compiled step of the same run.\n"]
+    for context, run in sorted(newest.items()):
+        by = {r["variant"]: r for r in run}
+        df = pd.DataFrame([{"variant": r["variant"], "step_ms": r["step_ms"], "ratio_to_none": r.get("ratio_to_none"),
+                            "pair_ratio": r.get("pair_ratio"), "peak_gib": r.get("post_step_peak_gib")}
+                           for r in run])
+        where = f"{run[0]['preset']}, context {context}, {run[0]['precision']}, {run[0]['world_size']} ranks"
+        out.append(f"### {where}\n\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n")
+        for ours, peer in COMPILED_PAIRS:
+            if ours in by and peer in by:
+                q, _how = _ratio(by[ours], by[peer])
+                ctx.versus("fsdp", f"{ours} vs {peer}, compiled blocks, fused AdamW ({where})",
+                           f"{by[ours]['step_ms']:.1f} ms", f"{by[peer]['step_ms']:.1f} ms", q,
+                           f"<= 1.00x ({'met' if q <= 1.0 else 'NOT met'})")
+        if "none" in by:  # against one GPU: the paired ratio where the run paired its steps (_ratio)
+            ours_best = [(_ratio(by[v], by["none"]), by[v]) for v, _ in COMPILED_PAIRS if v in by]
+            if ours_best:
+                (q, _how), best = min(ours_best, key=lambda t: t[0][0])
+                ctx.versus("fsdp", f"best of ours ({best['variant']}) vs one GPU's compiled step ({where})",
+                           f"{best['step_ms']:.1f} ms", f"{by['none']['step_ms']:.1f} ms", q,
+                           f"<= {DP_TARGET:.2f}x ({'met' if q <= DP_TARGET else 'NOT met'})")
+    return out
+
+
 def _latest_run(rows: list[dict], precision: str, world_size: int) -> list[dict]:
     """Rows of one run (one command) in ``precision`` on ``world_size`` ranks: preferring GPU runs, then runs
     whose steps were paired with a plain model's (``--pair-with-none``: the drift-robust figures the targets
     are judged on), then the newest. A later scaling run (scripts/device/scaling.sh: unpaired) thus never
     hides the paired run that answers the issue."""
-    rows = [r for r in rows if r.get("precision") == precision and r.get("world_size") == world_size]
+    rows = [r for r in rows if r.get("precision") == precision and r.get("world_size") == world_size
+            and not _compiled_peers_run(r)]
     gpu = [r for r in rows if not r["provenance"]["device"].startswith("CPU")]
     rows = gpu or rows
     if not rows:
@@ -301,4 +351,5 @@ def build(ctx) -> str | None:
             "checks bitwise equality with single-process fp32 training on 2 and 3 ranks.\n", *fsdp_impl]
     if fsdp_acct:
         out += ["\n## fsdp_accounting\n", *fsdp_acct]
+    out += _compiled_peers(ctx, records)
     return "\n".join(out)
