@@ -132,7 +132,14 @@ class LeaderboardConfig:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes each class of tensor needs at the step's peak, and how many blocks run without checkpointing."""
+    """Bytes of each class of tensor, the step's peak they add up to, and how many blocks run without
+    checkpointing.
+
+    The peak (``total``) is the larger of two moments, not the sum of every class: at the start of backward
+    (the loss's working set beside every block's saved activations; gradients barely begun) and while the
+    checkpointed blocks are recomputed (the un-checkpointed blocks' activations already freed; the
+    gradients growing as the kept block inputs are consumed, so at most the larger of the two, plus one
+    block's recomputation). Parameters, AdamW state and workspaces are there throughout."""
 
     parameters: int
     gradients: int
@@ -148,9 +155,19 @@ class MemoryPlan:
     block_saved_measured: bool = False  # measured on the device (measure_block_saved_bytes), not estimated
 
     @property
+    def backward_start(self) -> int:
+        """Activation-side bytes at the start of backward."""
+        return self.checkpointed_activations + self.full_activations + self.loss_chunks
+
+    @property
+    def recomputation(self) -> int:
+        """Activation-side bytes while the checkpointed blocks are recomputed."""
+        return max(self.checkpointed_activations, self.gradients) + self.layer_recompute_peak
+
+    @property
     def total(self) -> int:
-        return (self.parameters + self.gradients + self.optimizer_state + self.checkpointed_activations
-                + self.full_activations + self.layer_recompute_peak + self.loss_chunks + self.workspace)
+        return (self.parameters + self.optimizer_state + self.workspace
+                + max(self.backward_start, self.recomputation))
 
     def rows(self) -> list[tuple[str, float]]:
         return [(f.name.replace("_", " "), getattr(self, f.name) / GIB) for f in dataclasses.fields(self)
@@ -158,6 +175,9 @@ class MemoryPlan:
 
     def describe(self) -> str:
         lines = ["memory plan (GiB):"] + [f"  {name:<26} {gib:9.2f}" for name, gib in self.rows()]
+        moment = "the start of backward" if self.backward_start >= self.recomputation else "the recomputation"
+        lines.append(f"  (total: parameters, AdamW state and workspace, plus the activations and gradients at "
+                     f"{moment}, the larger of the two moments)")
         if self.device_bytes is not None:
             lines.append(f"  {'device memory':<26} {self.device_bytes / GIB:9.2f}  "
                          f"({self.total / self.device_bytes:.0%} planned)")
@@ -221,15 +241,17 @@ def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | Non
     # The fused head + loss: a chunk of fp32 logits and its gradient, dW accumulated in fp32, dh.
     chunk = min(loss_chunk_bytes, tokens * cfg.vocab_size * 4)
     loss = 2 * chunk + cfg.vocab_size * cfg.d_model * 4 + residual
-    fixed = sum(common[k] for k in ("parameters", "gradients", "optimizer_state", "workspace"))
-    fixed += loss + recompute_peak
     budget = None if device_bytes is None else int(device_bytes * (1 - margin))
+
+    def with_blocks(k: int) -> MemoryPlan:
+        return MemoryPlan(checkpointed_activations=(cfg.num_layers - k) * residual,
+                          full_activations=k * per_block_saved, layer_recompute_peak=recompute_peak,
+                          loss_chunks=loss, uncheckpointed_blocks=k, **common)
+
     k = cfg.num_layers  # un-checkpointed blocks: as many as fit
-    while k > 0 and budget is not None and fixed + (cfg.num_layers - k) * residual + k * per_block_saved > budget:
+    while k > 0 and budget is not None and with_blocks(k).total > budget:
         k -= 1
-    return MemoryPlan(checkpointed_activations=(cfg.num_layers - k) * residual, full_activations=k * per_block_saved,
-                      layer_recompute_peak=recompute_peak, loss_chunks=loss,
-                      uncheckpointed_blocks=k, **common)
+    return with_blocks(k)
 
 
 def measure_block_saved_bytes(cfg: ModelConfig, device: torch.device, attention: str) -> int:
