@@ -238,9 +238,10 @@ def plan_memory(cfg: ModelConfig, *, impl: str = "ours", device_bytes: int | Non
         return MemoryPlan(checkpointed_activations=0, full_activations=cfg.num_layers * per_block_saved,
                           layer_recompute_peak=scores, loss_chunks=logits,
                           uncheckpointed_blocks=cfg.num_layers, **common)
-    # The fused head + loss: a chunk of fp32 logits and its gradient, dW accumulated in fp32, dh.
+    # The fused head + loss: a chunk of fp32 logits and its gradient, dW accumulated in fp32 and its bf16 copy
+    # (the head's gradient: the first one backward makes, there at the start of backward), dh.
     chunk = min(loss_chunk_bytes, tokens * cfg.vocab_size * 4)
-    loss = 2 * chunk + cfg.vocab_size * cfg.d_model * 4 + residual
+    loss = 2 * chunk + cfg.vocab_size * cfg.d_model * (4 + el) + residual
     budget = None if device_bytes is None else int(device_bytes * (1 - margin))
 
     def with_blocks(k: int) -> MemoryPlan:

@@ -47,6 +47,8 @@ def _one_share(rows: list[dict]) -> list[str]:
         return []
     dp = [r for r in share if r.get("parallel")]
     one = [r for r in share if not r.get("parallel")]
+    if dp:  # the one-process step beside it only from the same commit (the same memory plan)
+        one = [r for r in one if r["provenance"]["git_commit"] == dp[-1]["provenance"]["git_commit"]]
     line = (f"Two GPUs (issue 22) not yet run. One GPU's share of that step, the full model at batch 1 x 32,768 on "
             f"one {share[-1]['provenance']['device']}: ")
     if dp:
