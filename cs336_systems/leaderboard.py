@@ -483,11 +483,11 @@ def compile_cache_files() -> int:
     return sum(1 for d in map(Path, dirs) if d.is_dir() for f in d.rglob("*") if f.is_file())
 
 
-def comm_buffer_bytes(cfg: LeaderboardConfig, model_cfg: ModelConfig) -> int:
-    """Transient communication buffers of one data-parallel rank: two gradient buckets being packed and
-    reduced, and (zero1) the parameter broadcasts in flight (``ShardedOptimizer``'s default buckets), none
-    larger than all the bf16 gradients together."""
-    if cfg.nproc == 1:
+def comm_buffer_bytes(cfg: LeaderboardConfig, model_cfg: ModelConfig, distributed: bool) -> int:
+    """Transient communication buffers of one data-parallel rank (``distributed``: inside a process group, even
+    one of a single process): two gradient buckets being packed and reduced, and (zero1) the parameter
+    broadcasts in flight (``ShardedOptimizer``'s default buckets), none larger than all the bf16 gradients."""
+    if not distributed:
         return 0
     grads = 2 * count_parameters(model_cfg)
     broadcasts = min(2 * 64 * 2**20, grads) if cfg.parallel == "zero1" else 0
@@ -512,7 +512,7 @@ def run_leaderboard(cfg: LeaderboardConfig, *, log=print) -> dict:
     rank = dist.get_rank() if distributed else 0
     log = log if rank == 0 else (lambda *a, **k: None)
     shards = dict(optimizer_shards=cfg.nproc if distributed and cfg.parallel == "zero1" else 1,
-                  comm_bytes=comm_buffer_bytes(cfg, model_cfg))
+                  comm_bytes=comm_buffer_bytes(cfg, model_cfg, distributed))
     plan = plan_memory(rank_cfg, impl=cfg.impl, device_bytes=device_memory_bytes(device), margin=cfg.memory_margin,
                        **shards)
     where = f"{cfg.nproc} processes ({cfg.parallel}), {device.type}" if distributed else str(device)

@@ -519,6 +519,7 @@ def test_compiled_blocks_and_fused_adamw_train_as_eager():
         rows[compiled] = sh.summarize(cfg, spawn(_plain_worker, 2, (cfg,), timeout_s=300), "gloo")
     for eager, compiled in zip(rows[False], rows[True], strict=True):
         assert compiled["status"] == "ok" and compiled["compile"] and compiled["optimizer"] == "fused"
+        assert compiled["retained_prev_gib"] == 0.0  # compiled blocks do not keep the previous variant alive
         assert compiled["losses_rank0"] == pytest.approx(eager["losses_rank0"], rel=1e-4), compiled["variant"]
 
 
