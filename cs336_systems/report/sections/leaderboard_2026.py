@@ -87,9 +87,14 @@ def _runs_table(rows: list[dict]) -> str:
 def _plan(r: dict) -> str:
     df = pd.DataFrame([{"tensors": t.replace("_", " "), "GiB": r.get(f"plan_{t}_gib")} for t in PLAN_TERMS])
     how = "measured on the device" if r.get("plan_block_saved_measured") else "estimated"
+    terms = sum(r.get(f"plan_{t}_gib") or 0.0 for t in PLAN_TERMS[:-1])
+    # Plans since 474bbdb take the larger of two moments (leaderboard.MemoryPlan); earlier ones summed every term.
+    total = (" The total is the step's planned peak: parameters, AdamW state and workspace plus the larger of the "
+             "start of backward and the recomputation of the checkpointed blocks, not the sum of the rows."
+             if r.get("plan_total_gib") is not None and r["plan_total_gib"] < terms - 1e-6 else "")
     return (table(df, ".2f") + f"\n\nOne block saves {r['plan_block_saved_gib']:.2f} GiB for backward ({how}); "
-            f"{r['plan_uncheckpointed_blocks']} of {r['layers']} blocks run without activation checkpointing.\n"
-            if r.get("plan_block_saved_gib") is not None else table(df, ".2f") + "\n")
+            f"{r['plan_uncheckpointed_blocks']} of {r['layers']} blocks run without activation checkpointing."
+            f"{total}\n" if r.get("plan_block_saved_gib") is not None else table(df, ".2f") + "\n")
 
 
 def _rounding(g: dict) -> str:
