@@ -457,7 +457,7 @@ def _reduce(value: float, op: str, device: torch.device) -> float:
     """``value`` combined over the process group (``"max"`` or ``"sum"``); itself outside one."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not in_process_group():
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
