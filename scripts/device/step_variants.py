@@ -18,6 +18,7 @@ import json
 import statistics
 
 import torch
+from torch import nn
 
 from cs336_basics.model import RotaryEmbedding
 from cs336_systems.bench.e2e import BenchConfig, run_benchmark
@@ -32,6 +33,59 @@ def _rope_swap() -> None:
         return (pairs * cos.unsqueeze(-1) + pairs.flip(-1) * signed_sin).flatten(-2).to(x.dtype)
 
     RotaryEmbedding.forward = forward
+
+
+def _pack_qkv(contiguous_v: bool = False):
+    """q, k and v from one ``Linear(d, d + 2 kv)`` (one GEMM forward, two backward; no weight copy: the packed
+    weight is the parameter); ``contiguous_v``: v copied out of the packed output (else a strided view into it)."""
+    def patch() -> None:
+        from cs336_basics import model as m
+
+        init0 = m.CausalMultiHeadSelfAttention.__init__
+
+        def init(self, d_model, num_heads, *args, **kwargs):
+            init0(self, d_model, num_heads, *args, **kwargs)
+            w = self.q_proj.weight
+            del self.q_proj, self.k_proj, self.v_proj
+            self.qkv_proj = m.Linear(d_model, d_model + 2 * self.num_kv_heads * self.head_dim, device=w.device,
+                                     dtype=w.dtype)
+
+        def forward(self, x, token_positions=None, doc_ids=None):
+            T, kvd = x.shape[-2], self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split((self.d_model, kvd, kvd), dim=-1)
+            if contiguous_v:
+                v = v.contiguous()
+            q = q.unflatten(-1, (self.num_heads, self.head_dim))
+            k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
+            v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
+            if token_positions is None:
+                token_positions = torch.arange(T, device=x.device)
+            pos = token_positions.unsqueeze(-1)
+            q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
+            q, k, v = (t.transpose(-3, -2) for t in (q, k, v))
+            out = self.attention_fn(q, k, v, True)
+            return self.output_proj(out.transpose(-3, -2).flatten(-2))
+
+        m.CausalMultiHeadSelfAttention.__init__ = init
+        m.CausalMultiHeadSelfAttention.forward = forward
+    return patch
+
+
+def _pack_w13() -> None:
+    """SwiGLU's w1 and w3 as one ``Linear(d, 2 d_ff)`` (one GEMM forward, two backward)."""
+    from cs336_basics import model as m
+
+    def init(self, d_model, d_ff, device=None, dtype=None):
+        nn.Module.__init__(self)
+        self.w13 = m.Linear(d_model, 2 * d_ff, device=device, dtype=dtype)
+        self.w2 = m.Linear(d_ff, d_model, device=device, dtype=dtype)
+
+    def forward(self, x):
+        a, b = self.w13(x).chunk(2, dim=-1)
+        return self.w2(m.silu(a) * b)
+
+    m.SwiGLU.__init__ = init
+    m.SwiGLU.forward = forward
 
 
 def _inductor(**settings):
@@ -51,6 +105,10 @@ def _inductor(**settings):
 PATCHES = {
     "base": lambda: None,
     "rope-swap": _rope_swap,
+    # session 17: packed projections (one GEMM where there were three for q/k/v, two for w1/w3)
+    "pack-qkv": _pack_qkv(),
+    "pack-qkv-vcont": _pack_qkv(contiguous_v=True),
+    "pack-w13": _pack_w13,
     # compiler options (session 15): programmatic dependent launch between Inductor's kernels; per-kernel tuning
     # of block sizes by coordinate descent (which also tunes the norm backward's split); the norm backward's
     # rows per program (16 by default at xl/2048: 512 partial sums of the gain's gradient, then an aten::sum);
