@@ -86,13 +86,23 @@ def _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, slot, idx, n_iter,
 
 
 @gluon.jit
+def _load_stats(L, Delta, bh, start_m, N_Q, offs, pred):
+    """L and Delta of the query tile at ``start_m`` of row ``bh`` (one value per thread; nothing unless ``pred``)."""
+    offs = start_m + offs
+    mask = (offs < N_Q) & pred
+    return (gl.load(L + bh * N_Q + offs, mask=mask, other=0.0),
+            gl.load(Delta + bh * N_Q + offs, mask=mask, other=0.0))
+
+
+@gluon.jit
 def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                             stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
                             stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
                             N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
+                            PREFETCH: gl.constexpr = False):
     """A program per (key tile, batch x key/value head); see the module docstring."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -176,6 +186,8 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
     k_t = k_buf
+    stats_offs = gl.arange(0, BLOCK_M, layout=vec_layout)
+    lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP, lo, N_Q, stats_offs, n_iter > 0)
     mbarrier.wait(kv_bar, 0)
 
     for it in range(n_iter):
@@ -191,10 +203,15 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
         mbarrier.wait(do_bar.index(s), phase)
         dp_t = warpgroup_mma(v_buf, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
-        offs_v = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
-        lse2 = gl.load(L + bh * N_Q + offs_v, mask=offs_v < N_Q, other=0.0) * 1.4426950408889634
-        delta = gl.load(Delta + bh * N_Q + offs_v, mask=offs_v < N_Q, other=0.0)
-        lse2 = gl.convert_layout(lse2, col_layout)
+        if PREFETCH:  # this tile's L and Delta were loaded an iteration ago; load the next tile's
+            lse, delta = lse_next, delta_next
+            nxt = it + 1
+            g_next = nxt // gl.maximum(n_tiles, 1)
+            lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP + g_next, lo + (nxt - g_next * n_tiles) * BLOCK_M,
+                                               N_Q, stats_offs, nxt < n_iter)
+        else:
+            lse, delta = _load_stats(L, Delta, bh, start_m, N_Q, stats_offs, True)
+        lse2 = gl.convert_layout(lse * 1.4426950408889634, col_layout)
 
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
         p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
@@ -265,14 +282,15 @@ class Variant:
     num_warps: int
     stages: int
     dq_tma: bool = True
+    prefetch: bool = False
 
     def constexprs(self, causal: bool) -> dict:
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    STAGES=self.stages, DQ_TMA=self.dq_tma)
+                    STAGES=self.stages, DQ_TMA=self.dq_tma, PREFETCH=self.prefetch)
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
-                f"{'tma' if self.dq_tma else 'ptr'}")
+                f"{'tma' if self.dq_tma else 'ptr'}{'/pf' if self.prefetch else ''}")
 
 
 # Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
@@ -281,6 +299,9 @@ VARIANTS = (
     Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
+    Variant(64, 64, 64, 4, 2, prefetch=True), Variant(64, 64, 64, 4, 3, prefetch=True),
+    Variant(64, 128, 64, 8, 2, prefetch=True), Variant(128, 64, 32, 4, 3, prefetch=True),
+    Variant(128, 64, 32, 4, 2, prefetch=True),
 )
 
 
