@@ -14,8 +14,9 @@ Shah et al. 2024, section 3 and appendix B):
   dS^T also goes to shared memory for dQ^T = K^T dS^T (transposed so that wgmma's M is the head dim and query
   tiles of 32 rows work), whose fp32 tile is added to the dQ accumulator: a TMA reduce-add from shared memory
   (``DQ_TMA``) or ``atomic_add`` on pointers in the accumulator layout.
-- L and Delta of a query tile are loaded one value per thread and spread to the S^T column layout through shared
-  memory (loaded directly, each thread would hold a quarter of the columns with a 64-bit address each).
+- L and Delta of a query tile are loaded one value per thread, an iteration ahead (their latency was on the
+  critical path: 2-5% of the kernel's time), and spread to the S^T column layout through shared memory (loaded
+  directly, each thread would hold a quarter of the columns with a 64-bit address each).
 - Causal (top-left): only query tiles at or after the key tile's diagonal; the mask is applied (a runtime branch)
   only on tiles crossing the diagonal or the end of the queries or keys. Three loops with the mask as a
   constexpr (as the Triton kernel has) cost 25-50 more registers here and spilled.
@@ -101,8 +102,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
                             N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            PREFETCH: gl.constexpr = False):
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
     """A program per (key tile, batch x key/value head); see the module docstring."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -203,14 +203,13 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
         mbarrier.wait(do_bar.index(s), phase)
         dp_t = warpgroup_mma(v_buf, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
-        if PREFETCH:  # this tile's L and Delta were loaded an iteration ago; load the next tile's
-            lse, delta = lse_next, delta_next
-            nxt = it + 1
-            g_next = nxt // gl.maximum(n_tiles, 1)
-            lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP + g_next, lo + (nxt - g_next * n_tiles) * BLOCK_M,
-                                               N_Q, stats_offs, nxt < n_iter)
-        else:
-            lse, delta = _load_stats(L, Delta, bh, start_m, N_Q, stats_offs, True)
+        # this tile's L and Delta were loaded an iteration ago (off the critical path: 2-5% of the kernel's
+        # time at head dims 64 and 128 on an H100); load the next tile's
+        lse, delta = lse_next, delta_next
+        nxt = it + 1
+        g_next = nxt // n_tiles
+        lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP + g_next, lo + (nxt - g_next * n_tiles) * BLOCK_M,
+                                           N_Q, stats_offs, nxt < n_iter)
         lse2 = gl.convert_layout(lse * 1.4426950408889634, col_layout)
 
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
@@ -282,15 +281,14 @@ class Variant:
     num_warps: int
     stages: int
     dq_tma: bool = True
-    prefetch: bool = False
 
     def constexprs(self, causal: bool) -> dict:
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    STAGES=self.stages, DQ_TMA=self.dq_tma, PREFETCH=self.prefetch)
+                    STAGES=self.stages, DQ_TMA=self.dq_tma)
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
-                f"{'tma' if self.dq_tma else 'ptr'}{'/pf' if self.prefetch else ''}")
+                f"{'tma' if self.dq_tma else 'ptr'}")
 
 
 # Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
@@ -299,9 +297,6 @@ VARIANTS = (
     Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
-    Variant(64, 64, 64, 4, 2, prefetch=True), Variant(64, 64, 64, 4, 3, prefetch=True),
-    Variant(64, 128, 64, 8, 2, prefetch=True), Variant(128, 64, 32, 4, 3, prefetch=True),
-    Variant(128, 64, 32, 4, 2, prefetch=True),
 )
 
 
