@@ -41,6 +41,7 @@ CHECK_SHAPES = [
 ]
 QUICK = [*CHECK_SHAPES[:5], CHECK_SHAPES[8]]
 TIME_SHAPES = [
+    (2, 32, 32, 32768, 32768, 128, True),
     (1, 16, 16, 16384, 16384, 64, True),
     (4, 25, 25, 2048, 2048, 64, True),
     (1, 16, 16, 4096, 4096, 128, True),
