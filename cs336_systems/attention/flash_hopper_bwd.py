@@ -102,8 +102,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
                             N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            DQ_BUFS: gl.constexpr = 1):
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
     """A program per (key tile, batch x key/value head); see the module docstring."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -179,7 +178,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         dq_desc = tma.make_tensor_descriptor(DQ_ACC + bkv * GROUP * N_Q * HEAD_DIM, shape=[GROUP, N_Q, HEAD_DIM],
                                              strides=[N_Q * HEAD_DIM, HEAD_DIM, 1],
                                              block_shape=[1, BLOCK_M, HEAD_DIM], layout=dq_smem)
-        dq_buf = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 1, BLOCK_M, HEAD_DIM], dq_smem)
+        dq_buf = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_smem)
 
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -239,13 +238,12 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                    tile_bytes)
 
         if DQ_TMA:
-            dq_slot = dq_buf.index(it % DQ_BUFS)
-            tma.store_wait(pendings=DQ_BUFS - 1)  # the reduce that last read this buffer has finished reading
+            tma.store_wait(pendings=0)  # the previous tile's reduce has read dq_buf
             gl.thread_barrier()
-            dq_slot.reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)).store(dq)
+            dq_buf.reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)).store(dq)
             fence_async_shared()
             gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [g, start_m, 0], dq_slot)  # rows past N_Q are clipped
+            _tma_reduce_add(dq_desc, [g, start_m, 0], dq_buf)  # rows past N_Q are clipped
         else:
             offs_qm = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, dq_layout))
             offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, dq_layout))
@@ -283,15 +281,14 @@ class Variant:
     num_warps: int
     stages: int
     dq_tma: bool = True
-    dq_bufs: int = 1
 
     def constexprs(self, causal: bool) -> dict:
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    STAGES=self.stages, DQ_TMA=self.dq_tma, DQ_BUFS=self.dq_bufs)
+                    STAGES=self.stages, DQ_TMA=self.dq_tma)
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
-                f"{'tma' if self.dq_tma else 'ptr'}{'/dq2' if self.dq_bufs == 2 else ''}")
+                f"{'tma' if self.dq_tma else 'ptr'}")
 
 
 # Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
@@ -300,8 +297,6 @@ VARIANTS = (
     Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
-    Variant(64, 64, 64, 4, 2, dq_bufs=2), Variant(64, 64, 64, 4, 3, dq_bufs=2), Variant(64, 128, 64, 8, 2, dq_bufs=2),
-    Variant(128, 64, 32, 4, 2, dq_bufs=2), Variant(128, 64, 32, 4, 3, dq_bufs=2),
 )
 
 

@@ -1207,7 +1207,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         cfg = cfgs.hopper_bwd
         launch = _Launch(flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, DQ_BUFS=1), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma), cfg)
     else:
         cfg = cfgs.dkdv if deterministic else cfgs.bwd
         launch = _Launch(_flash_bwd_dkdv_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
