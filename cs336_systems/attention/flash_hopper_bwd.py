@@ -14,9 +14,11 @@ Shah et al. 2024, section 3 and appendix B):
   dS^T also goes to shared memory for dQ^T = K^T dS^T (transposed so that wgmma's M is the head dim and query
   tiles of 32 rows work), whose fp32 tile is added to the dQ accumulator: a TMA reduce-add from shared memory
   (``DQ_TMA``) or ``atomic_add`` on pointers in the accumulator layout.
-- L and Delta of a query tile are loaded one value per thread, an iteration ahead (their latency was on the
-  critical path: 2-5% of the kernel's time), and spread to the S^T column layout through shared memory (loaded
-  directly, each thread would hold a quarter of the columns with a 64-bit address each).
+- L and Delta of a query tile are loaded one value per thread an iteration ahead, written to shared memory before
+  the iteration's closing barrier and read from there in the S^T column layout (loaded directly, each thread would
+  hold a quarter of the columns with a 64-bit address each). Loaded at the point of use and spread with
+  ``convert_layout`` (two more barriers and a shared-memory round trip per tile) they cost 8-16% of the
+  kernel's time on an H100.
 - Causal (top-left): only query tiles at or after the key tile's diagonal; the mask is applied (a runtime branch)
   only on tiles crossing the diagonal or the end of the queries or keys. Three loops with the mask as a
   constexpr (as the Triton kernel has) cost 25-50 more registers here and spilled.
@@ -186,8 +188,17 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
     k_t = k_buf
+    # L and Delta of the current query tile wait in shared memory, written during the previous iteration (before
+    # its closing barrier) from registers loaded at that iteration's start, and are read straight into the S^T
+    # column layout: no layout conversion (and its barriers) in the loop
     stats_offs = gl.arange(0, BLOCK_M, layout=vec_layout)
+    stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stats_smem)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stats_smem)
     lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP, lo, N_Q, stats_offs, n_iter > 0)
+    lse_smem.store(lse_next * 1.4426950408889634)
+    delta_smem.store(delta_next)
+    gl.thread_barrier()
     mbarrier.wait(kv_bar, 0)
 
     for it in range(n_iter):
@@ -203,14 +214,11 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
         mbarrier.wait(do_bar.index(s), phase)
         dp_t = warpgroup_mma(v_buf, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
-        # this tile's L and Delta were loaded an iteration ago (off the critical path: 2-5% of the kernel's
-        # time at head dims 64 and 128 on an H100); load the next tile's
-        lse, delta = lse_next, delta_next
-        nxt = it + 1
+        nxt = it + 1  # the next tile's L and Delta: loads in flight while this tile computes
         g_next = nxt // n_tiles
         lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP + g_next, lo + (nxt - g_next * n_tiles) * BLOCK_M,
                                            N_Q, stats_offs, nxt < n_iter)
-        lse2 = gl.convert_layout(lse * 1.4426950408889634, col_layout)
+        lse2 = lse_smem.load(col_layout)  # log2 units
 
         s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
         p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
@@ -221,7 +229,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                 visible = visible & (offs_n[:, None] <= offs_m[None, :])
             p_t = gl.where(visible, p_t, 0.0)
         dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
-        delta = gl.convert_layout(delta, col_layout)
+        delta = delta_smem.load(col_layout)
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
         dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
         ds_buf.store(ds_t)
@@ -231,7 +239,10 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         # eq. 18 transposed, dQ^T = K^T dS^T: wgmma's M is the head dim, so BLOCK_M may be 32
         dq = warpgroup_mma(k_t.permute((1, 0)), ds_buf, dq_zero, use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
-        gl.thread_barrier()  # every wgmma reading Q, dO (buffer s) and dS^T has finished
+        # every thread read this tile's L and Delta before the barrier above: the next tile's replace them
+        lse_smem.store(lse_next * 1.4426950408889634)
+        delta_smem.store(delta_next)
+        gl.thread_barrier()  # every wgmma reading Q, dO (buffer s) and dS^T has finished; L, Delta written
 
         # refill buffer s with the tile STAGES ahead
         _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, s, it + STAGES, n_iter, n_tiles, lo, BLOCK_M,
