@@ -4,7 +4,9 @@
 
 VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default), ``rope-swap`` (RoPE as
 ``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
-stack of two halves), one of the Inductor options in ``PATCHES``, or several joined with ``+``; ``--rope triton``
+stack of two halves), ``pack-qkv`` / ``pack-qkv-vcont`` / ``pack-w13`` (q, k, v or w1, w3 as one packed
+``Linear``; session 17, ``experiments/fused_qkv/``), one of the Inductor options in ``PATCHES``, or several joined
+with ``+``; ``--rope triton``
 takes RoPE's Triton kernel (``bench --rope``; session 15's ``rope-triton`` variant). Prints one JSON line: step
 ms (mean, median), MFU and peak GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe
 (05cc250) compared the bf16 residual stream and RoPE in the projections' layout this way, before both became
