@@ -17,8 +17,8 @@ Shah et al. 2024, section 3 and appendix B):
 - L and Delta of a query tile are loaded one value per thread an iteration ahead, written to shared memory before
   the iteration's closing barrier and read from there in the S^T column layout (loaded directly, each thread would
   hold a quarter of the columns with a 64-bit address each). Loaded at the point of use and spread with
-  ``convert_layout`` (two more barriers and a shared-memory round trip per tile) they cost 8-16% of the
-  kernel's time on an H100.
+  ``convert_layout`` (two more barriers and a shared-memory round trip per tile) they cost 5-8% of the
+  kernel's time on an H100 (docs/flash_tuning_notes.md, session 17).
 - Causal (top-left): only query tiles at or after the key tile's diagonal; the mask is applied (a runtime branch)
   only on tiles crossing the diagonal or the end of the queries or keys. Three loops with the mask as a
   constexpr (as the Triton kernel has) cost 25-50 more registers here and spilled.
