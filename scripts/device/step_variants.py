@@ -6,11 +6,10 @@ VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by d
 ``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
 stack of two halves), ``pack-qkv`` / ``pack-qkv-vcont`` / ``pack-w13`` (q, k, v or w1, w3 as one packed
 ``Linear``; session 17, ``experiments/fused_qkv/``), one of the Inductor options in ``PATCHES``, or several joined
-with ``+``; ``--rope triton``
-takes RoPE's Triton kernel (``bench --rope``; session 15's ``rope-triton`` variant). Prints one JSON line: step
-ms (mean, median), MFU and peak GiB, as ``bench`` measures them (``run_benchmark``). Session 14's first probe
-(05cc250) compared the bf16 residual stream and RoPE in the projections' layout this way, before both became
-the code.
+with ``+``; ``--rope triton`` takes RoPE's Triton kernel (``bench --rope``; session 15's ``rope-triton``
+variant). Prints one JSON line: step ms (mean, median), MFU and peak GiB, as ``bench`` measures them
+(``run_benchmark``). Session 14's first probe (05cc250) compared the bf16 residual stream and RoPE in the
+projections' layout this way, before both became the code.
 """
 
 from __future__ import annotations
@@ -39,7 +38,8 @@ def _rope_swap() -> None:
 
 def _pack_qkv(contiguous_v: bool = False):
     """q, k and v from one ``Linear(d, d + 2 kv)`` (one GEMM forward, two backward; no weight copy: the packed
-    weight is the parameter); ``contiguous_v``: v copied out of the packed output (else a strided view into it)."""
+    weight is the parameter); ``contiguous_v``: v copied out of the packed output (else a strided view into it).
+    The presets' attention only: RoPE, causal, no window or packed documents (the forward refuses them)."""
     def patch() -> None:
         from cs336_basics import model as m
 
@@ -53,6 +53,8 @@ def _pack_qkv(contiguous_v: bool = False):
                                      dtype=w.dtype)
 
         def forward(self, x, token_positions=None, doc_ids=None):
+            if doc_ids is not None or self.attention_window is not None or self.positional_encoder is None:
+                raise SystemExit("the pack-qkv probe runs RoPE and causal attention only (no window or documents)")
             T, kvd = x.shape[-2], self.num_kv_heads * self.head_dim
             q, k, v = self.qkv_proj(x).split((self.d_model, kvd, kvd), dim=-1)
             if contiguous_v:
