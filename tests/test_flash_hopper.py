@@ -33,7 +33,8 @@ def test_variants_are_well_formed():
     for v in hb.VARIANTS:
         assert v.head_dim in (64, 128) and v.num_warps in (4, 8) and v.stages >= 1
         assert v.block_n == 16 * v.num_warps  # a warpgroup per 64 key rows
-        assert set(v.constexprs(True)) == {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "STAGES", "DQ_TMA"}
+        assert set(v.constexprs(True)) == {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "STAGES", "DQ_TMA",
+                                           "PERSISTENT"}
     assert {hb.default_variant(64), hb.default_variant(128)} <= set(hb.VARIANTS)
 
 
@@ -133,3 +134,23 @@ def test_gpu_variants_within_twice_sdpa(seed, dtype, b, hq, hkv, n_q, n_k, d, ca
             err = (g.double() - r).abs().max().item()
             bound = 2 * (p.double() - r).abs().max().item() + _rounding(r, dtype)
             assert err <= bound, f"{variant.name()} {name}: error {err:.3g} > bound {bound:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_persistent_programs_match_a_program_per_item(seed, causal):
+    """Persistent programs take the same work items from a counter: dK and dV (each key tile's by one program, in
+    the same order) are bitwise those of a program per item, call after call (the preprocess resets the counter);
+    dQ, added up by atomics in another order, within the fp32 accumulation's rounding."""
+    from cs336_systems.attention.flash_triton import flash_forward
+
+    q = torch.randn(3, 6, 333, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(3, 2, 333, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    o, lse = flash_forward(q, k, v, causal)
+    per_item = hb.run_backward(q, k, v, o, lse, do, causal, hb.Variant(64, 64, 64, 4, 2))
+    for _ in range(2):
+        persistent = hb.run_backward(q, k, v, o, lse, do, causal, hb.Variant(64, 64, 64, 4, 2, persistent=True))
+        assert torch.equal(persistent[1], per_item[1]) and torch.equal(persistent[2], per_item[2])
+        torch.testing.assert_close(persistent[0], per_item[0], rtol=1e-2, atol=1e-3)  # a bf16 step either way

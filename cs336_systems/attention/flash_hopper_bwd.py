@@ -1,10 +1,12 @@
 """FlashAttention backward dK / dV / dQ-atomic kernel for Hopper (sm_90a) in Gluon.
 
 The middle kernel of the three-launch backward (``flash_triton._flash_bwd_dkdv_kernel`` with ATOMIC_DQ):
-same arguments in the same order, so the ``_Launch`` machinery launches either. A program owns one key
-tile (``BLOCK_N`` rows) of one batch x key/value head, keeps K and V in shared memory and dK, dV in fp32
-registers, and walks the query tiles of the ``GROUP`` query heads that read it (FlashAttention-3's backward,
-Shah et al. 2024, section 3 and appendix B):
+the same arguments in the same order (the heads slot takes the total of batch x key/value heads), so the
+``_Launch`` machinery launches either. Programs are persistent (``persistent_programs``: as many as the GPU
+holds at once), build their tensor descriptors once, and take the work items (a key tile of ``BLOCK_N`` rows of
+one batch x key/value head) round-robin, longest first. For each, a program keeps K and V in shared memory and
+dK, dV in fp32 registers, and walks the query tiles of the ``GROUP`` query heads that read it
+(FlashAttention-3's backward, Shah et al. 2024, section 3 and appendix B):
 
 - Q and dO tiles stream through ``STAGES`` shared-memory buffers filled by TMA (tensor descriptors built on
   the device, 3-D over the group's query heads so the pipeline runs across heads); an mbarrier per buffer.
@@ -75,17 +77,17 @@ def _mma_layout(m, n, num_warps):
 
 
 @gluon.jit
-def _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, slot, idx, n_iter, n_tiles, lo,
+def _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, slot, idx, n_iter, n_tiles, lo, h0,
                BLOCK_M: gl.constexpr, tile_bytes: gl.constexpr):
-    """Start the TMA loads of the Q and dO tiles of iteration ``idx`` (query head ``idx // n_tiles`` of the group,
-    then the query tile) into ring slot ``slot``, each completing on its slot's barrier; nothing past ``n_iter``."""
+    """Start the TMA loads of the Q and dO tiles of iteration ``idx`` (query head ``h0 + idx // n_tiles``, then the
+    query tile) into ring slot ``slot``, each completing on its slot's barrier; nothing past ``n_iter``."""
     pred = idx < n_iter
     g = idx // gl.maximum(n_tiles, 1)
     start = lo + (idx - g * n_tiles) * BLOCK_M
     mbarrier.expect(q_bar.index(slot), tile_bytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [g, start, 0], q_bar.index(slot), q_buf.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [h0 + g, start, 0], q_bar.index(slot), q_buf.index(slot), pred=pred)
     mbarrier.expect(do_bar.index(slot), tile_bytes, pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [g, start, 0], do_bar.index(slot), do_buf.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [h0 + g, start, 0], do_bar.index(slot), do_buf.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -102,14 +104,14 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                             stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
                             stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
-                            N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale,
+                            N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr):
-    """A program per (key tile, batch x key/value head); see the module docstring."""
+                            CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
+                            PERSISTENT: gl.constexpr):
+    """Persistent programs over the (key tile, batch x key/value head) work items (``BKV`` heads); see the module
+    docstring."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    bkv = gl.program_id(1).to(gl.int64)
-    start_n = gl.program_id(0) * BLOCK_N
 
     # ---- layouts: S^T, dP^T (BLOCK_N, BLOCK_M); dK, dV (BLOCK_N, HEAD_DIM); dQ^T (HEAD_DIM, BLOCK_M)
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, BLOCK_M, NUM_WARPS)
@@ -121,29 +123,39 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     # L and Delta rows are loaded one value per thread and then spread to col_layout (through shared memory):
     # col_layout holds a quarter of the tile's columns per thread, with a 64-bit address each if loaded directly
     vec_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-    kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
     q_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], dtype)
     ds_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    # ---- descriptors: K, V, dK, dV of this key/value head; Q, dO (and the dQ accumulator) of its GROUP
-    # query heads as one 3-D tensor (GROUP, N_Q, HEAD_DIM): rows past N_Q of each head read as zero
-    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
-    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
-    q_desc = tma.make_tensor_descriptor(Q + bkv * GROUP * stride_qb, shape=[GROUP, N_Q, HEAD_DIM],
-                                        strides=[stride_qb, stride_qm, 1], block_shape=[1, BLOCK_M, HEAD_DIM],
-                                        layout=q_smem)
-    do_desc = tma.make_tensor_descriptor(DO + bkv * GROUP * stride_dob, shape=[GROUP, N_Q, HEAD_DIM],
-                                         strides=[stride_dob, stride_dom, 1], block_shape=[1, BLOCK_M, HEAD_DIM],
-                                         layout=q_smem)
+    # ---- descriptors, built once per program: every tensor as 3-D (batch x heads, rows, HEAD_DIM), a tile being
+    # one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores
+    k_desc = tma.make_tensor_descriptor(K, shape=[BKV, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    v_desc = tma.make_tensor_descriptor(V, shape=[BKV, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    dk_desc = tma.make_tensor_descriptor(DK, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dkb, stride_dkn, 1],
+                                         block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    dv_desc = tma.make_tensor_descriptor(DV, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dvb, stride_dvn, 1],
+                                         block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    q_desc = tma.make_tensor_descriptor(Q, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
+                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    do_desc = tma.make_tensor_descriptor(DO, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_dob, stride_dom, 1],
+                                         block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
 
     # ---- shared memory and barriers
-    k_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_smem)
-    v_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_smem)
+    k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
+    v_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
+    k_t = k_buf.reshape([BLOCK_N, HEAD_DIM])
+    v_t = v_buf.reshape([BLOCK_N, HEAD_DIM])
     q_buf = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_smem)
     do_buf = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_smem)
     ds_buf = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_smem_layout)
+    # L and Delta of the current query tile wait in shared memory, written during the previous iteration (before
+    # its closing barrier) from registers loaded at that iteration's start, and are read straight into the S^T
+    # column layout: no layout conversion (and its barriers) in the loop
+    lse_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stats_smem)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stats_smem)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -152,139 +164,166 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         mbarrier.init(q_bar.index(i), count=1)
         mbarrier.init(do_bar.index(i), count=1)
     fence_async_shared()
-
-    # ---- the query tiles that see this key tile: causal, from the tile holding query start_n on
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-    n_tiles = gl.maximum(gl.cdiv(N_Q - lo, BLOCK_M), 0)
-    n_iter = n_tiles * GROUP
-    # tiles [lo, full_lo) cross the diagonal, [full_hi, ...) the end of the queries; a key tile past N_K is
-    # masked throughout
-    full_lo = lo
-    if CAUSAL:
-        full_lo = gl.minimum(((start_n + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N_Q)
-    full_hi = (N_Q // BLOCK_M) * BLOCK_M
-    keys_edge = start_n + BLOCK_N > N_K
-
-    tile_bytes: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
-    mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8)
-    tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_bar, k_buf)
-    tma.async_copy_global_to_shared(v_desc, [start_n, 0], kv_bar, v_buf)
-    for i in gl.static_range(STAGES):  # prologue: the first STAGES tiles
-        _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, i, i, n_iter, n_tiles, lo, BLOCK_M, tile_bytes)
-
     if DQ_TMA:
         dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], gl.float32)
-        dq_desc = tma.make_tensor_descriptor(DQ_ACC + bkv * GROUP * N_Q * HEAD_DIM, shape=[GROUP, N_Q, HEAD_DIM],
+        dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
                                              strides=[N_Q * HEAD_DIM, HEAD_DIM, 1],
                                              block_shape=[1, BLOCK_M, HEAD_DIM], layout=dq_smem)
         dq_buf = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_smem)
 
-    offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    tile_bytes: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
     s_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=dq_layout)
-    k_t = k_buf
-    # L and Delta of the current query tile wait in shared memory, written during the previous iteration (before
-    # its closing barrier) from registers loaded at that iteration's start, and are read straight into the S^T
-    # column layout: no layout conversion (and its barriers) in the loop
     stats_offs = gl.arange(0, BLOCK_M, layout=vec_layout)
-    stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stats_smem)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stats_smem)
-    lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP, lo, N_Q, stats_offs, n_iter > 0)
-    lse_smem.store(lse_next * 1.4426950408889634)
-    delta_smem.store(delta_next)
-    gl.thread_barrier()
-    mbarrier.wait(kv_bar, 0)
+    full_hi = (N_Q // BLOCK_M) * BLOCK_M
+    n_kt = gl.cdiv(N_K, BLOCK_N)
+    n_items = BKV * n_kt
+    done = 0  # query tiles this program has processed: the ring's slot and phase continue across work items
+    item = 0
+    # work item w: key tile w % n_kt of head w // n_kt. Persistent programs take items from a counter in the int32
+    # past Delta's end (zeroed by the preprocess kernel), in that order, so that the items in flight at once share a
+    # few heads' Q, dO and dQ in L2 (head-minor order measured 1.4-2.8x slower): whichever program finishes first
+    # takes the next, as the hardware's block scheduler would (a fixed round-robin lost 23-30% at long causal
+    # shapes). A program's next ticket is drawn when it starts an item, so the atomic's latency is hidden by it.
+    counter = (Delta + BKV * GROUP * N_Q).to(gl.pointer_type(gl.int32))
+    if PERSISTENT:
+        w = gl.atomic_add(counter, 1, sem="relaxed")
+    else:
+        w = gl.program_id(1) * n_kt + gl.program_id(0)
+    while w < n_items:
+        if PERSISTENT:
+            w_next = gl.atomic_add(counter, 1, sem="relaxed")
+        else:
+            w_next = n_items
+        head = w // n_kt
+        bkv = head.to(gl.int64)
+        h0 = head * GROUP
+        start_n = (w - head * n_kt) * BLOCK_N
 
-    for it in range(n_iter):
-        g = it // n_tiles
-        start_m = lo + (it - g * n_tiles) * BLOCK_M
-        bh = bkv * GROUP + g
-        s = it % STAGES
-        phase = (it // STAGES) & 1
-        q_s = q_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
-        do_s = do_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+        # ---- the query tiles that see this key tile: causal, from the tile holding query start_n on
+        if CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M
+        else:
+            lo = 0
+        n_tiles = gl.maximum(gl.cdiv(N_Q - lo, BLOCK_M), 0)
+        n_iter = n_tiles * GROUP
+        # tiles [lo, full_lo) cross the diagonal, [full_hi, ...) the end of the queries; a key tile past N_K is
+        # masked throughout
+        full_lo = lo
+        if CAUSAL:
+            full_lo = gl.minimum(((start_n + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N_Q)
+        keys_edge = start_n + BLOCK_N > N_K
 
-        mbarrier.wait(q_bar.index(s), phase)
-        s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
-        mbarrier.wait(do_bar.index(s), phase)
-        dp_t = warpgroup_mma(v_buf, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
-        nxt = it + 1  # the next tile's L and Delta: loads in flight while this tile computes
-        g_next = nxt // n_tiles
-        lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP + g_next, lo + (nxt - g_next * n_tiles) * BLOCK_M,
-                                           N_Q, stats_offs, nxt < n_iter)
-        lse2 = lse_smem.load(col_layout)  # log2 units
-
-        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
-        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
-        if keys_edge or start_m < full_lo or start_m >= full_hi:
-            offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-            visible = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= offs_m[None, :])
-            p_t = gl.where(visible, p_t, 0.0)
-        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
-        delta = delta_smem.load(col_layout)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
-        ds_buf.store(ds_t)
-        fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either reads it
-        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)  # eq. 19 (unscaled)
-        # eq. 18 transposed, dQ^T = K^T dS^T: wgmma's M is the head dim, so BLOCK_M may be 32
-        dq = warpgroup_mma(k_t.permute((1, 0)), ds_buf, dq_zero, use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
-        # every thread read this tile's L and Delta before the barrier above: the next tile's replace them
+        mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8)
+        tma.async_copy_global_to_shared(k_desc, [head, start_n, 0], kv_bar, k_buf)
+        tma.async_copy_global_to_shared(v_desc, [head, start_n, 0], kv_bar, v_buf)
+        for i in gl.static_range(STAGES):  # prologue: the item's first STAGES tiles
+            _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, (done + i) % STAGES, i, n_iter, n_tiles, lo,
+                       h0, BLOCK_M, tile_bytes)
+        lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP, lo, N_Q, stats_offs, n_iter > 0)
         lse_smem.store(lse_next * 1.4426950408889634)
         delta_smem.store(delta_next)
-        gl.thread_barrier()  # every wgmma reading Q, dO (buffer s) and dS^T has finished; L, Delta written
+        gl.thread_barrier()
 
-        # refill buffer s with the tile STAGES ahead
-        _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, s, it + STAGES, n_iter, n_tiles, lo, BLOCK_M,
-                   tile_bytes)
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+        mbarrier.wait(kv_bar, item & 1)
 
-        if DQ_TMA:
-            tma.store_wait(pendings=0)  # the previous tile's reduce has read dq_buf
-            gl.thread_barrier()
-            dq_buf.reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)).store(dq)
+        for it in range(n_iter):
+            g = it // n_tiles
+            start_m = lo + (it - g * n_tiles) * BLOCK_M
+            s = (done + it) % STAGES
+            phase = ((done + it) // STAGES) & 1
+            q_s = q_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+            do_s = do_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+
+            mbarrier.wait(q_bar.index(s), phase)
+            s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
+            mbarrier.wait(do_bar.index(s), phase)
+            dp_t = warpgroup_mma(v_t, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
+            nxt = it + 1  # the next tile's L and Delta: loads in flight while this tile computes
+            g_next = nxt // n_tiles
+            lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP + g_next,
+                                               lo + (nxt - g_next * n_tiles) * BLOCK_M, N_Q, stats_offs, nxt < n_iter)
+            lse2 = lse_smem.load(col_layout)  # log2 units
+
+            s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
+            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
+            if keys_edge or start_m < full_lo or start_m >= full_hi:
+                offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                visible = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+                if CAUSAL:
+                    visible = visible & (offs_n[:, None] <= offs_m[None, :])
+                p_t = gl.where(visible, p_t, 0.0)
+            dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
+            delta = delta_smem.load(col_layout)
+            ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
+            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
+            ds_buf.store(ds_t)
             fence_async_shared()
-            gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [g, start_m, 0], dq_buf)  # rows past N_Q are clipped
-        else:
-            offs_qm = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, dq_layout))
-            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, dq_layout))
-            ptrs = DQ_ACC + (bh * N_Q + offs_qm[None, :]) * HEAD_DIM + offs_d[:, None]
-            gl.atomic_add(ptrs, dq, mask=offs_qm[None, :] < N_Q, sem="relaxed")
+            gl.thread_barrier()  # both warpgroups' halves of dS^T are written before either reads it
+            dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)  # eq. 19 (unscaled)
+            # eq. 18 transposed, dQ^T = K^T dS^T: wgmma's M is the head dim, so BLOCK_M may be 32
+            dq = warpgroup_mma(k_t.permute((1, 0)), ds_buf, dq_zero, use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
+            # every thread read this tile's L and Delta before the barrier above: the next tile's replace them
+            lse_smem.store(lse_next * 1.4426950408889634)
+            delta_smem.store(delta_next)
+            gl.thread_barrier()  # every wgmma reading Q, dO (buffer s) and dS^T has finished; L, Delta written
+
+            # refill buffer s with the item's tile STAGES ahead
+            _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, s, it + STAGES, n_iter, n_tiles, lo, h0,
+                       BLOCK_M, tile_bytes)
+
+            if DQ_TMA:
+                tma.store_wait(pendings=0)  # the previous tile's reduce has read dq_buf
+                gl.thread_barrier()
+                dq_buf.reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)).store(dq)
+                fence_async_shared()
+                gl.thread_barrier()
+                _tma_reduce_add(dq_desc, [h0 + g, start_m, 0], dq_buf)  # rows past N_Q are clipped
+            else:
+                offs_qm = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, dq_layout))
+                offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, dq_layout))
+                ptrs = DQ_ACC + ((bkv * GROUP + g) * N_Q + offs_qm[None, :]) * HEAD_DIM + offs_d[:, None]
+                gl.atomic_add(ptrs, dq, mask=offs_qm[None, :] < N_Q, sem="relaxed")
+
+        # ---- dK (scaled, eq. 19), dV through the K and V buffers (every MMA that read them has finished) and TMA
+        # stores (rows past N_K clipped); the next item loads into them only after the stores have read them
+        k_t.store((dk * sm_scale).to(dtype))
+        v_t.store(dv.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(dk_desc, [head, start_n, 0], k_buf)
+        tma.async_copy_shared_to_global(dv_desc, [head, start_n, 0], v_buf)
+        tma.store_wait(pendings=0)
+        gl.thread_barrier()
+        done += n_iter
+        item += 1
+        w = w_next
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(q_bar.index(i))
         mbarrier.invalidate(do_bar.index(i))
 
-    # ---- dK (scaled, eq. 19), dV through the K and V buffers and TMA stores (rows past N_K clipped)
-    dk_desc = tma.make_tensor_descriptor(DK + bkv * stride_dkb, shape=[N_K, HEAD_DIM], strides=[stride_dkn, 1],
-                                         block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
-    dv_desc = tma.make_tensor_descriptor(DV + bkv * stride_dvb, shape=[N_K, HEAD_DIM], strides=[stride_dvn, 1],
-                                         block_shape=[BLOCK_N, HEAD_DIM], layout=kv_smem)
-    k_buf.store((dk * sm_scale).to(dtype))
-    v_buf.store(dv.to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(dk_desc, [start_n, 0], k_buf)
-    tma.async_copy_shared_to_global(dv_desc, [start_n, 0], v_buf)
-    tma.store_wait(pendings=0)
+
+def persistent_programs(n_k: int, block_n: int, heads: int, num_warps: int, device) -> int:
+    """Programs of the persistent kernel: as many as the GPU runs at once (two 4-warp CTAs per SM, one 8-warp
+    CTA: registers and shared memory of the variants below), at most one per work item."""
+    import torch
+
+    items = -(-n_k // block_n) * heads
+    per_sm = 2 if num_warps == 4 else 1
+    return max(1, min(items, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 # ------------------------------------------------------------------------------------------------ variants
 @dataclass(frozen=True)
 class Variant:
-    """One compiled form of the kernel: tiles, warps (4: one warpgroup, 8: two), Q/dO pipeline depth, and how dQ
-    is accumulated (TMA reduce-add or pointer atomics)."""
+    """One compiled form of the kernel: tiles, warps (4: one warpgroup, 8: two), Q/dO pipeline depth, how dQ
+    is accumulated (TMA reduce-add or pointer atomics), and whether programs are persistent."""
 
     head_dim: int
     block_n: int
@@ -292,14 +331,15 @@ class Variant:
     num_warps: int
     stages: int
     dq_tma: bool = True
+    persistent: bool = False
 
     def constexprs(self, causal: bool) -> dict:
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    STAGES=self.stages, DQ_TMA=self.dq_tma)
+                    STAGES=self.stages, DQ_TMA=self.dq_tma, PERSISTENT=self.persistent)
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
-                f"{'tma' if self.dq_tma else 'ptr'}")
+                f"{'tma' if self.dq_tma else 'ptr'}{'/p' if self.persistent else ''}")
 
 
 # Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
@@ -308,14 +348,16 @@ VARIANTS = (
     Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
+    Variant(64, 64, 64, 4, 2, persistent=True),
 )
 
 
 def default_variant(head_dim: int) -> Variant:
-    """The variant the check script and tests use unless told otherwise."""
+    """The dispatcher's variant on an H100 (``_tuning``'s ``hopper_bwd``), which the check script and tests use
+    unless told otherwise."""
     if head_dim not in (64, 128):
         raise ValueError(f"the Hopper backward supports head dims 64 and 128, got {head_dim}")
-    return Variant(64, 128, 64, 8, 2) if head_dim == 64 else Variant(128, 64, 32, 4, 2)
+    return Variant(64, 64, 64, 4, 2, persistent=True) if head_dim == 64 else Variant(128, 64, 32, 4, 3)
 
 
 # ------------------------------------------------------------------------------------------- check launches
@@ -345,7 +387,7 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
     lse = lse.contiguous()
     bh, bh_kv = b * hq, b * hkv
     dev = q.device
-    delta = torch.empty((bh, n_q), device=dev, dtype=torch.float32)
+    delta = torch.empty(bh * n_q + 1, device=dev, dtype=torch.float32)[:-1].view(bh, n_q)  # + the work counter
     dq_acc = torch.empty((bh, n_q, d), device=dev, dtype=torch.float32)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     sq, skv = (n_q * d, d, 1), (n_k * d, d, 1)
@@ -364,9 +406,14 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
 
     def mid():
         triton.set_allocator(ft._tma_workspace)  # the kernels build their descriptors in global scratch
-        kernel[(triton.cdiv(n_k, block_n), bh_kv)](
+        grid, heads_arg = (triton.cdiv(n_k, block_n), bh_kv), hkv  # the Triton kernel's heads per batch
+        if middle is None:  # ours: the work items' batch x key/value heads in the HEADS slot
+            heads_arg = bh_kv
+            if variant.persistent:
+                grid = (persistent_programs(n_k, block_n, bh_kv, warps, dev),)
+        kernel[grid](
             q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv,
-            hkv, 0, 0, scale, scale * ft.LOG2E, **constexprs, num_warps=warps, num_stages=stages)
+            heads_arg, 0, 0, scale, scale * ft.LOG2E, **constexprs, num_warps=warps, num_stages=stages)
 
     def post():
         ft._flash_bwd_dq_postprocess[row_grid](dq_acc, dq, *sq, n_q, scale, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows)

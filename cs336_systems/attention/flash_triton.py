@@ -345,6 +345,8 @@ def _flash_bwd_preprocess(O, DO, Delta, DQ_ACC, stride_ob, stride_om, stride_od,
     if ZERO_DQ:
         tl.store(DQ_ACC + (bh * N_Q + offs_m[:, None]) * D_PAD + offs_d[None, :],
                  tl.zeros((BLOCK_M, D_PAD), tl.float32), mask=offs_m[:, None] < N_Q)
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):  # the persistent backward's work counter
+            tl.store((Delta + tl.num_programs(1).to(tl.int64) * N_Q).to(tl.pointer_type(tl.int32)), 0)
 
 
 @triton.jit
@@ -1137,7 +1139,8 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
         doc, span = _doc_args(doc_ids, doc_span, L)
         launch(grid, (Q, K, V, O, dO, L, dq, dk, dv, doc, span), (*scalars, *sides))
         return dq, dk, dv
-    delta = torch.empty((bh, n_q), device=dev, dtype=torch.float32)
+    # one int32 past D's end: the Gluon backward's work counter, zeroed by the preprocess kernel
+    delta = torch.empty(bh * n_q + 1, device=dev, dtype=torch.float32)[:-1].view(bh, n_q)
     doc, span = _doc_args(doc_ids, doc_span, delta)
     dq_acc = delta if mode == "deterministic" else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
     (pre, pre_grid, pre_scalars), (dkdv, dkdv_grid, dkdv_scalars), (last, last_grid, last_scalars) = launches
@@ -1207,13 +1210,19 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         cfg = cfgs.hopper_bwd
         launch = _Launch(flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent), cfg)
+        # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
+        # the heads per batch; persistent programs take the items from a counter
+        dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, bh_kv, *sides)
+        grid = ((flash_hopper_bwd.persistent_programs(n_k, cfg.block_n, bh_kv, cfg.num_warps, Q.device), 1, 1)
+                if cfg.persistent else (_cdiv(n_k, cfg.block_n), bh_kv, 1))
+        dkdv = (launch, grid, dkdv_scalars)
     else:
         cfg = cfgs.dkdv if deterministic else cfgs.bwd
         launch = _Launch(_flash_bwd_dkdv_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                                       TMA=tma_for(cfg, "QKVd", (skv,)), ATOMIC_DQ=not deterministic,
                                                       **common), cfg)
-    dkdv = (launch, (_cdiv(n_k, cfg.block_n), bh_kv, 1), dkdv_scalars)
+        dkdv = (launch, (_cdiv(n_k, cfg.block_n), bh_kv, 1), dkdv_scalars)
     if deterministic:
         cfg = cfgs.dq
         tma = tma_for(cfg, "QKVd", (sg,))
