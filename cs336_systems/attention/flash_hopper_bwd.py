@@ -184,17 +184,15 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     # past Delta's end (zeroed by the preprocess kernel), in that order, so that the items in flight at once share a
     # few heads' Q, dO and dQ in L2 (head-minor order measured 1.4-2.8x slower): whichever program finishes first
     # takes the next, as the hardware's block scheduler would (a fixed round-robin lost 23-30% at long causal
-    # shapes). A program's next ticket is drawn when it starts an item, so the atomic's latency is hidden by it.
+    # shapes). A program draws its next ticket when it has finished an item: drawn when it starts one (to hide
+    # the atomic's latency), twice as many items are in flight and their heads' Q, dO and dQ overflow L2 (2x slower
+    # with grouped heads at 2 x 32/8 x 8,192 x 128, 3% at 1 x 16 x 16,384 x 64; H100, session 18).
     counter = (Delta + BKV * GROUP * N_Q).to(gl.pointer_type(gl.int32))
     if PERSISTENT:
         w = gl.atomic_add(counter, 1, sem="relaxed")
     else:
         w = gl.program_id(1) * n_kt + gl.program_id(0)
     while w < n_items:
-        if PERSISTENT:
-            w_next = gl.atomic_add(counter, 1, sem="relaxed")
-        else:
-            w_next = n_items
         head = w // n_kt
         bkv = head.to(gl.int64)
         h0 = head * GROUP
@@ -301,7 +299,10 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         gl.thread_barrier()
         done += n_iter
         item += 1
-        w = w_next
+        if PERSISTENT:
+            w = gl.atomic_add(counter, 1, sem="relaxed")
+        else:
+            w = n_items
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
