@@ -154,3 +154,36 @@ def test_gpu_persistent_programs_match_a_program_per_item(seed, causal):
         persistent = hb.run_backward(q, k, v, o, lse, do, causal, hb.Variant(64, 64, 64, 4, 2, persistent=True))
         assert torch.equal(persistent[1], per_item[1]) and torch.equal(persistent[2], per_item[2])
         torch.testing.assert_close(persistent[0], per_item[0], rtol=1e-2, atol=1e-3)  # a bf16 step either way
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal):
+    """The persistent Gluon forward computes each query tile as a program per item would (bitwise), call after
+    call and layout after layout on one stream (each launch leaves its work counter at zero), and inside a CUDA
+    graph's replays."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+
+    def config(persistent: bool):
+        base = _tuning.config_for(torch.device("cuda"), 1000, 64, torch.bfloat16)
+        return dataclasses.replace(base, hopper_fwd=dataclasses.replace(base.hopper_fwd, persistent=persistent))
+
+    for n in (333, 1000, 77):
+        q = torch.randn(3, 6, n, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(3, 2, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ref = ft.flash_forward(q, k, v, causal, config(False))
+        for _ in range(2):
+            out = ft.flash_forward(q, k, v, causal, config(True))
+            assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ft.flash_forward(q, k, v, causal, config(True))
+    for _ in range(2):
+        out[0].zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])

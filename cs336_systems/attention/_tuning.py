@@ -35,8 +35,8 @@ class KernelConfig:
     tma: bool = False  # tensor-descriptor (TMA) loads and stores
     # Gluon forward only: two consumer warpgroups of 64 rows and a producer warp (flash_hopper)
     warp_specialize: bool = False
-    # Gluon backward only: as many programs as the GPU holds, taking (key tile, head) items from a counter
-    # (flash_hopper_bwd); False: a program per item
+    # Gluon kernels without warp specialisation: as many programs as the GPU holds, taking the work items (query
+    # or key tiles of a head) from a counter (flash_hopper, flash_hopper_bwd); False: a program per item
     persistent: bool = False
 
     def __post_init__(self):
@@ -98,7 +98,8 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
                            single_max_programs=128)
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
-                           single_max_programs=512, hopper_fwd=K(64, 64, 4, 3, True) if hopper else None,
+                           single_max_programs=512,
+                           hopper_fwd=K(64, 64, 4, 3, True, persistent=True) if hopper else None,
                            hopper_bwd=K(64, 64, 4, 2, True, persistent=True) if hopper else None)
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),

@@ -57,24 +57,39 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr):
-    """Start the TMA loads of key/value tile ``tile`` into its ring stage (nothing past the last tile)."""
-    stage = tile % STAGES
+             STAGES: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
+    """Start the TMA loads of key/value tile ``tile`` into its ring stage (nothing past the last tile); ``base``:
+    tiles through the ring before this query tile's first. HEAD3: 3-D descriptors over all heads (key/value head
+    ``kv_head``) and ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM)."""
+    stage = (base + tile) % STAGES
     pred = tile < n_tiles
+    if HEAD3:
+        coord = [kv_head, tile * BLOCK_N, 0]
+    else:
+        coord = [tile * BLOCK_N, 0]
     mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [tile * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage), pred=pred)
     mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [tile * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(v_desc, coord, v_bars.index(stage), v_smem.index(stage), pred=pred)
+
+
+@gluon.jit
+def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD3: gl.constexpr):
+    """A ring stage as the (BLOCK_N, HEAD_DIM) operand of a warpgroup MMA."""
+    if HEAD3:
+        return ring.index(stage).reshape([BLOCK_N, HEAD_DIM])
+    else:
+        return ring.index(stage)
 
 
 @gluon.jit
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr):
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer through its mbarrier
-    in ``empty_bars`` (RELEASE True)."""
+    in ``empty_bars`` (RELEASE True). ``base``, ``kv_head``, HEAD3: as in ``_load_kv``."""
     dtype: gl.constexpr = q.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -90,21 +105,24 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
 
     # tile 0: S alone
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_init, use_acc=False)
+    mbarrier.wait(k_bars.index(base % STAGES), (base // STAGES) & 1)
+    s = warpgroup_mma(q, _stage_tile(k_smem, base % STAGES, BLOCK_N, HEAD_DIM, HEAD3).permute((1, 0)), s_init,
+                      use_acc=False)
     if n_full > 0:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
 
     for j in range(1, n_tiles):
-        stage = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
-        s_tok = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+        stage = (base + j) % STAGES
+        prev = (base + j - 1) % STAGES
+        mbarrier.wait(k_bars.index(stage), ((base + j) // STAGES) & 1)
+        s_tok = warpgroup_mma(q, _stage_tile(k_smem, stage, BLOCK_N, HEAD_DIM, HEAD3).permute((1, 0)), s_init,
+                              use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(prev), ((base + j - 1) // STAGES) & 1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), _stage_tile(v_smem, prev, BLOCK_N, HEAD_DIM,
+                                                                                     HEAD3), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
@@ -118,25 +136,33 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         else:
             if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
                 gl.thread_barrier()
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
+                     kv_head, HEAD3)
 
-    last = n_tiles - 1
+    last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout),
+                        _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM, HEAD3), acc)
     return acc, l_i, m_i
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q):
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False):
     """O = acc / l through Q's buffer (free: every MMA that read it has completed) and a TMA store that clips
-    rows past N_Q; L = m + log2(l) in natural log."""
+    rows past N_Q; L = m + log2(l) in natural log. HEAD3: a (1, rows, HEAD_DIM) buffer and a 3-D descriptor over
+    all heads (head ``bh``)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
     gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
-    q.store(acc.to(q.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+    if HEAD3:
+        q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [bh, row0, 0], q)
+    else:
+        q.store(acc.to(q.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
     tma.store_wait(pendings=0)
 
 
@@ -199,13 +225,13 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, 0, 0, False)
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                                       instr_shape=[16, BLOCK_N, 16]))
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
     mbarrier.wait(q_bar, 0)
     acc, l_i, m_i = _attend(q_smem, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False)
+                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False, 0, 0, False)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -213,6 +239,96 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
         gl.thread_barrier()
     _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q)
+
+
+@gluon.jit
+def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
+                                  stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
+                                  GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
+    built once, the (query tile, batch x head) items taken from a counter, heads in order and, causal, each head's
+    longest tiles first; the K/V ring's stages and phases run on across items. HEADS here is the number of batch x
+    query heads; DOC the counter's int32 pair (next item, finished programs), zero at launch: the last program to
+    finish zeroes it again, so the next launch on the stream finds it zero (no memset per call). SPAN, LEFT, RIGHT
+    and the d strides (1) are unused."""
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    dtype: gl.constexpr = Q.dtype.element_ty
+    smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
+    bkv_total = HEADS // GROUP
+    q_desc = tma.make_tensor_descriptor(Q, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
+                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=smem)
+    k_desc = tma.make_tensor_descriptor(K, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
+    v_desc = tma.make_tensor_descriptor(V, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
+    o_desc = tma.make_tensor_descriptor(O, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_ob, stride_om, 1],
+                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=smem)
+    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
+    q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                                      instr_shape=[16, BLOCK_N, 16]))
+    n_mt = gl.cdiv(N_Q, BLOCK_M)
+    n_items = HEADS * n_mt
+    counter = DOC.to(gl.pointer_type(gl.int32))
+    base = 0  # key/value tiles through the ring before this item's
+    item = 0
+    w = gl.atomic_add(counter, 1, sem="relaxed")
+    while w < n_items:
+        bh = w // n_mt
+        pid_m = w - bh * n_mt
+        if CAUSAL:  # a head's last query tiles see the most keys: first
+            pid_m = n_mt - 1 - pid_m
+        start_m = pid_m * BLOCK_M
+        bkv = bh // GROUP
+        if CAUSAL:
+            hi = gl.minimum(N_K, start_m + BLOCK_M)
+            n_full = gl.minimum(start_m + 1, N_K) // BLOCK_N  # tiles wholly left of the diagonal and inside N_K
+        else:
+            hi = N_K
+            n_full = N_K // BLOCK_N
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bh, start_m, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True)
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+        mbarrier.wait(q_bar, item & 1)
+        acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
+                                n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
+                                base, bkv, True)
+        if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
+            gl.thread_barrier()
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
+        gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
+        base += n_tiles
+        item += 1
+        w = gl.atomic_add(counter, 1, sem="relaxed")
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
+    if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
+        gl.atomic_xchg(counter, 0, sem="relaxed")
+        gl.atomic_xchg(counter + 1, 0, sem="relaxed")
+
+
+def persistent_programs(items: int, device) -> int:
+    """Programs of the persistent forward: two 4-warp CTAs per SM (registers and shared memory of its tiles), at
+    most one per work item."""
+    import torch
+
+    return max(1, min(items, 2 * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 # Warp-specialised form: two consumer warpgroups (64 query rows each) share the K/V ring that one producer warp
@@ -249,7 +365,7 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
     offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
     mbarrier.wait(q_bars.index(WG), 0)
     acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True)
+                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, 0, 0, False)
     _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q)  # only this warpgroup read its Q rows
 
 

@@ -837,26 +837,62 @@ class _Launch:
     """``kernel[grid](*pointers, *scalars, **constexprs)`` for one layout of its arguments (what Triton
     specialises a launch on: dtypes, 16-byte alignment of the pointers, the integer arguments, constexprs,
     warps and stages). The first call goes through Triton's JIT (compiling if needed); later ones call the
-    compiled kernel directly (``_direct_launcher``)."""
+    compiled kernel directly (``_direct_launcher``). A persistent kernel (``cfg.persistent``) takes its work
+    items' count as ``grid[0]`` and runs as many programs as stay resident on the GPU (from the compiled kernel's
+    registers and shared memory), at most one per item."""
 
-    __slots__ = ("cfg", "constexprs", "kernel", "run")
+    __slots__ = ("cfg", "constexprs", "kernel", "programs", "run")
 
     def __init__(self, kernel, constexprs: dict, cfg: KernelConfig):
-        self.kernel, self.constexprs, self.cfg, self.run = kernel, constexprs, cfg, None
+        self.kernel, self.constexprs, self.cfg, self.run, self.programs = kernel, constexprs, cfg, None, 0
 
     def __call__(self, grid: tuple[int, int, int], pointers: tuple, scalars: tuple) -> None:
+        if self.programs:
+            grid = (min(grid[0], self.programs), 1, 1)
         if self.run is not None:
             self.run(grid, pointers, scalars)
             return
         if not _INTERPRETED:
             triton.set_allocator(_tma_workspace)
-        compiled = self.kernel[grid](*pointers, *scalars, **self.constexprs, num_warps=self.cfg.num_warps,
-                                     num_stages=self.cfg.num_stages)
+        options = dict(self.constexprs, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
+        if self.cfg.persistent:
+            compiled = self.kernel.warmup(*pointers, *scalars, grid=grid, **options)
+            self.programs = _resident_programs(compiled, self.cfg.num_warps, pointers[0].device)
+            grid = (min(grid[0], self.programs), 1, 1)
+        compiled = self.kernel[grid](*pointers, *scalars, **options)
         if not _INTERPRETED and compiled is not None:
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
                 compiled = compiled.result()
             names = self.kernel.arg_names[len(pointers) + len(scalars):]  # the constexprs, in signature order
             self.run = _direct_launcher(compiled, tuple(self.constexprs[n] for n in names))
+
+
+def _resident_programs(compiled, num_warps: int, device: torch.device) -> int:
+    """How many programs of a compiled kernel the GPU runs at once: per SM, the fewest that its registers
+    (allocated per warp in units of 256), shared memory (plus the 1 KiB the hardware reserves per block) and
+    threads allow."""
+    compiled._init_handles()  # loads the module, which fills in n_regs
+    props = torch.cuda.get_device_properties(device)
+    regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+    per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // max(regs_per_warp * num_warps, 1),
+                 getattr(props, "shared_memory_per_multiprocessor", 233472) // (compiled.metadata.shared + 1024),
+                 getattr(props, "max_threads_per_multi_processor", 2048) // (32 * num_warps), 32)
+    return max(1, per_sm) * props.multi_processor_count
+
+
+_COUNTERS: dict[tuple[int, int], Tensor] = {}
+
+
+def _work_counter(device: torch.device) -> Tensor:
+    """The persistent forward's (next item, finished programs) int32 pair for the current stream: zero at
+    allocation, and each launch leaves it zero (its last program resets it), so launches on one stream, which run
+    one after another, share it without a memset per call."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    counter = _COUNTERS.get(key)
+    if counter is None:
+        counter = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=torch.device("cuda", index))
+    return counter
 
 
 class _Plan:
@@ -1025,6 +1061,8 @@ def _launch_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tenso
     if copy:
         Q, K, V = (_rows(t)[0] for t in (Q, K, V))
     doc, span = _doc_args(doc_ids, doc_span, lse)
+    if launch.cfg.persistent:  # the Gluon forward's work counter in the documents' slot (it takes none)
+        doc = _work_counter(Q.device)
     launch(grid, (Q, K, V, o, lse, doc, span), (*scalars, scale * LOG2E))
     return o, lse
 
@@ -1056,9 +1094,12 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
     cfg = cfgs.hopper_fwd
     if cfg is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
-        kernel = flash_hopper._hopper_fwd_ws_kernel if cfg.warp_specialize else flash_hopper._hopper_fwd_kernel
+        kernel = (flash_hopper._hopper_fwd_ws_kernel if cfg.warp_specialize else
+                  flash_hopper._hopper_fwd_persistent_kernel if cfg.persistent else flash_hopper._hopper_fwd_kernel)
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                                       STAGES=cfg.num_stages), cfg)
+        if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads
+            return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, (*scalars[:-3], bh, *scalars[-2:])
         return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars
     cfg = cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -1214,8 +1255,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
         # the heads per batch; persistent programs take the items from a counter
         dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, bh_kv, *sides)
-        grid = ((flash_hopper_bwd.persistent_programs(n_k, cfg.block_n, bh_kv, cfg.num_warps, Q.device), 1, 1)
-                if cfg.persistent else (_cdiv(n_k, cfg.block_n), bh_kv, 1))
+        grid = (_cdiv(n_k, cfg.block_n) * bh_kv, 1, 1) if cfg.persistent else (_cdiv(n_k, cfg.block_n), bh_kv, 1)
         dkdv = (launch, grid, dkdv_scalars)
     else:
         cfg = cfgs.dkdv if deterministic else cfgs.bwd
