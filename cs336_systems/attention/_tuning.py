@@ -150,7 +150,7 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     if table.hopper_fwd is not None and d_pad == 64 and n_q >= 8192:
         # long causal sequences at head dim 64: wider key tiles with a deeper ring (H100, session 10:
         # 1.28 vs 1.36 ms at 1 x 16 x 16,384; 64-key tiles stay ahead up to 2,048)
-        table = dataclasses.replace(table, hopper_fwd=KernelConfig(64, 128, 4, 3, True))
+        table = dataclasses.replace(table, hopper_fwd=KernelConfig(64, 128, 4, 3, True, persistent=True))
     configs = pinned.get("configs")
     if not configs or capability is None or tuple(pinned.get("capability", ())) != tuple(capability):
         return table

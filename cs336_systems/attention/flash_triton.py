@@ -60,6 +60,7 @@ environment before this module is imported.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import weakref
@@ -1094,6 +1095,9 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
     cfg = cfgs.hopper_fwd
     if cfg is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
+        sms = torch.cuda.get_device_properties(Q.device).multi_processor_count
+        if cfg.persistent and _cdiv(n_q, cfg.block_m) * bh <= sms:  # one wave: no setup to share, nothing to balance
+            cfg = dataclasses.replace(cfg, persistent=False)
         kernel = (flash_hopper._hopper_fwd_ws_kernel if cfg.warp_specialize else
                   flash_hopper._hopper_fwd_persistent_kernel if cfg.persistent else flash_hopper._hopper_fwd_kernel)
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
