@@ -172,9 +172,9 @@ def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal):
         base = _tuning.config_for(torch.device("cuda"), 1000, 64, torch.bfloat16)
         return dataclasses.replace(base, hopper_fwd=dataclasses.replace(base.hopper_fwd, persistent=persistent))
 
-    for n in (333, 1000, 77):
-        q = torch.randn(3, 6, n, 64, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(3, 2, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for n in (333, 1000, 2100):  # more query tiles than SMs (fewer run as a program per item)
+        q = torch.randn(3, 12, n, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(3, 4, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = ft.flash_forward(q, k, v, causal, config(False))
         for _ in range(2):
             out = ft.flash_forward(q, k, v, causal, config(True))
