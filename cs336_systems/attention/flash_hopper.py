@@ -15,6 +15,9 @@ What differs is how a key tile is processed, following FlashAttention-3 (Shah et
 - Causal: the tiles right of the diagonal are never loaded; only the tiles that cross it (or the end of the
   keys) are masked.
 
+Persistent form (``_hopper_fwd_persistent_kernel``, ``KernelConfig.persistent``, head dim 64): the same work as
+programs that stay resident and take the (query tile, head) items from a counter, descriptors built once.
+
 Scope: 16-bit inputs, head dims 64 and 128, unit stride along d with 16-byte aligned strides, full attention or
 causal, grouped-query heads; windows and packed documents stay on the Triton kernel. ``flash_triton`` chooses it
 per call (``hopper_forward``) and falls back to Triton elsewhere.
@@ -321,14 +324,6 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
         gl.atomic_xchg(counter, 0, sem="relaxed")
         gl.atomic_xchg(counter + 1, 0, sem="relaxed")
-
-
-def persistent_programs(items: int, device) -> int:
-    """Programs of the persistent forward: two 4-warp CTAs per SM (registers and shared memory of its tiles), at
-    most one per work item."""
-    import torch
-
-    return max(1, min(items, 2 * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 # Warp-specialised form: two consumer warpgroups (64 query rows each) share the K/V ring that one producer warp

@@ -2,11 +2,11 @@
 
 The middle kernel of the three-launch backward (``flash_triton._flash_bwd_dkdv_kernel`` with ATOMIC_DQ):
 the same arguments in the same order (the heads slot takes the total of batch x key/value heads), so the
-``_Launch`` machinery launches either. Programs are persistent (``persistent_programs``: as many as the GPU
-holds at once), build their tensor descriptors once, and take the work items (a key tile of ``BLOCK_N`` rows of
-one batch x key/value head) round-robin, longest first. For each, a program keeps K and V in shared memory and
-dK, dV in fp32 registers, and walks the query tiles of the ``GROUP`` query heads that read it
-(FlashAttention-3's backward, Shah et al. 2024, section 3 and appendix B):
+``_Launch`` machinery launches either. A work item is one key tile (``BLOCK_N`` rows) of one batch x key/value
+head: its program keeps K and V in shared memory and dK, dV in fp32 registers, and walks the query tiles of the
+``GROUP`` query heads that read it (FlashAttention-3's backward, Shah et al. 2024, section 3 and appendix B).
+``PERSISTENT``: as many programs as the GPU holds, tensor descriptors built once, items taken from a counter
+(see the kernel); else a program per item (head dim 128, where persistence spills and gains nothing).
 
 - Q and dO tiles stream through ``STAGES`` shared-memory buffers filled by TMA (tensor descriptors built on
   the device, 3-D over the group's query heads so the pipeline runs across heads); an mbarrier per buffer.
@@ -108,8 +108,8 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
                             PERSISTENT: gl.constexpr):
-    """Persistent programs over the (key tile, batch x key/value head) work items (``BKV`` heads); see the module
-    docstring."""
+    """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
+    program per item (grid: key tiles x BKV); see the module docstring."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
 
