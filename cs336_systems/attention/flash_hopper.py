@@ -151,6 +151,19 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
 
 
 @gluon.jit
+def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The key tiles a query tile from row ``start_m`` reads, and how many of them need no mask (wholly left of
+    the diagonal and inside N_K)."""
+    if CAUSAL:
+        hi = gl.minimum(N_K, start_m + BLOCK_M)
+        n_full = gl.minimum(start_m + 1, N_K) // BLOCK_N
+    else:
+        hi = N_K
+        n_full = N_K // BLOCK_N
+    return gl.cdiv(hi, BLOCK_N), n_full
+
+
+@gluon.jit
 def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False):
     """O = acc / l through Q's buffer (free: every MMA that read it has completed) and a TMA store that clips
     rows past N_Q; L = m + log2(l) in natural log. HEAD3: a (1, rows, HEAD_DIM) buffer and a 3-D descriptor over
@@ -217,13 +230,7 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
 
-    if CAUSAL:
-        hi = gl.minimum(N_K, start_m + BLOCK_M)
-        n_full = gl.minimum(start_m + 1, N_K) // BLOCK_N  # tiles wholly left of the diagonal and inside N_K
-    else:
-        hi = N_K
-        n_full = N_K // BLOCK_N
-    n_tiles = gl.cdiv(hi, BLOCK_N)
+    n_tiles, n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
@@ -293,13 +300,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
             pid_m = n_mt - 1 - pid_m
         start_m = pid_m * BLOCK_M
         bkv = bh // GROUP
-        if CAUSAL:
-            hi = gl.minimum(N_K, start_m + BLOCK_M)
-            n_full = gl.minimum(start_m + 1, N_K) // BLOCK_N  # tiles wholly left of the diagonal and inside N_K
-        else:
-            hi = N_K
-            n_full = N_K // BLOCK_N
-        n_tiles = gl.cdiv(hi, BLOCK_N)
+        n_tiles, n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bh, start_m, 0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
