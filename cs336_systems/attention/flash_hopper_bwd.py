@@ -311,8 +311,9 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
 
 
 def persistent_programs(n_k: int, block_n: int, heads: int, num_warps: int, device) -> int:
-    """Programs of the persistent kernel: as many as the GPU runs at once (two 4-warp CTAs per SM, one 8-warp
-    CTA: registers and shared memory of the variants below), at most one per work item."""
+    """Programs of the persistent kernel for ``backward_launches`` (the check scripts): two 4-warp CTAs per SM or
+    one 8-warp CTA, what the variants below leave room for, at most one per work item. The dispatcher sizes the
+    grid from the compiled kernel instead (``flash_triton._resident_programs``)."""
     import torch
 
     items = -(-n_k // block_n) * heads
