@@ -310,17 +310,6 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         mbarrier.invalidate(do_bar.index(i))
 
 
-def persistent_programs(n_k: int, block_n: int, heads: int, num_warps: int, device) -> int:
-    """Programs of the persistent kernel for ``backward_launches`` (the check scripts): two 4-warp CTAs per SM or
-    one 8-warp CTA, what the variants below leave room for, at most one per work item. The dispatcher sizes the
-    grid from the compiled kernel instead (``flash_triton._resident_programs``)."""
-    import torch
-
-    items = -(-n_k // block_n) * heads
-    per_sm = 2 if num_warps == 4 else 1
-    return max(1, min(items, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
-
-
 # ------------------------------------------------------------------------------------------------ variants
 @dataclass(frozen=True)
 class Variant:
@@ -376,6 +365,7 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
     import triton
 
     from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention._tuning import KernelConfig
 
     b, hq, n_q, d = q.shape
     hkv, n_k = k.shape[1], k.shape[2]
@@ -400,22 +390,26 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
         ft._flash_bwd_preprocess[row_grid](o, do, delta, dq_acc, *sq, *sq, n_q, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows,
                                            ZERO_DQ=True)
 
+    pointers = (q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse)
     if middle is None:
-        kernel, constexprs, warps, stages = _hopper_bwd_dkdv_kernel, variant.constexprs(causal), variant.num_warps, 1
+        # ours through the dispatcher's launcher (a persistent variant's grid sized from the compiled kernel): the
+        # work items' batch x key/value heads in the HEADS slot
+        cfg = KernelConfig(variant.block_m, variant.block_n, variant.num_warps, 1, True, persistent=variant.persistent)
+        launch = ft._Launch(_hopper_bwd_dkdv_kernel, variant.constexprs(causal), cfg)
+        items = triton.cdiv(n_k, variant.block_n)
+        grid = (items * bh_kv, 1, 1) if variant.persistent else (items, bh_kv, 1)
+        scalars = (*sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv, bh_kv, 0, 0, scale, scale * ft.LOG2E)
+
+        def mid():
+            launch(grid, pointers, scalars)
     else:
         kernel, constexprs, warps, stages = middle
-    block_n = constexprs["BLOCK_N"]
 
-    def mid():
-        triton.set_allocator(ft._tma_workspace)  # the kernels build their descriptors in global scratch
-        grid, heads_arg = (triton.cdiv(n_k, block_n), bh_kv), hkv  # the Triton kernel's heads per batch
-        if middle is None:  # ours: the work items' batch x key/value heads in the HEADS slot
-            heads_arg = bh_kv
-            if variant.persistent:
-                grid = (persistent_programs(n_k, block_n, bh_kv, warps, dev),)
-        kernel[grid](
-            q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv,
-            heads_arg, 0, 0, scale, scale * ft.LOG2E, **constexprs, num_warps=warps, num_stages=stages)
+        def mid():
+            triton.set_allocator(ft._tma_workspace)  # the kernels build their descriptors in global scratch
+            kernel[(triton.cdiv(n_k, constexprs["BLOCK_N"]), bh_kv)](  # the Triton kernel takes heads per batch
+                *pointers, *sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv, hkv, 0, 0, scale,
+                scale * ft.LOG2E, **constexprs, num_warps=warps, num_stages=stages)
 
     def post():
         ft._flash_bwd_dq_postprocess[row_grid](dq_acc, dq, *sq, n_q, scale, HEAD_DIM=d, D_PAD=d, BLOCK_M=rows)
