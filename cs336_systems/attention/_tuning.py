@@ -33,7 +33,8 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False  # tensor-descriptor (TMA) loads and stores
-    # Gluon forward only: two consumer warpgroups of 64 rows and a producer warp (flash_hopper)
+    # Gluon kernels: two consumer warpgroups of 64 rows (query rows forward, key rows backward) and a producer
+    # warp (flash_hopper, flash_hopper_bwd)
     warp_specialize: bool = False
     # Gluon kernels without warp specialisation: as many programs as the GPU holds, taking the work items (query
     # or key tiles of a head) from a counter (flash_hopper, flash_hopper_bwd); False: a program per item
@@ -44,9 +45,10 @@ class KernelConfig:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
-        if self.warp_specialize and (self.block_m, self.num_warps) != (128, 4):
-            raise ValueError("warp_specialize needs block_m=128 and num_warps=4 (two consumer warpgroups of 64 rows, "
-                             f"a producer warp), got block_m={self.block_m}, num_warps={self.num_warps}")
+        if self.warp_specialize and (self.num_warps != 4 or 128 not in (self.block_m, self.block_n)):
+            raise ValueError("warp_specialize needs num_warps=4 and 128-row tiles on the side that two consumer "
+                             "warpgroups split (block_m=128 forward, block_n=128 backward), got "
+                             f"block_m={self.block_m}, block_n={self.block_n}, num_warps={self.num_warps}")
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{'tma' if self.tma else 'ptr'}"
@@ -105,7 +107,9 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
                            atomic_dq=False, single_max_programs=128,
                            hopper_fwd=K(128, 64, 4, 3, True, warp_specialize=True) if hopper else None,
-                           hopper_bwd=K(32, 64, 4, 3, True) if hopper else None)
+                           # two consumer warpgroups on 128-key tiles (H100, session 19: 0.71-0.77x the time of
+                           # one warpgroup's 64 x 32 tiles at every timed shape)
+                           hopper_bwd=K(64, 128, 4, 2, True, warp_specialize=True) if hopper else None)
     return FlashConfig(K(64, 64, 4, 2), K(32, 64, 8, 1), K(32, 64, 8, 1), K(64, 32, 8, 1), single_max_programs=128)
 
 
@@ -150,7 +154,10 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     if table.hopper_fwd is not None and d_pad == 64 and n_q >= 8192:
         # long causal sequences at head dim 64: wider key tiles with a deeper ring (H100, session 10:
         # 1.28 vs 1.36 ms at 1 x 16 x 16,384; 64-key tiles stay ahead up to 2,048)
-        table = dataclasses.replace(table, hopper_fwd=KernelConfig(64, 128, 4, 3, True, persistent=True))
+        # and the warp-specialised backward on 128 x 128 tiles (3.14 vs 3.44 ms at 1 x 16 x 16,384; a program per
+        # item, it loses to the persistent one at 4 x 25 x 2,048: 0.51 vs 0.42 ms; session 19)
+        table = dataclasses.replace(table, hopper_fwd=KernelConfig(64, 128, 4, 3, True, persistent=True),
+                                    hopper_bwd=KernelConfig(128, 128, 4, 2, True, warp_specialize=True))
     configs = pinned.get("configs")
     if not configs or capability is None or tuple(pinned.get("capability", ())) != tuple(capability):
         return table

@@ -6,7 +6,7 @@ the same arguments in the same order (the heads slot takes the total of batch x 
 head: its program keeps K and V in shared memory and dK, dV in fp32 registers, and walks the query tiles of the
 ``GROUP`` query heads that read it (FlashAttention-3's backward, Shah et al. 2024, section 3 and appendix B).
 ``PERSISTENT``: as many programs as the GPU holds, tensor descriptors built once, items taken from a counter
-(see the kernel); else a program per item (head dim 128, where persistence spills and gains nothing).
+(see the kernel); else a program per item (head dim 128, where persistence spilled and gained nothing).
 
 - Q and dO tiles stream through ``STAGES`` shared-memory buffers filled by TMA (tensor descriptors built on
   the device, 3-D over the group's query heads so the pipeline runs across heads); an mbarrier per buffer.
@@ -25,8 +25,12 @@ head: its program keeps K and V in shared memory and dK, dV in fp32 registers, a
   only on tiles crossing the diagonal or the end of the queries or keys. Three loops with the mask as a
   constexpr (as the Triton kernel has) cost 25-50 more registers here and spilled.
 - 4 warps (one warpgroup) or 8 (two, splitting the key tile's rows; dQ^T splits its query columns). Every
-  refill of a shared buffer waits until both warpgroups' wgmmas that read it have finished. Head dim 128 runs
-  one warpgroup on 64 x 32 tiles: with 8 warps and 128-row key tiles every query tile size spilled.
+  refill of a shared buffer waits until both warpgroups' wgmmas that read it have finished.
+
+``_hopper_bwd_ws_kernel`` is the warp-specialised form (FlashAttention-3's): 128-row key tiles over two consumer
+warpgroups with 240 registers per thread and a producer warp that fills the Q / dO / L / Delta ring; no CTA-wide
+barrier in the loop. The default at head dim 128 (where one warpgroup had to run 64 x 32 tiles: with 8 warps and
+128-row key tiles every query tile size spilled) and at 64 from 8,192 queries.
 
 Inputs (the dispatcher's guarantee, not checked here): bf16 or fp16, head dim 64 or 128 (``HEAD_DIM``),
 unit stride along d, 16-byte aligned bases and strides; L the natural-log logsumexp and Delta = rowsum(O dO),
@@ -310,11 +314,249 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         mbarrier.invalidate(do_bar.index(i))
 
 
+# ------------------------------------------------------------------------------- warp-specialised form
+# FlashAttention-3's backward layout (Shah et al. 2024, appendix B): a program owns a 128-row key tile; two consumer
+# warpgroups take 64 key rows each (their own S^T, dP^T, dK, dV in registers, raised to 240 per thread with
+# setmaxnreg) and share the Q / dO / L / Delta ring that one producer warp fills. dQ^T = K^T dS^T runs over all 128
+# keys from both halves of dS^T in shared memory, each warpgroup computing half of it: 64 of its head-dim rows at
+# head dim 128, half of its query columns at 64 (wgmma's M is at least 64). So a query tile's dQ is reduced into the
+# accumulator once per 128 keys (half the one-warpgroup kernel's reduce-adds) and every Q / dO tile is loaded once
+# per 128 keys.
+@gluon.constexpr_function
+def _dq_split(head_dim, block_m):
+    """The (rows, columns) of dQ^T each consumer warpgroup computes: half the head dim where that is at least
+    wgmma's 64 rows, else half the query columns (which must then start on a 128-byte swizzle boundary of dS^T:
+    block_m 128)."""
+    return (head_dim // 2, block_m) if head_dim >= 128 else (head_dim, block_m // 2)
+
+
+@gluon.jit
+def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
+                     kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
+                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: K and V of the key tile, then per query tile (query head ``bq0 + idx // n_tiles``) Q and dO by TMA
+    and L (log2 units) and Delta by plain loads into the ring stage, once both consumers have released it. Q's
+    barrier counts the stats' store as its second arrival."""
+    vec: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [head, start_n, 0], kv_bar, k_buf)
+    tma.async_copy_global_to_shared(v_desc, [head, start_n, 0], kv_bar, v_buf)
+    offs = gl.arange(0, BLOCK_M, layout=vec)
+    for it in range(n_iter):
+        s = it % STAGES
+        g = it // n_tiles
+        start_m = lo + (it - g * n_tiles) * BLOCK_M
+        rows = start_m + offs
+        row_ptr = (bq0 + g).to(gl.int64) * N_Q + rows
+        lse = gl.load(L + row_ptr, mask=rows < N_Q, other=0.0)  # in flight while the stage drains
+        delta = gl.load(Delta + row_ptr, mask=rows < N_Q, other=0.0)
+        mbarrier.wait(empty_bars.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+        mbarrier.expect(q_bars.index(s), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bq0 + g, start_m, 0], q_bars.index(s), q_buf.index(s))
+        mbarrier.expect(do_bars.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [bq0 + g, start_m, 0], do_bars.index(s), do_buf.index(s))
+        lse_buf.index(s).store(lse * 1.4426950408889634)
+        delta_buf.index(s).store(delta)
+        mbarrier.arrive(q_bars.index(s))
+
+
+@gluon.jit
+def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
+                     kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles, n_iter,
+                     N_Q, N_K, sm_scale, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """Key rows ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's
+    half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included)."""
+    dtype: gl.constexpr = q_buf.dtype
+    ROWS: gl.constexpr = 64
+    DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
+    DQ_M: gl.constexpr = DQ[0]  # this warpgroup's part of dQ^T: head-dim rows x query columns
+    DQ_N: gl.constexpr = DQ[1]
+    s_layout: gl.constexpr = _mma_layout(ROWS, BLOCK_M, 4)
+    kv_layout: gl.constexpr = _mma_layout(ROWS, HEAD_DIM, 4)
+    dq_layout: gl.constexpr = _mma_layout(DQ_M, DQ_N, 4)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    k_tile = k_buf.reshape([2 * ROWS, HEAD_DIM])
+    k_t = k_tile.slice(WG * ROWS, ROWS, dim=0)  # this warpgroup's keys
+    v_t = v_buf.reshape([2 * ROWS, HEAD_DIM]).slice(WG * ROWS, ROWS, dim=0)
+    if DQ_M < HEAD_DIM:  # K^T's head-dim rows of this warpgroup's dQ^T, and its corner of the accumulator
+        k_dq = k_tile.slice(WG * DQ_M, DQ_M, dim=1).permute((1, 0))
+        dq_row, dq_col = 0, WG * DQ_M
+    else:
+        k_dq = k_tile.permute((1, 0))
+        dq_row, dq_col = WG * DQ_N, 0
+    dq_stage = dq_buf.index(WG)
+
+    s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
+    full_hi = (N_Q // BLOCK_M) * BLOCK_M
+    k0 = start_n + WG * ROWS
+    full_lo = lo
+    if CAUSAL:
+        full_lo = gl.minimum(((k0 + ROWS + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N_Q)
+    keys_edge = k0 + ROWS > N_K
+    offs_n = k0 + gl.arange(0, ROWS, layout=row_layout)
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
+    mbarrier.wait(kv_bar, 0)
+
+    for it in range(n_iter):
+        g = it // n_tiles
+        start_m = lo + (it - g * n_tiles) * BLOCK_M
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        q_s = q_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do_s = do_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+
+        mbarrier.wait(q_bars.index(s), phase)  # Q, and this tile's L and Delta
+        s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
+        mbarrier.wait(do_bars.index(s), phase)
+        dp_t = warpgroup_mma(v_t, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
+        lse2 = lse_buf.index(s).load(col_layout)
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
+        if keys_edge or start_m < full_lo or start_m >= full_hi:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            visible = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :])
+            p_t = gl.where(visible, p_t, 0.0)
+        delta = delta_buf.index(s).load(col_layout)
+        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
+        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
+        b = it % 2  # dS^T double buffer: see the barrier argument below
+        ds_tile = ds_buf.index(b)
+        ds_tile.slice(WG * ROWS, ROWS, dim=0).store(ds_t)
+        fence_async_shared()
+        mbarrier.arrive(ds_bars.index(b))
+        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)  # eq. 19 (unscaled)
+        # both halves of dS^T written; the other warpgroup passed this barrier's previous phase only after finishing
+        # its iteration it - 1 (whose dQ read buffer b ^ 1), so the buffer written at it + 1 is free then
+        mbarrier.wait(ds_bars.index(b), (it // 2) & 1)
+        if DQ_N < BLOCK_M:
+            ds_op = ds_tile.slice(WG * DQ_N, DQ_N, dim=1)
+        else:
+            ds_op = ds_tile
+        dq = warpgroup_mma(k_dq, ds_op, dq_zero, use_acc=False, is_async=True)  # eq. 18 transposed
+        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
+        mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
+
+        tma.store_wait(pendings=0)  # the previous tile's reduce has read this warpgroup's staging buffer
+        gl.thread_barrier()
+        dq_stage.reshape([DQ_N, DQ_M]).permute((1, 0)).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [bq0 + g, start_m + dq_row, dq_col], dq_stage)  # rows past N_Q are clipped
+
+    # dV through this warpgroup's half of V's buffer (only its own MMAs read it); dK through K's half once both
+    # warpgroups' dQ^T MMAs, which read all of K, have finished
+    v_t.store(dv.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dv_desc, [head, k0, 0], v_buf.slice(WG * ROWS, ROWS, dim=1))
+    mbarrier.arrive(epi_bar)
+    mbarrier.wait(epi_bar, 0)
+    k_t.store((dk * sm_scale).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dk_desc, [head, k0, 0], k_buf.slice(WG * ROWS, ROWS, dim=1))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
+                          stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
+                          stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
+                          stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
+                          N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
+                          PERSISTENT: gl.constexpr):
+    """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
+    the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
+    and PERSISTENT are accepted for the shared launcher (always TMA, a program per item)."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    ROWS: gl.constexpr = BLOCK_N // 2
+    DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
+    kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
+    half_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HEAD_DIM], dtype)
+    q_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], dtype)
+    ds_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, DQ[1], DQ[0]], gl.float32)
+    stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    head = gl.program_id(1)
+    start_n = gl.program_id(0) * BLOCK_N
+    bq0 = head * GROUP
+    k_desc = tma.make_tensor_descriptor(K, shape=[BKV, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    v_desc = tma.make_tensor_descriptor(V, shape=[BKV, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    dk_desc = tma.make_tensor_descriptor(DK, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dkb, stride_dkn, 1],
+                                         block_shape=[1, ROWS, HEAD_DIM], layout=half_smem)
+    dv_desc = tma.make_tensor_descriptor(DV, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dvb, stride_dvn, 1],
+                                         block_shape=[1, ROWS, HEAD_DIM], layout=half_smem)
+    q_desc = tma.make_tensor_descriptor(Q, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
+                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    do_desc = tma.make_tensor_descriptor(DO, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_dob, stride_dom, 1],
+                                         block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
+                                         strides=[N_Q * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, DQ[1], DQ[0]],
+                                         layout=dq_smem)
+
+    k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
+    v_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
+    q_buf = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_smem)
+    do_buf = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_smem)
+    lse_buf = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_smem)
+    delta_buf = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_smem)
+    ds_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_smem)
+    dq_buf = gl.allocate_shared_memory(gl.float32, [2, 1, DQ[1], DQ[0]], dq_smem)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    epi_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    mbarrier.init(epi_bar, count=2)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_bars.index(i), count=2)  # the TMA's expect and the producer's stats
+        mbarrier.init(do_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)  # one arrival per consumer warpgroup
+    for i in gl.static_range(2):
+        mbarrier.init(ds_bars.index(i), count=2)
+    fence_async_shared()
+
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+    n_tiles = gl.maximum(gl.cdiv(N_Q - lo, BLOCK_M), 0)
+    n_iter = n_tiles * GROUP
+    gl.warp_specialize([
+        (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
+                            kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES)),
+        (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
+                            kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES)),
+        (_ws_bwd_producer, (q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
+                            kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
+                            BLOCK_M, STAGES)),
+    ], [4, 1], [240, 24])
+
+
 # ------------------------------------------------------------------------------------------------ variants
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: tiles, warps (4: one warpgroup, 8: two), Q/dO pipeline depth, how dQ
-    is accumulated (TMA reduce-add or pointer atomics), and whether programs are persistent."""
+    is accumulated (TMA reduce-add or pointer atomics), whether programs are persistent, and the warp-specialised
+    form (``_hopper_bwd_ws_kernel``: 128-row key tiles over two consumer warpgroups and a producer warp, launched
+    with 4 warps)."""
 
     head_dim: int
     block_n: int
@@ -323,6 +565,11 @@ class Variant:
     stages: int
     dq_tma: bool = True
     persistent: bool = False
+    warp_specialize: bool = False
+
+    @property
+    def kernel(self):
+        return _hopper_bwd_ws_kernel if self.warp_specialize else _hopper_bwd_dkdv_kernel
 
     def constexprs(self, causal: bool) -> dict:
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
@@ -330,16 +577,21 @@ class Variant:
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
-                f"{'tma' if self.dq_tma else 'ptr'}{'/p' if self.persistent else ''}")
+                f"{'tma' if self.dq_tma else 'ptr'}{'/p' if self.persistent else ''}"
+                f"{'/ws' if self.warp_specialize else ''}")
 
 
-# Every variant here compiles for sm_90a without spills (scripts/device/flash_aot.py --gluon-bwd). Head dim 128
-# with 8 warps (128-row key tiles) spills at any query tile: dK and dV alone hold 128 fp32 registers per thread.
+# Registers and spills: scripts/device/flash_aot.py --gluon-bwd. The one- and two-warpgroup variants compile without
+# spills (head dim 128 with 8 warps and 128-row key tiles spills at any query tile: dK and dV alone hold 128 fp32
+# registers per thread, hence the warp-specialised form there, with 240 per consumer thread). The warp-specialised
+# ones spill a few scalars around the loop at head dim 128 (36-60 B) and 330-380 B at 64 (128 x 128 S^T and dP^T
+# tiles); the latter still wins at 16,384 queries (docs/flash_tuning_notes.md, session 19).
 VARIANTS = (
     Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
-    Variant(64, 64, 64, 4, 2, persistent=True),
+    Variant(64, 64, 64, 4, 2, persistent=True), Variant(128, 128, 64, 4, 2, warp_specialize=True),
+    Variant(64, 128, 128, 4, 2, warp_specialize=True),
 )
 
 
@@ -348,7 +600,8 @@ def default_variant(head_dim: int) -> Variant:
     unless told otherwise."""
     if head_dim not in (64, 128):
         raise ValueError(f"the Hopper backward supports head dims 64 and 128, got {head_dim}")
-    return Variant(64, 64, 64, 4, 2, persistent=True) if head_dim == 64 else Variant(128, 64, 32, 4, 3)
+    return Variant(64, 64, 64, 4, 2, persistent=True) if head_dim == 64 else Variant(128, 128, 64, 4, 2,
+                                                                                     warp_specialize=True)
 
 
 # ------------------------------------------------------------------------------------------- check launches
@@ -394,8 +647,9 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
     if middle is None:
         # ours through the dispatcher's launcher (a persistent variant's grid sized from the compiled kernel): the
         # work items' batch x key/value heads in the HEADS slot
-        cfg = KernelConfig(variant.block_m, variant.block_n, variant.num_warps, 1, True, persistent=variant.persistent)
-        launch = ft._Launch(_hopper_bwd_dkdv_kernel, variant.constexprs(causal), cfg)
+        cfg = KernelConfig(variant.block_m, variant.block_n, variant.num_warps, 1, True,
+                           warp_specialize=variant.warp_specialize, persistent=variant.persistent)
+        launch = ft._Launch(variant.kernel, variant.constexprs(causal), cfg)
         items = triton.cdiv(n_k, variant.block_n)
         grid = (items * bh_kv, 1, 1) if variant.persistent else (items, bh_kv, 1)
         scalars = (*sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv, bh_kv, 0, 0, scale, scale * ft.LOG2E)

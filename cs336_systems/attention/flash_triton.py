@@ -1253,7 +1253,8 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, heads // group, *sides)
     if hopper:
         cfg = cfgs.hopper_bwd
-        launch = _Launch(flash_hopper_bwd._hopper_bwd_dkdv_kernel,
+        launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
+                         flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                               STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent), cfg)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes

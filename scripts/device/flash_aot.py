@@ -60,7 +60,7 @@ def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000
         for causal in causals:
             for group in groups:
                 args = (q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *s3 * 6, n, n, group, 2, 0, 0, 0.125, 0.18)
-                kernel = aot_compile(hb._hopper_bwd_dkdv_kernel, *args, num_warps=var.num_warps, num_stages=1,
+                kernel = aot_compile(var.kernel, *args, num_warps=var.num_warps, num_stages=1,
                                      **var.constexprs(causal))
                 ptx = kernel.asm["ptx"]
                 usage = ptxas_usage(ptx)

@@ -2,7 +2,7 @@
 reference, our Triton backward and PyTorch SDPA; then the middle kernel alone against the Triton
 ``_flash_bwd_dkdv_kernel`` (atomic dQ, the config table's ``bwd`` tiles).
 
-    python scripts/device/gluon_bwd_check.py [--dtype bf16|fp16] [--quick] [--only d64/n128xm64/w8/s2/tma]
+    python scripts/device/gluon_bwd_check.py [--dtype bf16|fp16] [--quick] [--only NAME ...]
 
 Pass rule per gradient: max |ours - fp64| <= 2 x max |SDPA - fp64| (SDPA in the same dtype) + the dtype's rounding
 step at the gradient's magnitude. Prints tables; writes ``$OUT/gluon_bwd_check.json`` when ``OUT`` is set. Exit code
@@ -46,6 +46,7 @@ TIME_SHAPES = [
     (4, 25, 25, 2048, 2048, 64, True),
     (1, 16, 16, 4096, 4096, 128, True),
     (8, 16, 16, 2048, 2048, 128, False),
+    (2, 32, 8, 8192, 8192, 128, True),  # grouped-query heads (issue 21's shape)
 ]
 
 
@@ -132,7 +133,7 @@ def bench(shapes, variants, dtype, rows):
         do = torch.randn_like(q)
         o, lse = ft.flash_forward(q, k, v, causal)
         flops = backward_flops(b, hq, n_q, n_k, d, causal)
-        shape = f"{b}x{hq}x{n_q}x{d}{' causal' if causal else ''}"
+        shape = f"{b}x{hq}{f'/{hkv}' if hkv != hq else ''}x{n_q}x{d}{' causal' if causal else ''}"
         middle, name = triton_middle(d, n_q, dtype, causal)
         timed = [(f"triton {name}", middle, None)] + [(var.name(), None, var) for var in variants
                                                       if var.head_dim == d]
@@ -152,14 +153,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--quick", action="store_true", help="the small check shapes only, no timing")
-    p.add_argument("--only", default=None, help="one variant by name (Variant.name())")
+    p.add_argument("--only", nargs="+", default=None, help="variants by name (Variant.name())")
     p.add_argument("--no-bench", action="store_true")
     args = p.parse_args()
     if torch.cuda.get_device_capability() != (9, 0):
         print("needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    variants = [v for v in hb.VARIANTS if args.only in (None, v.name())]
+    variants = [v for v in hb.VARIANTS if args.only is None or v.name() in args.only]
     if not variants:
         raise SystemExit(f"no variant {args.only!r}; have {[v.name() for v in hb.VARIANTS]}")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
