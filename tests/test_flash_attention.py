@@ -654,8 +654,9 @@ def test_flash_auto_compiles_without_a_graph_break(monkeypatch, decision):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4, 25, 512, 64), (2, 25, 2048, 64), (3, 12, 333, 64)], ids=str)
 def test_gpu_flash_auto_runs_the_measured_backend_within_twice_sdpa_error(shape, seed):
-    """At the models' shapes (and an odd length) flash_auto's pick (cuDNN first on an H100) gives O and the three
-    gradients within twice the error of PyTorch's default SDPA dispatch in bf16, against fp64."""
+    """At the models' shapes (and an odd length) flash_auto's pick gives O and the three gradients within twice the
+    error of PyTorch's default SDPA dispatch in bf16, against fp64; at a shape the committed table measured on this
+    GPU model, the pick is what ran fastest there (ours, or the fastest SDPA backend: cuDNN or flash by shape)."""
     from cs336_systems.attention import auto
 
     q, k, v, do = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -673,8 +674,12 @@ def test_gpu_flash_auto_runs_the_measured_backend_within_twice_sdpa_error(shape,
         err, peer_err = ((t.double() - exact).abs().max().item() for t in (got, peer))
         assert torch.isfinite(got).all() and err <= 2 * peer_err + 1e-3, f"{name}: {err:.3g} vs sdpa {peer_err:.3g}"
     key = (tuple(q.shape), tuple(k.shape), q.dtype, True, q.device, False)
-    if torch.cuda.get_device_name() == auto._table().get("device"):
-        assert auto._choices[key] == "sdpa_cudnn"
+    table = auto._table()
+    rows = [r for r in table.get("shapes", []) if (r["batch_heads"], r["seq_len"], r["head_dim"], r["dtype"],
+                                                  r["causal"]) == (shape[0] * shape[1], *shape[2:], "bfloat16", True)]
+    if torch.cuda.get_device_name() == table.get("device") and rows:
+        row = rows[0]
+        assert auto._choices[key] == ("flash_triton" if row["ours_ms"] <= row["sdpa_ms"] else row["sdpa_backend"])
 
 
 def test_flash_auto_marks_its_choice_as_torch_compiler_would():
