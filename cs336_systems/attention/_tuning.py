@@ -106,7 +106,7 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
                            atomic_dq=False, single_max_programs=128,
-                           hopper_fwd=K(128, 64, 4, 3, True, warp_specialize=True) if hopper else None,
+                           hopper_fwd=K(128, 128, 4, 2, True, warp_specialize=True) if hopper else None,
                            # two consumer warpgroups on 128-key tiles (H100, session 19: 0.71-0.77x the time of
                            # one warpgroup's 64 x 32 tiles at every timed shape)
                            hopper_bwd=K(64, 128, 4, 2, True, warp_specialize=True) if hopper else None)

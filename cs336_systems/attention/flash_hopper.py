@@ -91,8 +91,10 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
-    ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer through its mbarrier
-    in ``empty_bars`` (RELEASE True). ``base``, ``kv_head``, HEAD3: as in ``_load_kv``."""
+    ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
+    the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
+    (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. ``base``,
+    ``kv_head``, HEAD3: as in ``_load_kv``."""
     dtype: gl.constexpr = q.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -111,6 +113,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     mbarrier.wait(k_bars.index(base % STAGES), (base // STAGES) & 1)
     s = warpgroup_mma(q, _stage_tile(k_smem, base % STAGES, BLOCK_N, HEAD_DIM, HEAD3).permute((1, 0)), s_init,
                       use_acc=False)
+    if RELEASE:
+        mbarrier.arrive(empty_bars.index(base % STAGES))
     if n_full > 0:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
     else:
@@ -127,6 +131,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         acc_tok = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), _stage_tile(v_smem, prev, BLOCK_N, HEAD_DIM,
                                                                                      HEAD3), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
+        if RELEASE:
+            mbarrier.arrive(empty_bars.index(stage))
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
                                                False, CAUSAL)
@@ -135,7 +141,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
                                                True, CAUSAL)
         acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
         if RELEASE:
-            mbarrier.arrive(empty_bars.index(prev))
+            mbarrier.arrive(empty_bars.index(STAGES + prev))
         else:
             if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
                 gl.thread_barrier()
@@ -329,8 +335,11 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
 
 
 # Warp-specialised form: two consumer warpgroups (64 query rows each) share the K/V ring that one producer warp
-# fills, as in FlashAttention-3's forward: no CTA-wide barrier in the loop, a stage is refilled once both
-# consumers have released it (an mbarrier of count 2), and the producer runs ahead of both.
+# fills, as in FlashAttention-3's forward: no CTA-wide barrier in the loop, a stage's K (V) tile is refilled once
+# both consumers have released it (an mbarrier of count 2 each), and the producer runs ahead of both. Releasing K
+# and V apart lets 128-key tiles run with two stages (1.05-1.19x faster than 64-key tiles with three at head dim
+# 128, H100, session 19); turns between the consumers (FlashAttention-3's ping-pong) gained 1% at 2 x 32 x 32,768
+# and lost 3% at 8 x 16 x 2,048 (docs/flash_tuning_notes.md).
 @gluon.jit
 def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
                  n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
@@ -339,9 +348,10 @@ def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars,
         tma.async_copy_global_to_shared(q_desc, [start_m + w * ROWS, 0], q_bars.index(w), q_smem.index(w))
     for t in range(n_tiles):
         stage = t % STAGES
-        mbarrier.wait(empty_bars.index(stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        mbarrier.wait(empty_bars.index(stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # K's half
         mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [t * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
+        mbarrier.wait(empty_bars.index(STAGES + stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # V's half
         mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [t * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
 
@@ -385,13 +395,14 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # K's, then V's
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(empty_bars.index(STAGES + i), count=2)
     if CAUSAL:
         hi = gl.minimum(N_K, start_m + BLOCK_M)
     else:
