@@ -298,6 +298,10 @@ def test_kernel_config_rejects_bad_tiles():
 
     with pytest.raises(ValueError, match="power of two"):
         KernelConfig(48, 64)
+    with pytest.raises(ValueError, match="warp_specialize needs num_warps=4"):
+        KernelConfig(64, 64, 4, 2, True, warp_specialize=True)  # neither side has the two warpgroups' 128 rows
+    with pytest.raises(ValueError, match="warp_specialize needs num_warps=4"):
+        KernelConfig(128, 64, 8, 2, True, warp_specialize=True)
 
 
 def test_pinned_json_is_used_on_its_capability_only(tmp_path):
@@ -322,6 +326,11 @@ def test_pinned_json_is_used_on_its_capability_only(tmp_path):
     assert _tuning.resolve(64, torch.bfloat16, 16384, (8, 0), pins) == _tuning._table(64, 2, tma=False)
     # the Gluon forward only on sm_90 (warpgroup MMAs), never from a pin elsewhere
     assert _tuning.resolve(64, torch.bfloat16, 16384, (10, 0), pins).hopper_fwd is None
+    # a warp-specialised forward splits 128 query rows between its consumers: a pin of another shape is refused
+    path.write_text(json.dumps({"capability": [9, 0], "configs": {
+        "hopper_fwd|d128|bfloat16": dict(fwd, block_n=128, warp_specialize=True)}}))
+    with pytest.raises(ValueError, match="hopper_fwd needs block_m=128"):
+        _tuning.resolve(128, torch.bfloat16, 4096, (9, 0), _tuning.load_pinned(path))
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not a valid tuning file"):
         _tuning.load_pinned(path)

@@ -167,6 +167,9 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
                           or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel))
     hopper = table.hopper_fwd and (configs.get(pinned_key("hopper_fwd", d_pad, dtype, n_q))
                                    or configs.get(pinned_key("hopper_fwd", d_pad, dtype)) or table.hopper_fwd)
+    if hopper and hopper.warp_specialize and hopper.block_m != 128:
+        raise ValueError(f"a pinned warp-specialised hopper_fwd needs block_m=128 (two consumer warpgroups of 64 query "
+                         f"rows), got {hopper.short()} for d{d_pad} {dtype}")
     return FlashConfig(**picked, atomic_dq=table.atomic_dq,
                        single_max_programs=table.single_max_programs, hopper_fwd=hopper, hopper_bwd=table.hopper_bwd)
 
