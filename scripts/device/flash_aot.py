@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import tempfile
+import types
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -105,6 +106,12 @@ def main() -> None:
               f"tma_reduce={ptx.count('cp.reduce.async.bulk')}", flush=True)
 
     ft._Launch.__call__ = compile_instead
+    # the planner asks the GPU for its SM count (one-wave calls skip persistence) and, for the persistent forward,
+    # for a work counter on the device: an H100's numbers and a CPU tensor stand in
+    torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(
+        multi_processor_count=132, regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472,
+        max_threads_per_multi_processor=2048)
+    ft._work_counter = lambda device: torch.zeros(2, dtype=torch.int32)
     left, right = normalize_window(None, s.causal, s.seq_len, s.seq_len)
     scale = s.head_dim ** -0.5
     o, lse = ft._forward(q, k, v, cfg, left, right, None, None, scale)
