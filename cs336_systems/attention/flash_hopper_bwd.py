@@ -104,6 +104,29 @@ def _load_stats(L, Delta, bh, start_m, N_Q, offs, pred):
 
 
 @gluon.jit
+def _descriptors(Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob,
+                 stride_dom, stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_ROWS: gl.constexpr,
+                 kv_smem: gl.constexpr, out_smem: gl.constexpr, q_smem: gl.constexpr):
+    """TMA descriptors of K, V (``BLOCK_N``-row tiles), dK, dV (``OUT_ROWS``-row tiles), Q and dO (``BLOCK_M``-row
+    tiles of the ``GROUP`` query heads of each key/value head): every tensor as 3-D (batch x heads, rows,
+    HEAD_DIM), a tile being one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores."""
+    k_desc = tma.make_tensor_descriptor(K, shape=[BKV, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    v_desc = tma.make_tensor_descriptor(V, shape=[BKV, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
+    dk_desc = tma.make_tensor_descriptor(DK, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dkb, stride_dkn, 1],
+                                         block_shape=[1, OUT_ROWS, HEAD_DIM], layout=out_smem)
+    dv_desc = tma.make_tensor_descriptor(DV, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dvb, stride_dvn, 1],
+                                         block_shape=[1, OUT_ROWS, HEAD_DIM], layout=out_smem)
+    q_desc = tma.make_tensor_descriptor(Q, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
+                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    do_desc = tma.make_tensor_descriptor(DO, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_dob, stride_dom, 1],
+                                         block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    return k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc
+
+
+@gluon.jit
 def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                             stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
@@ -132,20 +155,11 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     ds_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    # ---- descriptors, built once per program: every tensor as 3-D (batch x heads, rows, HEAD_DIM), a tile being
-    # one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores
-    k_desc = tma.make_tensor_descriptor(K, shape=[BKV, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    v_desc = tma.make_tensor_descriptor(V, shape=[BKV, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    dk_desc = tma.make_tensor_descriptor(DK, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dkb, stride_dkn, 1],
-                                         block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    dv_desc = tma.make_tensor_descriptor(DV, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dvb, stride_dvn, 1],
-                                         block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    q_desc = tma.make_tensor_descriptor(Q, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
-                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
-    do_desc = tma.make_tensor_descriptor(DO, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_dob, stride_dom, 1],
-                                         block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    # ---- descriptors, built once per program
+    k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(
+        Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
+        stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N,
+        kv_smem, kv_smem, q_smem)
 
     # ---- shared memory and barriers
     k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
@@ -491,18 +505,10 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     head = gl.program_id(1)
     start_n = gl.program_id(0) * BLOCK_N
     bq0 = head * GROUP
-    k_desc = tma.make_tensor_descriptor(K, shape=[BKV, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    v_desc = tma.make_tensor_descriptor(V, shape=[BKV, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    dk_desc = tma.make_tensor_descriptor(DK, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dkb, stride_dkn, 1],
-                                         block_shape=[1, ROWS, HEAD_DIM], layout=half_smem)
-    dv_desc = tma.make_tensor_descriptor(DV, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dvb, stride_dvn, 1],
-                                         block_shape=[1, ROWS, HEAD_DIM], layout=half_smem)
-    q_desc = tma.make_tensor_descriptor(Q, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
-                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
-    do_desc = tma.make_tensor_descriptor(DO, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_dob, stride_dom, 1],
-                                         block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(  # dK, dV leave by halves
+        Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
+        stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, ROWS,
+        kv_smem, half_smem, q_smem)
     dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
                                          strides=[N_Q * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, DQ[1], DQ[0]],
                                          layout=dq_smem)
