@@ -49,6 +49,11 @@ class KernelConfig:
             raise ValueError("warp_specialize needs num_warps=4 and 128-row tiles on the side that two consumer "
                              "warpgroups split (block_m=128 forward, block_n=128 backward), got "
                              f"block_m={self.block_m}, block_n={self.block_n}, num_warps={self.num_warps}")
+        if self.warp_specialize and (self.persistent or not self.tma):
+            # the warp-specialised kernels run a program per item and load by TMA only: either flag would plan a
+            # grid or launch they do not follow
+            raise ValueError("warp_specialize needs tma=True and persistent=False, got "
+                             f"tma={self.tma}, persistent={self.persistent}")
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{'tma' if self.tma else 'ptr'}"

@@ -2,7 +2,7 @@
 together or apart (SPLIT), 64- and 128-key tiles; one process, same inputs; O checked against an fp64
 reference by the 2x-SDPA rule. Session 19.
 
-    PYTHONPATH=$PWD python3 results/logs/h100-s19/pingpong/ab_fwd_pingpong.py
+    PYTHONPATH=$PWD python3 experiments/flash_pingpong/ab_fwd_pingpong.py
 """
 import math
 
