@@ -302,10 +302,9 @@ def test_kernel_config_rejects_bad_tiles():
         KernelConfig(64, 64, 4, 2, True, warp_specialize=True)  # neither side has the two warpgroups' 128 rows
     with pytest.raises(ValueError, match="warp_specialize needs num_warps=4"):
         KernelConfig(128, 64, 8, 2, True, warp_specialize=True)
-    with pytest.raises(ValueError, match="warp_specialize needs tma=True and persistent=False"):
-        KernelConfig(64, 128, 4, 2, True, warp_specialize=True, persistent=True)
-    with pytest.raises(ValueError, match="warp_specialize needs tma=True and persistent=False"):
+    with pytest.raises(ValueError, match="warp_specialize needs tma=True"):
         KernelConfig(128, 64, 4, 2, False, warp_specialize=True)
+    assert KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=True).short() == "128x128/w4/s2/tma/ws/p"
 
 
 def test_pinned_json_is_used_on_its_capability_only(tmp_path):

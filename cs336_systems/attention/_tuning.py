@@ -36,8 +36,8 @@ class KernelConfig:
     # Gluon kernels: two consumer warpgroups of 64 rows (query rows forward, key rows backward) and a producer
     # warp (flash_hopper, flash_hopper_bwd)
     warp_specialize: bool = False
-    # Gluon kernels without warp specialisation: as many programs as the GPU holds, taking the work items (query
-    # or key tiles of a head) from a counter (flash_hopper, flash_hopper_bwd); False: a program per item
+    # Gluon kernels: as many programs as the GPU holds, taking the work items (query or key tiles of a head) from a
+    # counter (flash_hopper, flash_hopper_bwd without warp specialisation); False: a program per item
     persistent: bool = False
 
     def __post_init__(self):
@@ -49,11 +49,8 @@ class KernelConfig:
             raise ValueError("warp_specialize needs num_warps=4 and 128-row tiles on the side that two consumer "
                              "warpgroups split (block_m=128 forward, block_n=128 backward), got "
                              f"block_m={self.block_m}, block_n={self.block_n}, num_warps={self.num_warps}")
-        if self.warp_specialize and (self.persistent or not self.tma):
-            # the warp-specialised kernels run a program per item and load by TMA only: either flag would plan a
-            # grid or launch they do not follow
-            raise ValueError("warp_specialize needs tma=True and persistent=False, got "
-                             f"tma={self.tma}, persistent={self.persistent}")
+        if self.warp_specialize and not self.tma:  # the warp-specialised kernels load by TMA only
+            raise ValueError(f"warp_specialize needs tma=True, got tma={self.tma}")
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{'tma' if self.tma else 'ptr'}"

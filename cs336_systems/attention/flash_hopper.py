@@ -416,3 +416,166 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
         (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
                         n_tiles, BLOCK_N, STAGES, ROWS)),
     ], [4, 1], [240, 24])
+
+
+# Persistent warp-specialised form: the two consumers and the producer of ``_hopper_fwd_ws_kernel`` stay resident and
+# take (query tile, head) items in turn; the producer draws each item from the counter and hands it to the consumers
+# through shared memory with the item's Q load, and fills the K/V ring across items, so the next item's Q and first
+# key tiles arrive while the consumers finish the current one (its O leaves through a buffer of its own).
+@gluon.jit
+def _item_coords(w, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Item ``w``'s batch x head, key/value head, first query row and key tiles: heads in order (their K and V stay
+    in L2 while their tiles run) and, causal, each head's longest tiles first."""
+    bh = w // n_mt
+    pid_m = w - bh * n_mt
+    if CAUSAL:
+        pid_m = n_mt - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    if CAUSAL:
+        hi = gl.minimum(N_K, start_m + BLOCK_M)
+    else:
+        hi = N_K
+    return bh, bh // GROUP, start_m, gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
+                  empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One warp: per item, once both consumers are done with their Q rows, the item's number into ``item_buf`` and
+    the two Q halves (the barrier's arrival publishes the number), then the item's K and V tiles through the ring;
+    after the last item, the number ``n_items`` and a plain arrival, which ends the consumers."""
+    ROWS: gl.constexpr = BLOCK_M // 2
+    vec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    base = 0
+    i = 0
+    w = gl.atomic_add(counter, 1, sem="relaxed")
+    while w < n_items:
+        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+        for h in gl.static_range(2):
+            mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
+        item_buf.store(gl.full([32], w, gl.int32, vec))
+        gl.thread_barrier()  # every lane's store precedes the arrivals (made by one lane)
+        for h in gl.static_range(2):
+            mbarrier.expect(q_bars.index(h), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [bh, start_m + h * ROWS, 0], q_bars.index(h), q_smem.index(h))
+        for t in range(base, base + n_tiles):
+            stage = t % STAGES
+            coord = [bkv, (t - base) * BLOCK_N, 0]
+            mbarrier.wait(empty_bars.index(stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # K's half
+            mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage))
+            mbarrier.wait(empty_bars.index(STAGES + stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # V's half
+            mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, coord, v_bars.index(stage), v_smem.index(stage))
+        base += n_tiles
+        i += 1
+        w = gl.atomic_add(counter, 1, sem="relaxed")
+    for h in gl.static_range(2):
+        mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
+    item_buf.store(gl.full([32], n_items, gl.int32, vec))
+    gl.thread_barrier()
+    for h in gl.static_range(2):
+        mbarrier.arrive(q_bars.index(h))
+
+
+@gluon.jit
+def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
+                  n_items, n_mt, N_Q, N_K, GROUP, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
+    released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
+    finished first)."""
+    ROWS: gl.constexpr = BLOCK_M // 2
+    vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                      instr_shape=[16, BLOCK_N, 16]))
+    row_o: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                      instr_shape=[16, HEAD_DIM, 16]))
+    q = q_smem.index(WG).reshape([ROWS, HEAD_DIM])
+    o = o_smem.index(WG)
+    base = 0
+    i = 0
+    mbarrier.wait(q_bars.index(WG), 0)
+    w = gl.max(item_buf.load(vec), 0)
+    while w < n_items:
+        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+        row0 = start_m + WG * ROWS
+        if CAUSAL:
+            n_full = gl.minimum(row0 + 1, N_K) // BLOCK_N
+        else:
+            n_full = N_K // BLOCK_N
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+        acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
+                                n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, base, bkv,
+                                True)
+        mbarrier.arrive(q_empty.index(WG))  # every matmul that read Q has completed
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
+        tma.store_wait(pendings=0)  # the previous item's O has left the buffer
+        o.reshape([ROWS, HEAD_DIM]).store(acc.to(o.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [bh, row0, 0], o)
+        base += n_tiles
+        i += 1
+        mbarrier.wait(q_bars.index(WG), i & 1)
+        w = gl.max(item_buf.load(vec), 0)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
+                                     stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q,
+                                     N_K, GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
+                                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                                     STAGES: gl.constexpr):
+    """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
+    program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
+    ROWS: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = Q.dtype.element_ty
+    smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
+    bkv_total = HEADS // GROUP
+    q_desc = tma.make_tensor_descriptor(Q, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
+                                        block_shape=[1, ROWS, HEAD_DIM], layout=smem)
+    k_desc = tma.make_tensor_descriptor(K, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
+    v_desc = tma.make_tensor_descriptor(V, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
+    o_desc = tma.make_tensor_descriptor(O, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_ob, stride_om, 1],
+                                        block_shape=[1, ROWS, HEAD_DIM], layout=smem)
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
+    o_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
+    item_buf = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                                                                 order=[0]))
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # K's, then V's
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(empty_bars.index(STAGES + i), count=2)
+    n_mt = gl.cdiv(N_Q, BLOCK_M)
+    n_items = HEADS * n_mt
+    counter = DOC.to(gl.pointer_type(gl.int32))
+    gl.warp_specialize([
+        (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
+                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+                         STAGES)),
+        (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
+                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+                         STAGES)),
+        (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
+                         v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [240, 24])
+    # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
+    if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
+        gl.atomic_xchg(counter, 0, sem="relaxed")
+        gl.atomic_xchg(counter + 1, 0, sem="relaxed")

@@ -858,7 +858,7 @@ class _Launch:
         options = dict(self.constexprs, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
         if self.cfg.persistent:
             compiled = self.kernel.warmup(*pointers, *scalars, grid=grid, **options)
-            self.programs = _resident_programs(compiled, self.cfg.num_warps, pointers[0].device)
+            self.programs = _resident_programs(compiled, pointers[0].device)
             grid = (min(grid[0], self.programs), 1, 1)
         compiled = self.kernel[grid](*pointers, *scalars, **options)
         if not _INTERPRETED and compiled is not None:
@@ -868,11 +868,12 @@ class _Launch:
             self.run = _direct_launcher(compiled, tuple(self.constexprs[n] for n in names))
 
 
-def _resident_programs(compiled, num_warps: int, device: torch.device) -> int:
+def _resident_programs(compiled, device: torch.device) -> int:
     """How many programs of a compiled kernel the GPU runs at once: per SM, the fewest that its registers
     (allocated per warp in units of 256), shared memory (plus the 1 KiB the hardware reserves per block) and
-    threads allow."""
+    threads allow. Warps are the launch's, warp-specialised partitions included (``metadata.num_warps``)."""
     compiled._init_handles()  # loads the module, which fills in n_regs
+    num_warps = compiled.metadata.num_warps
     props = torch.cuda.get_device_properties(device)
     regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256
     per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // max(regs_per_warp * num_warps, 1),
@@ -1098,8 +1099,10 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
         sms = torch.cuda.get_device_properties(Q.device).multi_processor_count
         if cfg.persistent and _cdiv(n_q, cfg.block_m) * bh <= sms:  # one wave: no setup to share, nothing to balance
             cfg = dataclasses.replace(cfg, persistent=False)
-        kernel = (flash_hopper._hopper_fwd_ws_kernel if cfg.warp_specialize else
-                  flash_hopper._hopper_fwd_persistent_kernel if cfg.persistent else flash_hopper._hopper_fwd_kernel)
+        kernel = {(True, True): flash_hopper._hopper_fwd_ws_persistent_kernel,
+                  (True, False): flash_hopper._hopper_fwd_ws_kernel,
+                  (False, True): flash_hopper._hopper_fwd_persistent_kernel,
+                  (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                                       STAGES=cfg.num_stages), cfg)
         if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads
@@ -1253,6 +1256,9 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, heads // group, *sides)
     if hopper:
         cfg = cfgs.hopper_bwd
+        if cfg.warp_specialize and cfg.persistent:
+            raise ValueError("the warp-specialised Gluon backward runs a program per item: a hopper_bwd config with "
+                             f"warp_specialize=True needs persistent=False, got {cfg.short()}")
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
