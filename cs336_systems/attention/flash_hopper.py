@@ -153,6 +153,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout),
                         _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM, HEAD3), acc)
+    if RELEASE:  # a persistent producer refills this stage with the next item's tiles
+        mbarrier.arrive(empty_bars.index(STAGES + last % STAGES))
     return acc, l_i, m_i
 
 
