@@ -1,0 +1,105 @@
+"""A/B of Gluon forward variants (tiles, persistence, the split exponential) in one process, same inputs.
+
+    python scripts/device/fwd_variant_ab.py [--out DIR]
+
+Per shape: forward medians (``triton.testing.do_bench``) of each variant and of SDPA cuDNN / flash, and each
+variant's O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale).
+Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cs336_systems.attention import _tuning
+from cs336_systems.attention import flash_triton as ft
+
+K = _tuning.KernelConfig
+SHAPES = {  # batch, q heads, kv heads, n, d, causal
+    "xl_2048": (4, 25, 25, 2048, 64, True), "lb2025": (1, 16, 16, 16384, 64, True),
+    "d64_full_2k": (8, 16, 16, 2048, 64, False), "small_512": (8, 12, 12, 512, 64, True),
+    "noncausal_2k": (8, 16, 16, 2048, 128, False), "d128_4k": (1, 16, 16, 4096, 128, True),
+    "gqa": (2, 32, 8, 8192, 128, True), "lb2026": (2, 32, 32, 32768, 128, True),
+}
+VARIANTS = {
+    64: [(K(64, 64, 4, 3, True, False, True), False), (K(64, 64, 4, 3, True, False, True), True),
+         (K(128, 128, 4, 3, True, True, True), False), (K(128, 128, 4, 3, True, True, True), True)],
+    128: [(K(128, 128, 4, 2, True, True), False), (K(128, 128, 4, 2, True, True, True), False),
+          (K(128, 128, 4, 2, True, True, True), True)],
+}
+
+
+def runner(q, k, v, causal, tile, split):
+    n_q, d = q.shape[-2:]
+    cfg = dataclasses.replace(_tuning.config_for(q.device, n_q, d, q.dtype), hopper_fwd=tile)
+    left, right = ft.normalize_window(None, causal, n_q, k.shape[-2])
+    fwd = ft._plan_forward(q, k, v, cfg, left, right, False)
+    fwd[0].constexprs = dict(fwd[0].constexprs, EXP_SPLIT=split)
+    plan = ft._Plan(left, right, 1 / math.sqrt(d), cfg, fwd)
+    return lambda: ft._launch_forward(plan, q, k, v, None, None, plan.scale), fwd[0].kernel.__name__
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    args = p.parse_args()
+    rows = []
+    for name in args.shapes:
+        b, hq, hkv, n, d, causal = SHAPES[name]
+        g = torch.Generator(device="cuda").manual_seed(n + d)
+        q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g) * 2
+        k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        kk, vv = (t.repeat_interleave(hq // hkv, dim=1) for t in (k, v))
+        ref = None
+        if b * hq * n * n <= 2**31:  # fp64 reference where it fits
+            s = q.double() @ kk.double().transpose(-1, -2) / math.sqrt(d)
+            if causal:
+                s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+            ref = torch.softmax(s, -1) @ vv.double()
+            del s
+
+        def sdpa(backend, q=q, kk=kk, vv=vv, causal=causal):
+            def run():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+            return run
+
+        fns = {"sdpa_cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), "cudnn"),
+               "sdpa_flash": (sdpa(SDPBackend.FLASH_ATTENTION), "flash")}
+        for tile, split in VARIANTS[d]:
+            fns[f"{tile.short()}{'/split' if split else ''}"] = runner(q, k, v, causal, tile, split)
+        peer_err = None
+        if ref is not None:
+            peer_err = (sdpa(SDPBackend.FLASH_ATTENTION)().double() - ref).abs().max().item()
+        for impl, (fn, kernel) in fns.items():
+            ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+            out = fn()
+            o = out[0] if isinstance(out, tuple) else out
+            err = (o.double() - ref).abs().max().item() if ref is not None else None
+            ok = err is None or err <= 2 * peer_err + ref.abs().max().item() * 2**-8
+            rows.append(dict(shape=name, impl=impl, kernel=kernel, ms=ms, err=err, sdpa_flash_err=peer_err, ok=ok))
+            print(f"{name:<13} {impl:<28} {kernel:<34} {ms:.4f} ms  err {err if err is None else f'{err:.2e}'}"
+                  f" {'ok' if ok else 'FAIL'}", flush=True)
+        best = min(r["ms"] for r in rows if r["shape"] == name and r["impl"].startswith("sdpa"))
+        for r in rows:
+            if r["shape"] == name:
+                r["vs_best_sdpa"] = r["ms"] / best
+        print(name, "  ".join(f"{r['impl']} {r['vs_best_sdpa']:.3f}" for r in rows if r["shape"] == name), flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": os.environ.get("CS336_GIT_COMMIT", "")}
+    with open(os.path.join(args.out, "fwd_variant_ab.json"), "w") as f:
+        json.dump({**meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
