@@ -576,6 +576,7 @@ def test_gpu_kernel_forms_within_twice_naive_error(lead, n_q, n_k, d, causal, se
 HOPPER_GPU_GRID = [  # (lead dims, Nq, Nk, d, causal): odd lengths, Nq != Nk both ways, a single row
     ((1, 2), 1000, 1000, 64, True), ((2, 3), 257, 513, 128, False), ((1, 2), 300, 200, 64, True),
     ((1, 2), 200, 300, 128, True), ((1, 1), 1, 1, 64, True), ((2,), 4099, 4099, 64, True),
+    ((4, 25), 1000, 1000, 64, True), ((3, 16), 1100, 1100, 128, False),  # more query tiles than SMs: persistent
 ]
 
 
@@ -583,7 +584,8 @@ HOPPER_GPU_GRID = [  # (lead dims, Nq, Nk, d, causal): odd lengths, Nq != Nk bot
 @pytest.mark.parametrize(("lead", "n_q", "n_k", "d", "causal"), HOPPER_GPU_GRID)
 def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, causal, seed):
     """The Gluon forward (sm_90 only) is what a 16-bit call at head dim 64/128 runs, and every tile shape it
-    may be given (one and two warpgroups, 64- and 128-key tiles, 2-3 ring stages) meets the 2x-naive rule."""
+    may be given (one and two warpgroups, 64- and 128-key tiles, 2-3 ring stages, a program per item or persistent)
+    meets the 2x-naive rule."""
     from cs336_systems.attention._tuning import KernelConfig, config_for
     from cs336_systems.attention.flash_triton import _plan_forward, flash_backward, flash_forward, normalize_window
 
@@ -597,7 +599,9 @@ def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, ca
     for tile in (KernelConfig(64, 64, 4, 3, True), KernelConfig(64, 128, 4, 3, True),
                  KernelConfig(128, 128, 8, 2, True), KernelConfig(128, 64, 8, 2, True),
                  KernelConfig(128, 128, 4, 2, True, warp_specialize=True),
-                 KernelConfig(128, 64, 4, 3, True, warp_specialize=True)):
+                 KernelConfig(128, 64, 4, 3, True, warp_specialize=True),
+                 KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=True),
+                 KernelConfig(128, 128, 4, 3, True, warp_specialize=True, persistent=True)):
         cfg = dataclasses.replace(base, hopper_fwd=tile)
         o, lse = flash_forward(q, k, v, causal, config=cfg)
         ours = (o, lse, *flash_backward(q, k, v, o, lse, do, causal, config=base))

@@ -159,22 +159,24 @@ def test_gpu_persistent_programs_match_a_program_per_item(seed, causal):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal):
-    """The persistent Gluon forward computes each query tile as a program per item would (bitwise), call after
-    call and layout after layout on one stream (each launch leaves its work counter at zero), and inside a CUDA
-    graph's replays."""
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal, d):
+    """The persistent Gluon forwards (one warpgroup at head dim 64, warp-specialised at 128, as the table has them
+    at 1,000 tokens) compute each query tile as a program per item would (bitwise), call after call and layout after
+    layout on one stream (each launch leaves its work counter at zero), and inside a CUDA graph's replays."""
     import dataclasses
 
     from cs336_systems.attention import _tuning
     from cs336_systems.attention import flash_triton as ft
 
     def config(persistent: bool):
-        base = _tuning.config_for(torch.device("cuda"), 1000, 64, torch.bfloat16)
+        base = _tuning.config_for(torch.device("cuda"), 1000, d, torch.bfloat16)
+        assert base.hopper_fwd.persistent and base.hopper_fwd.warp_specialize == (d == 128)
         return dataclasses.replace(base, hopper_fwd=dataclasses.replace(base.hopper_fwd, persistent=persistent))
 
     for n in (333, 1000, 2100):  # more query tiles than SMs (fewer run as a program per item)
-        q = torch.randn(3, 12, n, 64, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(3, 4, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(3, 12, n, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(3, 4, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         ref = ft.flash_forward(q, k, v, causal, config(False))
         for _ in range(2):
             out = ft.flash_forward(q, k, v, causal, config(True))
@@ -187,3 +189,21 @@ def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+def test_gpu_warp_specialised_backward_refuses_persistent_tiles():
+    """The warp-specialised backward runs a program per item: a config asking it to be persistent is refused with a
+    ValueError before anything runs, not launched on a grid the kernel does not follow."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+
+    q, k, v, do = (torch.randn(2, 4, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    base = _tuning.config_for(q.device, 2048, 128, q.dtype)
+    o, lse = ft.flash_forward(q, k, v, True, base)
+    bad = dataclasses.replace(base, hopper_bwd=_tuning.KernelConfig(128, 128, 4, 2, True, True, True))
+    with pytest.raises(ValueError, match="needs persistent=False"):
+        ft.flash_backward(q, k, v, o, lse, do, True, bad)

@@ -108,7 +108,9 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
     if d_pad <= 128:
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
                            atomic_dq=False, single_max_programs=128,
-                           hopper_fwd=K(128, 128, 4, 2, True, warp_specialize=True) if hopper else None,
+                           # two consumer warpgroups, persistent (H100, session 20: 0.91-1.00x cuDNN's forward at
+                           # every head-dim-128 model shape; a program per item 1.02-1.15x)
+                           hopper_fwd=K(128, 128, 4, 2, True, True, True) if hopper else None,
                            # two consumer warpgroups on 128-key tiles (H100, session 19: 0.71-0.77x the time of
                            # one warpgroup's 64 x 32 tiles at every timed shape)
                            hopper_bwd=K(64, 128, 4, 2, True, warp_specialize=True) if hopper else None)
@@ -154,11 +156,12 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     table = _table(d_pad, elem_bytes, tma=capability is not None and capability[0] >= 9,
                    hopper=capability is not None and tuple(capability) == (9, 0))
     if table.hopper_fwd is not None and d_pad == 64 and n_q >= 8192:
-        # long causal sequences at head dim 64: wider key tiles with a deeper ring (H100, session 10:
-        # 1.28 vs 1.36 ms at 1 x 16 x 16,384; 64-key tiles stay ahead up to 2,048)
-        # and the warp-specialised backward on 128 x 128 tiles (3.14 vs 3.44 ms at 1 x 16 x 16,384; a program per
-        # item, it loses to the persistent one at 4 x 25 x 2,048: 0.51 vs 0.42 ms; session 19)
-        table = dataclasses.replace(table, hopper_fwd=KernelConfig(64, 128, 4, 3, True, persistent=True),
+        # long sequences at head dim 64: the persistent warp-specialised forward on 128 x 128 tiles with three stages
+        # (H100, session 20: 1.224 ms at 1 x 16 x 16,384 against 1.260 for one warpgroup's persistent 64 x 128 tiles;
+        # it loses at 2,048 tokens, 0.173 against 0.165-0.169 ms at 4 x 25 x 2,048) and the warp-specialised backward
+        # on 128 x 128 tiles (session 19: 3.14 vs 3.44 ms at 1 x 16 x 16,384; a program per item, it loses to the
+        # persistent one at 4 x 25 x 2,048: 0.51 vs 0.42 ms)
+        table = dataclasses.replace(table, hopper_fwd=KernelConfig(128, 128, 4, 3, True, True, True),
                                     hopper_bwd=KernelConfig(128, 128, 4, 2, True, warp_specialize=True))
     configs = pinned.get("configs")
     if not configs or capability is None or tuple(pinned.get("capability", ())) != tuple(capability):

@@ -40,45 +40,11 @@ LN2 = gl.constexpr(0.6931471805599453)
 HEAD_DIMS = (64, 128)
 
 
-# 2^x for x <= 0, three of every four values on the multi-function unit (ex2.approx) and the fourth on the FMA
-# pipe: x = n + f with n = round(x) (the 1.5 * 2^23 shifter), 2^f on [-1/2, 1/2] by a cubic fitted for relative
-# error (at most 1.02e-4, against bf16's 3.9e-3 rounding of P), and n added to the exponent bits; x is clamped at
-# -126 (2^-126 instead of a smaller value; never used on masked tiles, whose -inf must give 0). FlashAttention-4
-# (Zadouri et al., 2025) splits the exponentials this way where the MUFU's 16 per clock and SM, not the tensor
-# cores, set a tile's time: head dim 64, where a tile has half the matmul work per exponential of head dim 128.
-_EXP2_SPLIT_ASM = gl.constexpr("""{
-.reg .f32 f, j, fi, p;
-.reg .b32 jb, pb;
-ex2.approx.f32 $0, $4;
-ex2.approx.f32 $1, $5;
-ex2.approx.f32 $2, $6;
-max.f32 f, $7, 0fC2FC0000;
-add.rn.f32 j, f, 0f4B400000;
-sub.rn.f32 fi, j, 0f4B400000;
-sub.rn.f32 f, f, fi;
-fma.rn.f32 p, f, 0f3D61510F, 0f3E78062A;
-fma.rn.f32 p, p, f, 0f3F317AFD;
-fma.rn.f32 p, p, f, 0f3F800000;
-mov.b32 jb, j;
-shl.b32 jb, jb, 23;
-mov.b32 pb, p;
-add.s32 pb, pb, jb;
-mov.b32 $3, pb;
-}""")
-
-
-@gluon.jit
-def _exp2_split(x):
-    return gl.inline_asm_elementwise(_EXP2_SPLIT_ASM, "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
-                                     pack=4)
-
-
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
-                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, EXP_SPLIT: gl.constexpr = False):
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l and m.
-    Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards.
-    EXP_SPLIT: unmasked tiles take a quarter of their exponentials on the FMA pipe (``_EXP2_SPLIT_ASM``)."""
+    Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         visible = gl.expand_dims(offs_n < N_K, 0)
@@ -86,10 +52,7 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
             visible = visible & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
         s = gl.where(visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    if EXP_SPLIT and not MASKED:
-        p = _exp2_split(s * qk_scale - gl.expand_dims(m_new, 1))
-    else:
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, l_i, m_new
@@ -125,8 +88,7 @@ def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD
 @gluon.jit
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
-            EXP_SPLIT: gl.constexpr = False):
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
@@ -154,8 +116,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     if RELEASE:
         mbarrier.arrive(empty_bars.index(base % STAGES))
     if n_full > 0:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL,
-                                           EXP_SPLIT)
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
 
@@ -174,7 +135,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             mbarrier.arrive(empty_bars.index(stage))
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL, EXP_SPLIT)
+                                               False, CAUSAL)
         else:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
                                                True, CAUSAL)
@@ -268,8 +229,7 @@ def _program_tiles(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, strid
 def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                        stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                        LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-        EXP_SPLIT: gl.constexpr = False):
+                       CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP. DOC, SPAN,
     HEADS, LEFT, RIGHT and the d strides (1) are ``_flash_fwd_kernel``'s arguments, unused here."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -296,8 +256,7 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
     mbarrier.wait(q_bar, 0)
     acc, l_i, m_i = _attend(q_smem, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False, 0, 0, False,
-                            EXP_SPLIT)
+                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False, 0, 0, False)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -311,8 +270,7 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-        EXP_SPLIT: gl.constexpr = False):
+                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
     built once, the (query tile, batch x head) items taken from a counter, heads in order and, causal, each head's
     longest tiles first; the K/V ring's stages and phases run on across items. HEADS here is the number of batch x
@@ -360,7 +318,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                base, bkv, True, EXP_SPLIT)
+                                base, bkv, True)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
@@ -403,7 +361,7 @@ def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars,
 @gluon.jit
 def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
                  n_tiles, qk_scale, WG: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, EXP_SPLIT: gl.constexpr):
+                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup's 64 query rows: ``_attend`` releasing each stage to the producer."""
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                       instr_shape=[16, BLOCK_N, 16]))
@@ -416,7 +374,7 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
     offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
     mbarrier.wait(q_bars.index(WG), 0)
     acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, 0, 0, False, EXP_SPLIT)
+                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, 0, 0, False)
     _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q)  # only this warpgroup read its Q rows
 
 
@@ -424,8 +382,7 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
 def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                           stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                           LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-        EXP_SPLIT: gl.constexpr = False):
+                          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """``_hopper_fwd_kernel``'s arguments; BLOCK_M = 128 rows, 64 per consumer warpgroup (launch with 4 warps: the
     default partition is the first consumer, the workers the second consumer and the producer)."""
     ROWS: gl.constexpr = BLOCK_M // 2
@@ -455,9 +412,9 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
     n_tiles = gl.cdiv(hi, BLOCK_N)
     gl.warp_specialize([
         (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
-                        n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, EXP_SPLIT)),
+                        n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
         (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
-                        n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, EXP_SPLIT)),
+                        n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
         (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
                         n_tiles, BLOCK_N, STAGES, ROWS)),
     ], [4, 1], [240, 24])
@@ -527,8 +484,7 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
 @gluon.jit
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
                   n_items, n_mt, N_Q, N_K, GROUP, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                  EXP_SPLIT: gl.constexpr):
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first)."""
@@ -554,7 +510,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, base, bkv,
-                                True, EXP_SPLIT)
+                                True)
         mbarrier.arrive(q_empty.index(WG))  # every matmul that read Q has completed
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
@@ -574,8 +530,7 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q,
                                      N_K, GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                                     STAGES: gl.constexpr,
-        EXP_SPLIT: gl.constexpr = False):
+                                     STAGES: gl.constexpr):
     """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
     program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
     ROWS: gl.constexpr = BLOCK_M // 2
@@ -615,10 +570,10 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     gl.warp_specialize([
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                         STAGES, EXP_SPLIT)),
+                         STAGES)),
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                         STAGES, EXP_SPLIT)),
+                         STAGES)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
                          v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [240, 24])
