@@ -190,3 +190,20 @@ def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal, d):
         torch.cuda.synchronize()
         assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+def test_gpu_warp_specialised_backward_refuses_persistent_tiles():
+    """The warp-specialised backward runs a program per item: a config asking it to be persistent is refused with a
+    ValueError before anything runs, not launched on a grid the kernel does not follow."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+
+    q, k, v, do = (torch.randn(2, 4, 2048, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    base = _tuning.config_for(q.device, 2048, 128, q.dtype)
+    o, lse = ft.flash_forward(q, k, v, True, base)
+    bad = dataclasses.replace(base, hopper_bwd=_tuning.KernelConfig(128, 128, 4, 2, True, True, True))
+    with pytest.raises(ValueError, match="needs persistent=False"):
+        ft.flash_backward(q, k, v, o, lse, do, True, bad)

@@ -37,7 +37,7 @@ class KernelConfig:
     # warp (flash_hopper, flash_hopper_bwd)
     warp_specialize: bool = False
     # Gluon kernels: as many programs as the GPU holds, taking the work items (query or key tiles of a head) from a
-    # counter (flash_hopper, flash_hopper_bwd); False: a program per item
+    # counter (flash_hopper, flash_hopper_bwd without warp specialisation); False: a program per item
     persistent: bool = False
 
     def __post_init__(self):

@@ -345,84 +345,42 @@ def _dq_split(head_dim, block_m):
 
 
 @gluon.jit
-def _ws_item(w, n_kt, N_Q, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Work item ``w`` (key tile ``w % n_kt`` of key/value head ``w // n_kt``): the head, the tile's first key row,
-    the group's first query head, the first query row that sees the tile, and the query tiles per head."""
-    head = w // n_kt
-    start_n = (w - head * n_kt) * BLOCK_N
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-    return head, start_n, head * GROUP, lo, gl.maximum(gl.cdiv(N_Q - lo, BLOCK_M), 0)
-
-
-@gluon.jit
-def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, counter, item_buf, q_buf, do_buf, k_buf, v_buf,
-                     lse_buf, delta_buf, kv_bar, kv_empty, q_bars, do_bars, empty_bars, w, n_kt, n_items, N_Q, GROUP,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                     PERSISTENT: gl.constexpr):
-    """One warp, per work item (``w``; PERSISTENT: drawn from ``counter`` one after another, published to the
-    consumers through ``item_buf`` with the arrival that starts K and V's loads, once both consumers have stored the
-    previous item's dK and dV out of those buffers): K and V of the key tile, then per query tile (query head
-    ``bq0 + idx // n_tiles``) Q and dO by TMA and L (log2 units) and Delta by plain loads into the ring stage, once
-    both consumers have released it. Q's barrier counts the stats' store as its second arrival. The ring's stages
-    and phases run on across items. PERSISTENT: after the last item, ``n_items`` and a plain arrival end the
-    consumers."""
+def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
+                     kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
+                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: K and V of the key tile, then per query tile (query head ``bq0 + idx // n_tiles``) Q and dO by TMA
+    and L (log2 units) and Delta by plain loads into the ring stage, once both consumers have released it. Q's
+    barrier counts the stats' store as its second arrival."""
     vec: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    ivec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [head, start_n, 0], kv_bar, k_buf)
+    tma.async_copy_global_to_shared(v_desc, [head, start_n, 0], kv_bar, v_buf)
     offs = gl.arange(0, BLOCK_M, layout=vec)
-    it0 = 0  # query tiles through the ring before this item's
-    i = 0
-    while w < n_items:
-        head, start_n, bq0, lo, n_tiles = _ws_item(w, n_kt, N_Q, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-        n_iter = n_tiles * GROUP
-        mbarrier.wait(kv_empty, (i & 1) ^ 1, pred=i > 0)
-        if PERSISTENT:
-            item_buf.store(gl.full([32], w, gl.int32, ivec))
-            gl.thread_barrier()  # every lane's store precedes the arrival (made by one lane)
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [head, start_n, 0], kv_bar, k_buf)
-        tma.async_copy_global_to_shared(v_desc, [head, start_n, 0], kv_bar, v_buf)
-        for it in range(n_iter):
-            gi = it0 + it
-            s = gi % STAGES
-            g = it // n_tiles
-            start_m = lo + (it - g * n_tiles) * BLOCK_M
-            rows = start_m + offs
-            row_ptr = (bq0 + g).to(gl.int64) * N_Q + rows
-            lse = gl.load(L + row_ptr, mask=rows < N_Q, other=0.0)  # in flight while the stage drains
-            delta = gl.load(Delta + row_ptr, mask=rows < N_Q, other=0.0)
-            mbarrier.wait(empty_bars.index(s), ((gi // STAGES) & 1) ^ 1, pred=gi >= STAGES)
-            mbarrier.expect(q_bars.index(s), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [bq0 + g, start_m, 0], q_bars.index(s), q_buf.index(s))
-            mbarrier.expect(do_bars.index(s), do_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(do_desc, [bq0 + g, start_m, 0], do_bars.index(s), do_buf.index(s))
-            lse_buf.index(s).store(lse * 1.4426950408889634)
-            delta_buf.index(s).store(delta)
-            mbarrier.arrive(q_bars.index(s))
-        it0 += n_iter
-        i += 1
-        if PERSISTENT:
-            w = gl.atomic_add(counter, 1, sem="relaxed")
-        else:
-            w = n_items
-    if PERSISTENT:
-        mbarrier.wait(kv_empty, (i & 1) ^ 1, pred=i > 0)
-        item_buf.store(gl.full([32], n_items, gl.int32, ivec))
-        gl.thread_barrier()
-        mbarrier.arrive(kv_bar)
+    for it in range(n_iter):
+        s = it % STAGES
+        g = it // n_tiles
+        start_m = lo + (it - g * n_tiles) * BLOCK_M
+        rows = start_m + offs
+        row_ptr = (bq0 + g).to(gl.int64) * N_Q + rows
+        lse = gl.load(L + row_ptr, mask=rows < N_Q, other=0.0)  # in flight while the stage drains
+        delta = gl.load(Delta + row_ptr, mask=rows < N_Q, other=0.0)
+        mbarrier.wait(empty_bars.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+        mbarrier.expect(q_bars.index(s), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bq0 + g, start_m, 0], q_bars.index(s), q_buf.index(s))
+        mbarrier.expect(do_bars.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [bq0 + g, start_m, 0], do_bars.index(s), do_buf.index(s))
+        lse_buf.index(s).store(lse * 1.4426950408889634)
+        delta_buf.index(s).store(delta)
+        mbarrier.arrive(q_bars.index(s))
 
 
 @gluon.jit
-def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, item_buf, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf,
-                     dq_buf, kv_bar, kv_empty, q_bars, do_bars, empty_bars, ds_bars, epi_bar, w, n_kt, n_items, N_Q,
-                     N_K, GROUP, sm_scale, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, PERSISTENT: gl.constexpr):
-    """Per work item (``w``; PERSISTENT: each one the producer publishes in ``item_buf``, until ``n_items``), key rows
-    ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's half of each
-    query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included). K and V's buffers
-    are released (``kv_empty``) once this warpgroup's dK and dV have left them."""
+def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
+                     kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles, n_iter,
+                     N_Q, N_K, sm_scale, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """Key rows ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's
+    half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included)."""
     dtype: gl.constexpr = q_buf.dtype
     ROWS: gl.constexpr = 64
     DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
@@ -434,7 +392,6 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, item_buf, q_buf, do_buf, k_buf, 
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    ivec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     k_tile = k_buf.reshape([2 * ROWS, HEAD_DIM])
     k_t = k_tile.slice(WG * ROWS, ROWS, dim=0)  # this warpgroup's keys
     v_t = v_buf.reshape([2 * ROWS, HEAD_DIM]).slice(WG * ROWS, ROWS, dim=0)
@@ -449,94 +406,78 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, item_buf, q_buf, do_buf, k_buf, 
     s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
     full_hi = (N_Q // BLOCK_M) * BLOCK_M
-    it0 = 0  # query tiles through the ring (and the dS^T double buffer) before this item's
-    i = 0
+    k0 = start_n + WG * ROWS
+    full_lo = lo
+    if CAUSAL:
+        full_lo = gl.minimum(((k0 + ROWS + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N_Q)
+    keys_edge = k0 + ROWS > N_K
+    offs_n = k0 + gl.arange(0, ROWS, layout=row_layout)
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
     mbarrier.wait(kv_bar, 0)
-    if PERSISTENT:
-        w = gl.max(item_buf.load(ivec), 0)
-    while w < n_items:
-        head, start_n, bq0, lo, n_tiles = _ws_item(w, n_kt, N_Q, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-        n_iter = n_tiles * GROUP
-        k0 = start_n + WG * ROWS
-        full_lo = lo
-        if CAUSAL:
-            full_lo = gl.minimum(((k0 + ROWS + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, N_Q)
-        keys_edge = k0 + ROWS > N_K
-        offs_n = k0 + gl.arange(0, ROWS, layout=row_layout)
-        dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
-        dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=kv_layout)
 
-        for it in range(n_iter):
-            gi = it0 + it
-            g = it // n_tiles
-            start_m = lo + (it - g * n_tiles) * BLOCK_M
-            s = gi % STAGES
-            phase = (gi // STAGES) & 1
-            q_s = q_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
-            do_s = do_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+    for it in range(n_iter):
+        g = it // n_tiles
+        start_m = lo + (it - g * n_tiles) * BLOCK_M
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        q_s = q_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do_s = do_buf.index(s).reshape([BLOCK_M, HEAD_DIM])
 
-            mbarrier.wait(q_bars.index(s), phase)  # Q, and this tile's L and Delta
-            s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
-            mbarrier.wait(do_bars.index(s), phase)
-            dp_t = warpgroup_mma(v_t, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
-            lse2 = lse_buf.index(s).load(col_layout)
-            s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
-            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
-            if keys_edge or start_m < full_lo or start_m >= full_hi:
-                offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                visible = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
-                if CAUSAL:
-                    visible = visible & (offs_n[:, None] <= offs_m[None, :])
-                p_t = gl.where(visible, p_t, 0.0)
-            delta = delta_buf.index(s).load(col_layout)
-            dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
-            ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
-            dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
-            b = gi % 2  # dS^T double buffer: see the barrier argument below
-            ds_tile = ds_buf.index(b)
-            ds_tile.slice(WG * ROWS, ROWS, dim=0).store(ds_t)
-            fence_async_shared()
-            mbarrier.arrive(ds_bars.index(b))
-            dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)  # eq. 19 (unscaled)
-            # both halves of dS^T written; the other warpgroup passed this barrier's previous phase only after
-            # finishing its iteration gi - 1 (whose dQ read buffer b ^ 1), so the buffer written at gi + 1 is free then
-            mbarrier.wait(ds_bars.index(b), (gi // 2) & 1)
-            if DQ_N < BLOCK_M:
-                ds_op = ds_tile.slice(WG * DQ_N, DQ_N, dim=1)
-            else:
-                ds_op = ds_tile
-            dq = warpgroup_mma(k_dq, ds_op, dq_zero, use_acc=False, is_async=True)  # eq. 18 transposed
-            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
-            mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
-
-            tma.store_wait(pendings=0)  # the previous tile's reduce has read this warpgroup's staging buffer
-            gl.thread_barrier()
-            dq_stage.reshape([DQ_N, DQ_M]).permute((1, 0)).store(dq)
-            fence_async_shared()
-            gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [bq0 + g, start_m + dq_row, dq_col], dq_stage)  # rows past N_Q are clipped
-
-        # dV through this warpgroup's half of V's buffer (only its own MMAs read it); dK through K's half once both
-        # warpgroups' dQ^T MMAs, which read all of K, have finished; then the buffers go back to the producer
-        v_t.store(dv.to(dtype))
+        mbarrier.wait(q_bars.index(s), phase)  # Q, and this tile's L and Delta
+        s_t = warpgroup_mma(k_t, q_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # S^T, eq. 13
+        mbarrier.wait(do_bars.index(s), phase)
+        dp_t = warpgroup_mma(v_t, do_s.permute((1, 0)), s_zero, use_acc=False, is_async=True)  # dP^T, eq. 16
+        lse2 = lse_buf.index(s).load(col_layout)
+        s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # eq. 14 in log2 units
+        if keys_edge or start_m < full_lo or start_m >= full_hi:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            visible = (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K)
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :])
+            p_t = gl.where(visible, p_t, 0.0)
+        delta = delta_buf.index(s).load(col_layout)
+        dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
+        ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
+        b = it % 2  # dS^T double buffer: see the barrier argument below
+        ds_tile = ds_buf.index(b)
+        ds_tile.slice(WG * ROWS, ROWS, dim=0).store(ds_t)
         fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(dv_desc, [head, k0, 0], v_buf.slice(WG * ROWS, ROWS, dim=1))
-        mbarrier.arrive(epi_bar)
-        mbarrier.wait(epi_bar, i & 1)
-        k_t.store((dk * sm_scale).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(dk_desc, [head, k0, 0], k_buf.slice(WG * ROWS, ROWS, dim=1))
-        tma.store_wait(pendings=0)
-        mbarrier.arrive(kv_empty)
-        it0 += n_iter
-        i += 1
-        if PERSISTENT:
-            mbarrier.wait(kv_bar, i & 1)
-            w = gl.max(item_buf.load(ivec), 0)
+        mbarrier.arrive(ds_bars.index(b))
+        dk = warpgroup_mma(gl.convert_layout(ds_t, a_layout), q_s, dk, is_async=True)  # eq. 19 (unscaled)
+        # both halves of dS^T written; the other warpgroup passed this barrier's previous phase only after finishing
+        # its iteration it - 1 (whose dQ read buffer b ^ 1), so the buffer written at it + 1 is free then
+        mbarrier.wait(ds_bars.index(b), (it // 2) & 1)
+        if DQ_N < BLOCK_M:
+            ds_op = ds_tile.slice(WG * DQ_N, DQ_N, dim=1)
         else:
-            w = n_items
+            ds_op = ds_tile
+        dq = warpgroup_mma(k_dq, ds_op, dq_zero, use_acc=False, is_async=True)  # eq. 18 transposed
+        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
+        mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
+
+        tma.store_wait(pendings=0)  # the previous tile's reduce has read this warpgroup's staging buffer
+        gl.thread_barrier()
+        dq_stage.reshape([DQ_N, DQ_M]).permute((1, 0)).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [bq0 + g, start_m + dq_row, dq_col], dq_stage)  # rows past N_Q are clipped
+
+    # dV through this warpgroup's half of V's buffer (only its own MMAs read it); dK through K's half once both
+    # warpgroups' dQ^T MMAs, which read all of K, have finished
+    v_t.store(dv.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dv_desc, [head, k0, 0], v_buf.slice(WG * ROWS, ROWS, dim=1))
+    mbarrier.arrive(epi_bar)
+    mbarrier.wait(epi_bar, 0)
+    k_t.store((dk * sm_scale).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(dk_desc, [head, k0, 0], k_buf.slice(WG * ROWS, ROWS, dim=1))
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -548,10 +489,9 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
                           PERSISTENT: gl.constexpr):
-    """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV; PERSISTENT: as many programs as the GPU
-    holds, taking the work items from the counter past Delta's end, in the same order), BLOCK_N = 128, launched
-    with 4 warps: the default partition is the first consumer warpgroup, the workers the second and the producer
-    warp. DQ_TMA is accepted for the shared launcher (always TMA)."""
+    """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
+    the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
+    and PERSISTENT are accepted for the shared launcher (always TMA, a program per item)."""
     dtype: gl.constexpr = Q.dtype.element_ty
     ROWS: gl.constexpr = BLOCK_N // 2
     DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
@@ -562,6 +502,9 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, DQ[1], DQ[0]], gl.float32)
     stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
+    head = gl.program_id(1)
+    start_n = gl.program_id(0) * BLOCK_N
+    bq0 = head * GROUP
     k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(  # dK, dV leave by halves
         Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
         stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, ROWS,
@@ -578,16 +521,13 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     delta_buf = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_smem)
     ds_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_smem)
     dq_buf = gl.allocate_shared_memory(gl.float32, [2, 1, DQ[1], DQ[0]], dq_smem)
-    item_buf = gl.allocate_shared_memory(gl.int32, [32], stats_smem)  # the persistent producer's item number
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     epi_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
-    mbarrier.init(kv_empty, count=2)  # one arrival per consumer warpgroup
     mbarrier.init(epi_bar, count=2)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_bars.index(i), count=2)  # the TMA's expect and the producer's stats
@@ -597,25 +537,22 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         mbarrier.init(ds_bars.index(i), count=2)
     fence_async_shared()
 
-    n_kt = gl.cdiv(N_K, BLOCK_N)
-    n_items = BKV * n_kt
-    counter = (Delta + BKV * GROUP * N_Q).to(gl.pointer_type(gl.int32))  # zeroed by the preprocess kernel
-    if PERSISTENT:
-        w = gl.atomic_add(counter, 1, sem="relaxed")  # the producer's first item (the consumers read it from it)
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
     else:
-        w = gl.program_id(1) * n_kt + gl.program_id(0)
+        lo = 0
+    n_tiles = gl.maximum(gl.cdiv(N_Q - lo, BLOCK_M), 0)
+    n_iter = n_tiles * GROUP
     gl.warp_specialize([
-        (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, item_buf, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
-                            ds_buf, dq_buf, kv_bar, kv_empty, q_bars, do_bars, empty_bars, ds_bars, epi_bar, w, n_kt,
-                            n_items, N_Q, N_K, GROUP, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                            STAGES, PERSISTENT)),
-        (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, item_buf, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
-                            ds_buf, dq_buf, kv_bar, kv_empty, q_bars, do_bars, empty_bars, ds_bars, epi_bar, w, n_kt,
-                            n_items, N_Q, N_K, GROUP, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                            STAGES, PERSISTENT)),
-        (_ws_bwd_producer, (q_desc, do_desc, k_desc, v_desc, L, Delta, counter, item_buf, q_buf, do_buf, k_buf, v_buf,
-                            lse_buf, delta_buf, kv_bar, kv_empty, q_bars, do_bars, empty_bars, w, n_kt, n_items, N_Q,
-                            GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERSISTENT)),
+        (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
+                            kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES)),
+        (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
+                            kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES)),
+        (_ws_bwd_producer, (q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
+                            kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
+                            BLOCK_M, STAGES)),
     ], [4, 1], [240, 24])
 
 
@@ -660,9 +597,7 @@ VARIANTS = (
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
     Variant(64, 64, 64, 4, 2, persistent=True), Variant(128, 128, 64, 4, 2, warp_specialize=True),
-    Variant(64, 128, 128, 4, 2, warp_specialize=True), Variant(128, 128, 64, 4, 3, warp_specialize=True),
-    Variant(128, 128, 64, 4, 2, persistent=True, warp_specialize=True),
-    Variant(64, 128, 128, 4, 2, persistent=True, warp_specialize=True),
+    Variant(64, 128, 128, 4, 2, warp_specialize=True),
 )
 
 
