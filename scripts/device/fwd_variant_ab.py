@@ -25,26 +25,27 @@ from cs336_systems.attention import flash_triton as ft
 
 K = _tuning.KernelConfig
 SHAPES = {  # batch, q heads, kv heads, n, d, causal
-    "xl_2048": (4, 25, 25, 2048, 64, True), "lb2025": (1, 16, 16, 16384, 64, True),
+    "xl_2048": (4, 25, 25, 2048, 64, True), "xl_512": (4, 25, 25, 512, 64, True),
+    "lb2025": (1, 16, 16, 16384, 64, True),
     "d64_full_2k": (8, 16, 16, 2048, 64, False), "small_512": (8, 12, 12, 512, 64, True),
     "noncausal_2k": (8, 16, 16, 2048, 128, False), "d128_4k": (1, 16, 16, 4096, 128, True),
     "gqa": (2, 32, 8, 8192, 128, True), "lb2026": (2, 32, 32, 32768, 128, True),
 }
-# (tile, split): split True sets the constexpr EXP_SPLIT of experiments/flash_exp_split/exp-split.patch (applied)
+# (tile, constexprs the launch adds, e.g. {"EXP_SPLIT": True} with experiments/flash_exp_split/exp-split.patch applied)
 VARIANTS = {
-    64: [(K(64, 64, 4, 3, True, False, True), False), (K(128, 128, 4, 3, True, True, True), False),
-         (K(128, 128, 4, 2, True, True, True), False)],
-    128: [(K(128, 128, 4, 2, True, True), False), (K(128, 128, 4, 2, True, True, True), False)],
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 3, True, False, True), {"PREFETCH": True}),
+         (K(64, 128, 4, 3, True, False, True), {}), (K(64, 128, 4, 3, True, False, True), {"PREFETCH": True}),
+         (K(128, 128, 4, 3, True, True, True), {})],
+    128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {})],
 }
 
 
-def runner(q, k, v, causal, tile, split):
+def runner(q, k, v, causal, tile, extra):
     n_q, d = q.shape[-2:]
     cfg = dataclasses.replace(_tuning.config_for(q.device, n_q, d, q.dtype), hopper_fwd=tile)
     left, right = ft.normalize_window(None, causal, n_q, k.shape[-2])
     fwd = ft._plan_forward(q, k, v, cfg, left, right, False)
-    if split:
-        fwd[0].constexprs = dict(fwd[0].constexprs, EXP_SPLIT=True)
+    fwd[0].constexprs = dict(fwd[0].constexprs, **extra)
     plan = ft._Plan(left, right, 1 / math.sqrt(d), cfg, fwd)
     return lambda: ft._launch_forward(plan, q, k, v, None, None, plan.scale), fwd[0].kernel.__name__
 
@@ -77,8 +78,9 @@ def main() -> None:
 
         fns = {"sdpa_cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), "cudnn"),
                "sdpa_flash": (sdpa(SDPBackend.FLASH_ATTENTION), "flash")}
-        for tile, split in VARIANTS[d]:
-            fns[f"{tile.short()}{'/split' if split else ''}"] = runner(q, k, v, causal, tile, split)
+        for tile, extra in VARIANTS[d]:
+            label = tile.short() + "".join(f"/{name.lower()}" for name, on in extra.items() if on)
+            fns[label] = runner(q, k, v, causal, tile, extra)
         peer_err = None
         if ref is not None:
             peer_err = (sdpa(SDPBackend.FLASH_ATTENTION)().double() - ref).abs().max().item()
