@@ -88,15 +88,13 @@ def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD
 @gluon.jit
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
-            n_next=0, kv_next=0, PREFETCH: gl.constexpr = False):
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. ``base``,
-    ``kv_head``, HEAD3: as in ``_load_kv``. PREFETCH (RELEASE False): a refill past this item's tiles loads the next
-    item's (``n_next`` tiles of key/value head ``kv_next``, the ring running on)."""
+    ``kv_head``, HEAD3: as in ``_load_kv``."""
     dtype: gl.constexpr = q.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -147,13 +145,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         else:
             if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
                 gl.thread_barrier()
-            t = j - 1 + STAGES
-            if PREFETCH and t >= n_tiles:
-                _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, t - n_tiles, n_next, BLOCK_N, STAGES,
-                         base + n_tiles, kv_next, HEAD3)
-            else:
-                _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, t, n_tiles, BLOCK_N, STAGES, base, kv_head,
-                         HEAD3)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
+                     kv_head, HEAD3)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -192,11 +185,10 @@ def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False,
-            WAIT: gl.constexpr = True):
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False):
     """O = acc / l through Q's buffer (free: every MMA that read it has completed) and a TMA store that clips
     rows past N_Q; L = m + log2(l) in natural log. HEAD3: a (1, rows, HEAD_DIM) buffer and a 3-D descriptor over
-    all heads (head ``bh``). WAIT False: the store may still be reading the buffer on return."""
+    all heads (head ``bh``)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
     gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
@@ -208,8 +200,7 @@ def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.conste
         q.store(acc.to(q.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
-    if WAIT:
-        tma.store_wait(pendings=0)
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -279,16 +270,13 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                  PREFETCH: gl.constexpr = False):
+                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
     built once, the (query tile, batch x head) items taken from a counter, heads in order and, causal, each head's
     longest tiles first; the K/V ring's stages and phases run on across items. HEADS here is the number of batch x
     query heads; DOC the counter's int32 pair (next item, finished programs), zero at launch: the last program to
     finish zeroes it again, so the next launch on the stream finds it zero (no memset per call). SPAN, LEFT, RIGHT
-    and the d strides (1) are unused. PREFETCH: a program draws its next item when it starts one, and the K/V tiles
-    and Q of the next item are loaded under the current one's last tiles and epilogue (O then leaves through a
-    buffer of its own)."""
+    and the d strides (1) are unused."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
@@ -314,16 +302,6 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     base = 0  # key/value tiles through the ring before this item's
     item = 0
     w = gl.atomic_add(counter, 1, sem="relaxed")
-    if PREFETCH:
-        o_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
-        n_prev = 0  # the previous item's tiles: this item's first STAGES - n_prev are not in flight yet
-        if w < n_items:
-            bh = w // n_mt
-            pid_m = w - bh * n_mt
-            if CAUSAL:
-                pid_m = n_mt - 1 - pid_m
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [bh, pid_m * BLOCK_M, 0], q_bar, q_smem)
     while w < n_items:
         bh = w // n_mt
         pid_m = w - bh * n_mt
@@ -332,56 +310,22 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         start_m = pid_m * BLOCK_M
         bkv = bh // GROUP
         n_tiles, n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-        if PREFETCH:
-            w_next = gl.atomic_add(counter, 1, sem="relaxed")
-            bh_next = w_next // n_mt
-            m_next = w_next - bh_next * n_mt
-            if CAUSAL:
-                m_next = n_mt - 1 - m_next
-            n_next, _ = _key_tiles(m_next * BLOCK_M, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-            if w_next >= n_items:
-                n_next = 0
-            for i in gl.static_range(STAGES):
-                if i < STAGES - n_prev:  # the later ones were loaded during the previous item
-                    _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv,
-                             True)
-        else:
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [bh, start_m, 0], q_bar, q_smem)
-            for i in gl.static_range(STAGES):
-                _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bh, start_m, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
         mbarrier.wait(q_bar, item & 1)
-        if PREFETCH:
-            acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
-                                    n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                    base, bkv, True, n_next, bh_next // GROUP, True)
-            if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer and the last stage
-                gl.thread_barrier()
-            # the stage of this item's last tile is free: the next item's tile STAGES - 1; Q's buffer too
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, STAGES - 1, n_next, BLOCK_N, STAGES,
-                     base + n_tiles, bh_next // GROUP, True)
-            if w_next < n_items:
-                mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [bh_next, m_next * BLOCK_M, 0], q_bar, q_smem)
-            tma.store_wait(pendings=0)  # the previous item's O has left its buffer
+        acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
+                                n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
+                                base, bkv, True)
+        if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
-            _finish(acc, l_i, m_i, o_smem, o_desc, L, bh, start_m, offs_m, N_Q, True, False)
-            n_prev = n_tiles
-            w = w_next
-        else:
-            acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
-                                    n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                    base, bkv, True)
-            if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
-                gl.thread_barrier()
-            _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
-            gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
-            w = gl.atomic_add(counter, 1, sem="relaxed")
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
+        gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1
-    if PREFETCH:
-        tma.store_wait(pendings=0)
+        w = gl.atomic_add(counter, 1, sem="relaxed")
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))

@@ -1103,11 +1103,8 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                   (True, False): flash_hopper._hopper_fwd_ws_kernel,
                   (False, True): flash_hopper._hopper_fwd_persistent_kernel,
                   (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
-        constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                          STAGES=cfg.num_stages)
-        if kernel is flash_hopper._hopper_fwd_persistent_kernel:
-            constexprs["PREFETCH"] = False
-        launch = _Launch(kernel, constexprs, cfg)
+        launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
+                                      STAGES=cfg.num_stages), cfg)
         if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads
             return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, (*scalars[:-3], bh, *scalars[-2:])
         return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars

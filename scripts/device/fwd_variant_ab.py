@@ -31,10 +31,10 @@ SHAPES = {  # batch, q heads, kv heads, n, d, causal
     "noncausal_2k": (8, 16, 16, 2048, 128, False), "d128_4k": (1, 16, 16, 4096, 128, True),
     "gqa": (2, 32, 8, 8192, 128, True), "lb2026": (2, 32, 32, 32768, 128, True),
 }
-# (tile, constexprs the launch adds, e.g. {"EXP_SPLIT": True} with experiments/flash_exp_split/exp-split.patch applied)
+# (tile, constexprs the launch adds: {"EXP_SPLIT": True} or {"PREFETCH": True} with the patch of
+# experiments/flash_exp_split/ or experiments/flash_fwd_prefetch/ applied)
 VARIANTS = {
-    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 3, True, False, True), {"PREFETCH": True}),
-         (K(64, 128, 4, 3, True, False, True), {}), (K(64, 128, 4, 3, True, False, True), {"PREFETCH": True}),
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 128, 4, 3, True, False, True), {}),
          (K(128, 128, 4, 3, True, True, True), {})],
     128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {})],
 }
