@@ -267,6 +267,25 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
 
 
 @gluon.jit
+def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob,
+                      stride_om, N_Q, N_K, GROUP, HEADS, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr,
+                      BLOCK_N: gl.constexpr, smem: gl.constexpr):
+    """The persistent kernels' TMA descriptors, built once: every tensor as 3-D (batch x heads, rows, HEAD_DIM), Q and
+    O tiles of ``Q_ROWS`` rows of one of ``HEADS`` query heads, K and V tiles of ``BLOCK_N`` rows of one of
+    ``HEADS // GROUP`` key/value heads."""
+    bkv_total = HEADS // GROUP
+    q_desc = tma.make_tensor_descriptor(Q, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
+                                        block_shape=[1, Q_ROWS, HEAD_DIM], layout=smem)
+    k_desc = tma.make_tensor_descriptor(K, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
+    v_desc = tma.make_tensor_descriptor(V, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
+                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
+    o_desc = tma.make_tensor_descriptor(O, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_ob, stride_om, 1],
+                                        block_shape=[1, Q_ROWS, HEAD_DIM], layout=smem)
+    return q_desc, k_desc, v_desc, o_desc
+
+
+@gluon.jit
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -280,15 +299,9 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-    bkv_total = HEADS // GROUP
-    q_desc = tma.make_tensor_descriptor(Q, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
-                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_ob, stride_om, 1],
-                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=smem)
+    q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
+                                                       stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
+                                                       HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem)
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
     q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
@@ -379,6 +392,25 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
 
 
 @gluon.jit
+def _ws_barriers(STAGES: gl.constexpr):
+    """Initialised mbarriers of the warp-specialised forwards: one per consumer's Q rows, one per K and V ring stage,
+    and each stage's two release barriers (K's, then V's: index ``stage`` and ``STAGES + stage``) of count 2, one
+    arrival per consumer warpgroup."""
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=2)
+        mbarrier.init(empty_bars.index(STAGES + i), count=2)
+    return q_bars, k_bars, v_bars, empty_bars
+
+
+@gluon.jit
 def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                           stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                           LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -394,17 +426,7 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # K's, then V's
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(empty_bars.index(STAGES + i), count=2)
+    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES)
     if CAUSAL:
         hi = gl.minimum(N_K, start_m + BLOCK_M)
     else:
@@ -536,34 +558,19 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-    bkv_total = HEADS // GROUP
-    q_desc = tma.make_tensor_descriptor(Q, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
-                                        block_shape=[1, ROWS, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_ob, stride_om, 1],
-                                        block_shape=[1, ROWS, HEAD_DIM], layout=smem)
+    q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
+                                                       stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
+                                                       HEADS, HEAD_DIM, ROWS, BLOCK_N, smem)
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     o_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
     item_buf = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                                                  order=[0]))
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES)
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # K's, then V's
     for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(empty_bars.index(STAGES + i), count=2)
     n_mt = gl.cdiv(N_Q, BLOCK_M)
     n_items = HEADS * n_mt
     counter = DOC.to(gl.pointer_type(gl.int32))
