@@ -267,6 +267,19 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
 
 
 @gluon.jit
+def _item_coords(w, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Item ``w``'s batch x head, key/value head, first query row and key tiles: heads in order (their K and V stay
+    in L2 while their tiles run) and, causal, each head's longest tiles first."""
+    bh = w // n_mt
+    pid_m = w - bh * n_mt
+    if CAUSAL:
+        pid_m = n_mt - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    n_tiles, _ = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    return bh, bh // GROUP, start_m, n_tiles
+
+
+@gluon.jit
 def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob,
                       stride_om, N_Q, N_K, GROUP, HEADS, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr,
                       BLOCK_N: gl.constexpr, smem: gl.constexpr):
@@ -316,13 +329,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     item = 0
     w = gl.atomic_add(counter, 1, sem="relaxed")
     while w < n_items:
-        bh = w // n_mt
-        pid_m = w - bh * n_mt
-        if CAUSAL:  # a head's last query tiles see the most keys: first
-            pid_m = n_mt - 1 - pid_m
-        start_m = pid_m * BLOCK_M
-        bkv = bh // GROUP
-        n_tiles, n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+        n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)[1]
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bh, start_m, 0], q_bar, q_smem)
         for i in gl.static_range(STAGES):
@@ -446,22 +454,6 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
 # take (query tile, head) items in turn; the producer draws each item from the counter and hands it to the consumers
 # through shared memory with the item's Q load, and fills the K/V ring across items, so the next item's Q and first
 # key tiles arrive while the consumers finish the current one (its O leaves through a buffer of its own).
-@gluon.jit
-def _item_coords(w, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Item ``w``'s batch x head, key/value head, first query row and key tiles: heads in order (their K and V stay
-    in L2 while their tiles run) and, causal, each head's longest tiles first."""
-    bh = w // n_mt
-    pid_m = w - bh * n_mt
-    if CAUSAL:
-        pid_m = n_mt - 1 - pid_m
-    start_m = pid_m * BLOCK_M
-    if CAUSAL:
-        hi = gl.minimum(N_K, start_m + BLOCK_M)
-    else:
-        hi = N_K
-    return bh, bh // GROUP, start_m, gl.cdiv(hi, BLOCK_N)
-
-
 @gluon.jit
 def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                   empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
