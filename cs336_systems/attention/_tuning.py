@@ -33,8 +33,8 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False  # tensor-descriptor (TMA) loads and stores
-    # Gluon kernels: consumer warpgroups of 64 rows (query rows forward: two or three, block_m 128 or 192; key rows
-    # backward: two, block_n 128) and a producer warp (flash_hopper, flash_hopper_bwd)
+    # Gluon kernels: two consumer warpgroups of 64 rows (query rows forward, key rows backward) and a producer
+    # warp (flash_hopper, flash_hopper_bwd)
     warp_specialize: bool = False
     # Gluon kernels: as many programs as the GPU holds, taking the work items (query or key tiles of a head) from a
     # counter (flash_hopper, flash_hopper_bwd without warp specialisation); False: a program per item
@@ -43,13 +43,11 @@ class KernelConfig:
     def __post_init__(self):
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
-            three_consumers = name == "block_m" and value == 192 and self.warp_specialize
-            if (value < 16 or value & (value - 1)) and not three_consumers:
-                raise ValueError(f"{name} must be a power of two >= 16 (or block_m=192 with warp_specialize), "
-                                 f"got {value}")
-        if self.warp_specialize and (self.num_warps != 4 or not {128, 192} & {self.block_m, self.block_n}):
-            raise ValueError("warp_specialize needs num_warps=4 and 64-row tiles per consumer warpgroup on the side "
-                             "they split (block_m=128 or 192 forward, block_n=128 backward), got "
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        if self.warp_specialize and (self.num_warps != 4 or 128 not in (self.block_m, self.block_n)):
+            raise ValueError("warp_specialize needs num_warps=4 and 128-row tiles on the side that two consumer "
+                             "warpgroups split (block_m=128 forward, block_n=128 backward), got "
                              f"block_m={self.block_m}, block_n={self.block_n}, num_warps={self.num_warps}")
         if self.warp_specialize and not self.tma:  # the warp-specialised kernels load by TMA only
             raise ValueError(f"warp_specialize needs tma=True, got tma={self.tma}")
@@ -174,9 +172,9 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
                           or configs.get(pinned_key(kernel, d_pad, dtype)) or getattr(table, kernel))
     hopper = table.hopper_fwd and (configs.get(pinned_key("hopper_fwd", d_pad, dtype, n_q))
                                    or configs.get(pinned_key("hopper_fwd", d_pad, dtype)) or table.hopper_fwd)
-    if hopper and hopper.warp_specialize and hopper.block_m not in (128, 192):
-        raise ValueError(f"a pinned warp-specialised hopper_fwd needs block_m=128 or 192 (two or three consumer "
-                         f"warpgroups of 64 query rows), got {hopper.short()} for d{d_pad} {dtype}")
+    if hopper and hopper.warp_specialize and hopper.block_m != 128:
+        raise ValueError(f"a pinned warp-specialised hopper_fwd needs block_m=128 (two consumer warpgroups of 64 query "
+                         f"rows), got {hopper.short()} for d{d_pad} {dtype}")
     return FlashConfig(**picked, atomic_dq=table.atomic_dq,
                        single_max_programs=table.single_max_programs, hopper_fwd=hopper, hopper_bwd=table.hopper_bwd)
 

@@ -38,9 +38,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 LN2 = gl.constexpr(0.6931471805599453)
 
 HEAD_DIMS = (64, 128)
-# registers a thread of each of the three consumer warpgroups of the warp-specialised forwards (BLOCK_M 192); the
-# producer warp keeps 24; FlashAttention-3 gives its three MMA warpgroups 160
-REGS3 = gl.constexpr(160)
 
 
 @gluon.jit
@@ -368,8 +365,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
 # and lost 3% at 8 x 16 x 2,048 (docs/flash_tuning_notes.md).
 @gluon.jit
 def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
-                 n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr, CONSUMERS: gl.constexpr):
-    for w in gl.static_range(CONSUMERS):
+                 n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
+    for w in gl.static_range(2):
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [start_m + w * ROWS, 0], q_bars.index(w), q_smem.index(w))
     for t in range(n_tiles):
@@ -403,21 +400,21 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
 
 
 @gluon.jit
-def _ws_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+def _ws_barriers(STAGES: gl.constexpr):
     """Initialised mbarriers of the warp-specialised forwards: one per consumer's Q rows, one per K and V ring stage,
-    and each stage's two release barriers (K's, then V's: index ``stage`` and ``STAGES + stage``), one arrival per
-    consumer warpgroup."""
-    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    and each stage's two release barriers (K's, then V's: index ``stage`` and ``STAGES + stage``) of count 2, one
+    arrival per consumer warpgroup."""
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(CONSUMERS):
+    for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=CONSUMERS)
-        mbarrier.init(empty_bars.index(STAGES + i), count=CONSUMERS)
+        mbarrier.init(empty_bars.index(i), count=2)
+        mbarrier.init(empty_bars.index(STAGES + i), count=2)
     return q_bars, k_bars, v_bars, empty_bars
 
 
@@ -426,44 +423,31 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
                           stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                           LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                           BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """``_hopper_fwd_kernel``'s arguments; BLOCK_M = 128 or 192 rows, 64 per consumer warpgroup (launch with 4 warps:
-    the default partition is the first consumer, the workers the other consumers and the producer)."""
-    ROWS: gl.constexpr = 64
-    CONSUMERS: gl.constexpr = BLOCK_M // ROWS
+    """``_hopper_fwd_kernel``'s arguments; BLOCK_M = 128 rows, 64 per consumer warpgroup (launch with 4 warps: the
+    default partition is the first consumer, the workers the second consumer and the producer)."""
+    ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
         Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
         GROUP, HEAD_DIM, BLOCK_M, ROWS, BLOCK_N, CAUSAL, smem)
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], smem)
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES, CONSUMERS)
+    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES)
     if CAUSAL:
         hi = gl.minimum(N_K, start_m + BLOCK_M)
     else:
         hi = N_K
     n_tiles = gl.cdiv(hi, BLOCK_N)
-    if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q,
-                            N_K, n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-            (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q,
-                            N_K, n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-            (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars,
-                            start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
-        ], [4, 1], [240, 24])
-    else:  # three consumers (launch with 4 warps: the producer is the default partition)
-        gl.warp_specialize([
-            (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars,
-                            start_m, n_tiles, BLOCK_N, STAGES, ROWS, CONSUMERS)),
-            (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q,
-                            N_K, n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-            (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q,
-                            N_K, n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-            (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q,
-                            N_K, n_tiles, qk_scale, 2, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-        ], [4, 4, 4], [REGS3, REGS3, REGS3])
+    gl.warp_specialize([
+        (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
+                        n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
+        (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
+                        n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
+        (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
+                        n_tiles, BLOCK_N, STAGES, ROWS)),
+    ], [4, 1], [240, 24])
 
 
 # Persistent warp-specialised form: the two consumers and the producer of ``_hopper_fwd_ws_kernel`` stay resident and
@@ -473,22 +457,22 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
 @gluon.jit
 def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                   empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr):
-    """One warp: per item, once every consumer is done with its Q rows, the item's number into ``item_buf`` and
-    the consumers' Q rows (the barrier's arrival publishes the number), then the item's K and V tiles through the
-    ring; after the last item, the number ``n_items`` and a plain arrival, which ends the consumers."""
-    ROWS: gl.constexpr = 64
-    vec: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One warp: per item, once both consumers are done with their Q rows, the item's number into ``item_buf`` and
+    the two Q halves (the barrier's arrival publishes the number), then the item's K and V tiles through the ring;
+    after the last item, the number ``n_items`` and a plain arrival, which ends the consumers."""
+    ROWS: gl.constexpr = BLOCK_M // 2
+    vec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     base = 0
     i = 0
     w = gl.atomic_add(counter, 1, sem="relaxed")
     while w < n_items:
         bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-        for h in gl.static_range(CONSUMERS):
+        for h in gl.static_range(2):
             mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
         item_buf.store(gl.full([32], w, gl.int32, vec))
         gl.thread_barrier()  # every lane's store precedes the arrivals (made by one lane)
-        for h in gl.static_range(CONSUMERS):
+        for h in gl.static_range(2):
             mbarrier.expect(q_bars.index(h), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [bh, start_m + h * ROWS, 0], q_bars.index(h), q_smem.index(h))
         for t in range(base, base + n_tiles):
@@ -503,11 +487,11 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
         base += n_tiles
         i += 1
         w = gl.atomic_add(counter, 1, sem="relaxed")
-    for h in gl.static_range(CONSUMERS):
+    for h in gl.static_range(2):
         mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
     item_buf.store(gl.full([32], n_items, gl.int32, vec))
     gl.thread_barrier()
-    for h in gl.static_range(CONSUMERS):
+    for h in gl.static_range(2):
         mbarrier.arrive(q_bars.index(h))
 
 
@@ -518,7 +502,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first)."""
-    ROWS: gl.constexpr = 64
+    ROWS: gl.constexpr = BLOCK_M // 2
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                       instr_shape=[16, BLOCK_N, 16]))
@@ -562,55 +546,36 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr):
     """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
-    program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128 or
-    192)."""
-    ROWS: gl.constexpr = 64
-    CONSUMERS: gl.constexpr = BLOCK_M // ROWS
+    program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
+    ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
     q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
                                                        stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
                                                        HEADS, HEAD_DIM, ROWS, BLOCK_N, smem)
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, ROWS, HEAD_DIM], smem)
-    o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 1, ROWS, HEAD_DIM], smem)
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
+    o_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
     item_buf = gl.allocate_shared_memory(gl.int32, [32], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                                                  order=[0]))
-    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES, CONSUMERS)
-    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(CONSUMERS):
+    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES)
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
         mbarrier.init(q_empty.index(i), count=1)
     n_mt = gl.cdiv(N_Q, BLOCK_M)
     n_items = HEADS * n_mt
     counter = DOC.to(gl.pointer_type(gl.int32))
-    if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                             empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             CAUSAL, STAGES)),
-            (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                             empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             CAUSAL, STAGES)),
-            (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
-                             k_bars, v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                             CONSUMERS)),
-        ], [4, 1], [240, 24])
-    else:  # three consumers (launch with 4 warps: the producer is the default partition)
-        gl.warp_specialize([
-            (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty,
-                             k_bars, v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                             CONSUMERS)),
-            (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                             empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             CAUSAL, STAGES)),
-            (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                             empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             CAUSAL, STAGES)),
-            (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                             empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 2, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             CAUSAL, STAGES)),
-        ], [4, 4, 4], [REGS3, REGS3, REGS3])
+    gl.warp_specialize([
+        (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
+                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+                         STAGES)),
+        (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
+                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+                         STAGES)),
+        (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
+                         v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [240, 24])
     # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
     if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
         gl.atomic_xchg(counter, 0, sem="relaxed")

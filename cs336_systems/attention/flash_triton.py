@@ -1259,9 +1259,6 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         if cfg.warp_specialize and cfg.persistent:
             raise ValueError("the warp-specialised Gluon backward runs a program per item: a hopper_bwd config with "
                              f"warp_specialize=True needs persistent=False, got {cfg.short()}")
-        if cfg.block_m & (cfg.block_m - 1):
-            raise ValueError(f"the Gluon backward's query tiles are a power of two: a hopper_bwd config needs block_m "
-                             f"in 16, 32, 64, 128, got {cfg.short()}")
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,

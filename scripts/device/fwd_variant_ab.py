@@ -35,9 +35,7 @@ SHAPES = {  # batch, q heads, kv heads, n, d, causal
 # experiments/flash_exp_split/ or experiments/flash_fwd_prefetch/ applied)
 VARIANTS = {
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 128, 4, 3, True, False, True), {}),
-         (K(128, 128, 4, 3, True, True, True), {}), (K(192, 128, 4, 2, True, True, True), {}),
-         (K(192, 128, 4, 2, True, True), {}), (K(192, 64, 4, 3, True, True, True), {}),
-         (K(192, 64, 4, 4, True, True, True), {})],
+         (K(128, 128, 4, 3, True, True, True), {})],
     128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {})],
 }
 
