@@ -829,3 +829,43 @@ def test_flash_bench_writes_the_auto_table_from_records(tmp_path, capsys):
                  "--from-records", str(tmp_path / "missing.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "--from-records goes with --only shapes" in err and "cannot read records" in err
+
+
+def test_flash_shapes_report_takes_the_peer_with_the_fastest_kernels():
+    """The report's kernel columns: ours against the peer whose kernels are fastest (not the peer fastest by
+    call time), and nothing for runs recorded before kernel times were."""
+    from cs336_systems.report.sections.flash import _kernel_ratios
+
+    ours = dict(forward_ms=0.03, forward_backward_ms=0.30, forward_kernel_ms=0.025, forward_backward_kernel_ms=0.085)
+    peers = {"sdpa_flash": dict(forward_backward_ms=0.14, forward_kernel_ms=0.032, forward_backward_kernel_ms=0.128),
+             "sdpa_cudnn": dict(forward_backward_ms=0.32, forward_kernel_ms=0.019, forward_backward_kernel_ms=0.082),
+             "flex": dict(forward_backward_ms=0.64)}
+    got = _kernel_ratios(ours, peers)
+    assert got["kernel peer"] == "sdpa_cudnn"
+    assert got["fwd+bwd kernel ratio"] == pytest.approx(0.085 / 0.082)
+    assert got["fwd kernel ratio"] == pytest.approx(0.025 / 0.019)
+    assert _kernel_ratios({"forward_backward_ms": 0.3}, peers) == {}
+    assert _kernel_ratios(ours, {"flex": peers["flex"]}) == {}
+
+
+@pytest.mark.gpu
+def test_kernel_ms_counts_gpu_time_not_host_time():
+    """``kernel_ms``: a GPU-bound call (a large matmul) costs about what ``do_bench`` measures; a host-bound one
+    (many tiny launches with Python between them) much less, and the L2 flush is not counted."""
+    from triton.testing import do_bench
+
+    from cs336_systems.bench.flash import kernel_ms
+
+    dev = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    gpu_bound = kernel_ms(lambda: a @ a, dev, [])
+    assert 0.7 < gpu_bound / do_bench(lambda: a @ a, warmup=10, rep=50) < 1.3
+    x = torch.zeros(16, device=dev)
+
+    def tiny():
+        for _ in range(50):
+            x.add_(1)
+            sum(range(2000))  # host work between launches
+
+    assert kernel_ms(tiny, dev, []) < 0.5 * do_bench(tiny, warmup=10, rep=50)
+    assert kernel_ms(lambda: None, dev, []) == 0.0  # nothing but the flush ran

@@ -6,6 +6,12 @@ FLOPs follow the flash-attention convention (``attention_flops``: 4 * B * H * N^
 causal, x2.5 for the backward). An out-of-memory configuration is recorded as ``OOM``; an
 implementation skipped for a size is recorded with the reason.
 
+``kernel_time=True`` (issue 18's shapes) also records ``{mode}_kernel_ms``: the GPU time of the call's kernels
+under ``torch.profiler``, per call, L2 flushed before each as ``do_bench`` does. Where the host sets the pace (the
+512-token shapes: a call's launches take longer than its kernels) ``do_bench`` measures the host, whose speed moves
+by 2x between runs; the kernel time is what the same call costs inside a CUDA graph or a compiled model that hides
+the host.
+
 Implementations (peers):
 - ``triton``: ours (``FlashAttention2Triton``);
 - ``torch_tiled``: our tiled PyTorch version (forward eager, backward compiled chunks);
@@ -137,8 +143,9 @@ def _rep_for(impl: str, rep_ms: float) -> float:
 
 def time_impl(impl: str, shape: AttnShape, device: torch.device, modes: tuple[str, ...] = MODES,
               warmup_ms: float = 25, rep_ms: float = 100, compile_apply: bool = False,
-              backward_of: str = "random", sweep: bool = False) -> dict:
-    """One record: median ms and TFLOP/s per mode, or status OOM / skipped / error."""
+              backward_of: str = "random", sweep: bool = False, kernel_time: bool = False) -> dict:
+    """One record: median ms and TFLOP/s per mode (and, ``kernel_time``, the kernels' GPU ms per call), or status
+    OOM / skipped / error."""
     row = {"impl": impl, **asdict(shape), "compiled_apply": compile_apply}
     reason = skip_reason(impl, shape, sweep)
     if reason:
@@ -146,7 +153,8 @@ def time_impl(impl: str, shape: AttnShape, device: torch.device, modes: tuple[st
     if impl == "flex":
         row["flex_compile"] = "fresh per shape"  # the report trusts flex timings only with this mark
     with strict_compile() if impl == "flex" else contextlib.nullcontext():
-        return _time_impl(row, impl, shape, device, modes, warmup_ms, rep_ms, compile_apply, backward_of)
+        return _time_impl(row, impl, shape, device, modes, warmup_ms, rep_ms, compile_apply, backward_of,
+                          kernel_time)
 
 
 @contextlib.contextmanager
@@ -163,8 +171,34 @@ def strict_compile():
         yield
 
 
+_FLUSH_OP = "bitwise_not"  # the kernel that flushes L2 between profiled calls, told apart from the calls' own
+
+
+def kernel_ms(fn: Callable[[], object], device: torch.device, grad_to_none: list[torch.Tensor],
+              calls: int = 20) -> float:
+    """GPU milliseconds per call of ``fn``'s kernels (and memsets and copies) under ``torch.profiler``: each call
+    after an L2 flush (a 256 MB ``bitwise_not_``, left out of the sum) with the gradients of ``grad_to_none``
+    reset, as ``do_bench`` does. Host time between the kernels is not counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for t in grad_to_none:
+                t.grad = None
+            flush.bitwise_not_()
+            fn()
+        torch.cuda.synchronize(device)
+    gpu_us = sum(e.device_time for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA and _FLUSH_OP not in e.name.lower())
+    return gpu_us / calls / 1e3
+
+
 def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, modes: tuple[str, ...],
-               warmup_ms: float, rep_ms: float, compile_apply: bool, backward_of: str) -> dict:
+               warmup_ms: float, rep_ms: float, compile_apply: bool, backward_of: str, kernel_time: bool) -> dict:
     from triton.testing import do_bench
 
     dtype = DTYPES[shape.dtype]
@@ -195,6 +229,11 @@ def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, mod
         if "forward_backward" in modes:
             row["forward_backward_ms"] = do_bench(fwd_bwd, warmup=warm, rep=rep, grad_to_none=[q, k, v],
                                                   return_mode="median")
+        if kernel_time:
+            calls = {"forward": fwd, "forward_backward": fwd_bwd}
+            for mode in modes:
+                if mode in calls:
+                    row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, [q, k, v])
         for mode in modes:
             ms = row.get(f"{mode}_ms")
             if ms is not None:

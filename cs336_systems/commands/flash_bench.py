@@ -153,17 +153,22 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
     for name in tqdm(args.shape, desc="flash_shapes", unit="shape"):
         for impl in impls:
             row = time_impl(impl, MODEL_SHAPES[name], device, modes=("forward", "forward_backward"),
-                            warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms)
+                            warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms,
+                            kernel_time=device.type == "cuda")
             rows.append({**row, "config": name, "suite": "issue18_shapes"})
     path = write_records("flash_leaderboard", rows, args.results_dir, device)
     if args.auto_table:
         table = auto_table(rows, torch.cuda.get_device_name(device), str(path))
         Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
         print(f"wrote {args.auto_table}")
-    print(_table(rows, ["config", *SHOW]))
+    print(_table(rows, ["config", *SHOW, "forward_backward_kernel_ms"]))
     print(_table(versus_peers(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
                                       "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
                                       "forward_backward_best_ms", "forward_backward_ratio"]))
+    if device.type == "cuda":
+        print(_table(versus_peers(rows, modes=("forward_kernel", "forward_backward_kernel")),
+                     ["config", "forward_kernel_ratio", "forward_backward_kernel_best_peer",
+                      "forward_backward_kernel_ratio"]))
     print(f"wrote {path}")
     return 0
 

@@ -187,7 +187,8 @@ _PRECISION_ROWS = {  # cs336-systems precision: accumulation loops and the autoc
 _FLASH_CONFIG = {**_f("impl dtype status", STR), **_f("batch heads head_dim seq_len", INT),
                  **_f("causal compiled_apply", BOOL)}
 _FLASH_MEASURED = {**_f("forward_ms backward_ms forward_backward_ms forward_tflops backward_tflops "
-                        "forward_backward_tflops", NUM), "flex_compile": STR, "error": STR}
+                        "forward_backward_tflops forward_kernel_ms forward_backward_kernel_ms", NUM),
+                   "flex_compile": STR, "error": STR}
 
 _DIST_CONFIG = {**_f("preset precision status", STR), **_f("context_length batch_size world_size", INT)}
 _DIST_SETUP = {**_f("attention backend", STR), **_f("warmup steps", INT), "device": ANY}

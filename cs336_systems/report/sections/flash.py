@@ -132,20 +132,24 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
             ratio = ours["forward_backward_ms"] / peers[best]["forward_backward_ms"]
             shape = f"{ours['batch']} x {ours['heads']} x {ours['seq_len']:,} x {ours['head_dim']}" \
                 if "batch" in ours else f"{ours['heads']} x {ours['seq_len']:,} x {ours['head_dim']}"
-            measured.append((ratio, ours, peers[best], best))
+            kernels = _kernel_ratios(ours, peers)
+            measured.append((ratio, ours, peers[best], best, kernels))
             used += list(g.values())
             lines.append({"config": config, "shape": shape, "causal": ours.get("causal"),
                           "ours fwd+bwd ms": ours["forward_backward_ms"], "best peer": best,
                           "peer fwd+bwd ms": peers[best]["forward_backward_ms"], "fwd+bwd ratio": ratio,
                           "ours fwd ms": ours["forward_ms"], "best fwd peer": best_fwd,
-                          "fwd ratio": ours["forward_ms"] / peers[best_fwd]["forward_ms"], "run": date})
+                          "fwd ratio": ours["forward_ms"] / peers[best_fwd]["forward_ms"], **kernels, "run": date})
         if not measured:
             continue
-        ratio, ours, peer, best = sorted(measured, key=lambda m: m[0])[(len(measured) - 1) // 2]
+        ratio, ours, peer, best, kernels = sorted(measured, key=lambda m: m[0])[(len(measured) - 1) // 2]
         runs = f", median of {len(measured)} runs" if len(measured) > 1 else ""
+        gpu = (f"; kernels alone {kernels['fwd+bwd kernel ratio']:.3f}x {kernels['kernel peer']}"
+               if kernels else "")
         ctx.versus("leaderboard", f"attention fwd+bwd at {config} ({lines[-1]['shape']}), bf16, "
                    f"{ours['provenance']['device']}{runs}", f"{ours['forward_backward_ms']:.3f} ms",
-                   f"{best} {peer['forward_backward_ms']:.3f} ms", ratio, "no slower than the fastest peer (issue 18)")
+                   f"{best} {peer['forward_backward_ms']:.3f} ms{gpu}", ratio,
+                   "no slower than the fastest peer (issue 18)")
     if not lines:
         return ""
     device = used[0]["provenance"]["device"]
@@ -154,8 +158,27 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
         "### Attention at our models' shapes\n",
         f"`flash-bench --only shapes`: ours against {', '.join(peers_run)} timed in the same run on {device} "
         "(forward and forward+backward, bf16; ratio = ours / the fastest peer, below 1 is faster). Every run at "
-        "the newest commit that measured the shape; the summary takes the run with the median ratio.\n",
+        "the newest commit that measured the shape; the summary takes the run with the median ratio. The kernel "
+        "columns (runs from session 21 on) are the GPU time of each call's kernels under `torch.profiler`, against "
+        "the peer whose kernels are fastest: where a call's launches take longer than its kernels (the 512-token "
+        "shapes and the floor) the other columns time the host, and the kernel time is what the call costs "
+        "inside a CUDA graph or a compiled model.\n",
         table(pd.DataFrame(lines), ".3f") + "\n", provenance(used)])
+
+
+def _kernel_ratios(ours: dict, peers: dict) -> dict:
+    """Ours against the peer with the fastest kernels (GPU time per call, ``forward_backward_kernel_ms``), or {}
+    for runs that did not record it."""
+    timed = {p: r["forward_backward_kernel_ms"] for p, r in peers.items() if "forward_backward_kernel_ms" in r}
+    if "forward_backward_kernel_ms" not in ours or not timed:
+        return {}
+    best = min(timed, key=timed.get)
+    fwd = {p: r["forward_kernel_ms"] for p, r in peers.items() if "forward_kernel_ms" in r}
+    out = {"ours fwd+bwd kernel ms": ours["forward_backward_kernel_ms"], "kernel peer": best,
+           "fwd+bwd kernel ratio": ours["forward_backward_kernel_ms"] / timed[best]}
+    if fwd and "forward_kernel_ms" in ours:
+        out["fwd kernel ratio"] = ours["forward_kernel_ms"] / min(fwd.values())
+    return out
 
 
 def _leaderboard(ctx) -> str | None:
