@@ -2,8 +2,10 @@
 
     python scripts/device/fwd_variant_ab.py [--out DIR]
 
-Per shape: forward medians (``triton.testing.do_bench``) of each variant and of SDPA cuDNN / flash, and each
-variant's O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale).
+Per shape: forward medians (``triton.testing.do_bench``) of each variant and of SDPA cuDNN / flash, the GPU time of
+each call's kernels (``bench.flash.kernel_ms``: what counts where the host sets do_bench's pace, the 512-token
+shapes), and each variant's O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of
+O's scale). ``--variants short``: the tiles tried for short sequences at head dim 64 (non-persistent forms).
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
 
@@ -22,6 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import _tuning
 from cs336_systems.attention import flash_triton as ft
+from cs336_systems.bench.flash import kernel_ms
 
 K = _tuning.KernelConfig
 SHAPES = {  # batch, q heads, kv heads, n, d, causal
@@ -30,6 +33,7 @@ SHAPES = {  # batch, q heads, kv heads, n, d, causal
     "d64_full_2k": (8, 16, 16, 2048, 64, False), "small_512": (8, 12, 12, 512, 64, True),
     "noncausal_2k": (8, 16, 16, 2048, 128, False), "d128_4k": (1, 16, 16, 4096, 128, True),
     "gqa": (2, 32, 8, 8192, 128, True), "lb2026": (2, 32, 32, 32768, 128, True),
+    "floor": (1, 1, 1, 128, 64, True),
 }
 # (tile, constexprs the launch adds: {"EXP_SPLIT": True} or {"PREFETCH": True} with the patch of
 # experiments/flash_exp_split/ or experiments/flash_fwd_prefetch/ applied)
@@ -37,6 +41,11 @@ VARIANTS = {
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 128, 4, 3, True, False, True), {}),
          (K(128, 128, 4, 3, True, True, True), {})],
     128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {})],
+}
+SHORT = {  # head dim 64, short sequences: a program per item (no counter, descriptors per program)
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
+         (K(64, 64, 4, 2, True), {}), (K(64, 64, 4, 3, True), {}), (K(64, 128, 4, 2, True), {}),
+         (K(128, 64, 8, 2, True), {}), (K(128, 128, 4, 2, True, True), {})],
 }
 
 
@@ -54,7 +63,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    p.add_argument("--variants", choices=["default", "short"], default="default")
     args = p.parse_args()
+    variants = SHORT if args.variants == "short" else VARIANTS
     rows = []
     for name in args.shapes:
         b, hq, hkv, n, d, causal = SHAPES[name]
@@ -78,7 +89,7 @@ def main() -> None:
 
         fns = {"sdpa_cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), "cudnn"),
                "sdpa_flash": (sdpa(SDPBackend.FLASH_ATTENTION), "flash")}
-        for tile, extra in VARIANTS[d]:
+        for tile, extra in variants[d]:
             label = tile.short() + "".join(f"/{name.lower()}" for name, on in extra.items() if on)
             fns[label] = runner(q, k, v, causal, tile, extra)
         peer_err = None
@@ -86,18 +97,23 @@ def main() -> None:
             peer_err = (sdpa(SDPBackend.FLASH_ATTENTION)().double() - ref).abs().max().item()
         for impl, (fn, kernel) in fns.items():
             ms = triton.testing.do_bench(fn, warmup=25, rep=100)
+            gpu_ms = kernel_ms(fn, q.device, [])
             out = fn()
             o = out[0] if isinstance(out, tuple) else out
             err = (o.double() - ref).abs().max().item() if ref is not None else None
             ok = err is None or err <= 2 * peer_err + ref.abs().max().item() * 2**-8
-            rows.append(dict(shape=name, impl=impl, kernel=kernel, ms=ms, err=err, sdpa_flash_err=peer_err, ok=ok))
-            print(f"{name:<13} {impl:<28} {kernel:<34} {ms:.4f} ms  err {err if err is None else f'{err:.2e}'}"
-                  f" {'ok' if ok else 'FAIL'}", flush=True)
+            rows.append(dict(shape=name, impl=impl, kernel=kernel, ms=ms, kernel_ms=gpu_ms, err=err,
+                             sdpa_flash_err=peer_err, ok=ok))
+            print(f"{name:<13} {impl:<28} {kernel:<34} {ms:.4f} ms  kernels {gpu_ms:.4f} ms  "
+                  f"err {err if err is None else f'{err:.2e}'} {'ok' if ok else 'FAIL'}", flush=True)
         best = min(r["ms"] for r in rows if r["shape"] == name and r["impl"].startswith("sdpa"))
+        best_gpu = min(r["kernel_ms"] for r in rows if r["shape"] == name and r["impl"].startswith("sdpa"))
         for r in rows:
             if r["shape"] == name:
                 r["vs_best_sdpa"] = r["ms"] / best
-        print(name, "  ".join(f"{r['impl']} {r['vs_best_sdpa']:.3f}" for r in rows if r["shape"] == name), flush=True)
+                r["kernel_vs_best_sdpa"] = r["kernel_ms"] / best_gpu
+        print(name, "  ".join(f"{r['impl']} {r['vs_best_sdpa']:.3f} (kernels {r['kernel_vs_best_sdpa']:.3f})"
+                              for r in rows if r["shape"] == name), flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": os.environ.get("CS336_GIT_COMMIT", "")}
     with open(os.path.join(args.out, "fwd_variant_ab.json"), "w") as f:
