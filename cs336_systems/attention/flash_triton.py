@@ -864,8 +864,8 @@ class _Launch:
         if not _INTERPRETED and compiled is not None:
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
                 compiled = compiled.result()
-            names = self.kernel.arg_names[len(pointers) + len(scalars):]  # the constexprs, in signature order
-            self.run = _direct_launcher(compiled, tuple(self.constexprs[n] for n in names))
+            tail = self.kernel.params[len(pointers) + len(scalars):]  # the constexprs, in signature order
+            self.run = _direct_launcher(compiled, tuple(self.constexprs.get(p.name, p.default) for p in tail))
 
 
 def _resident_programs(compiled, device: torch.device) -> int:
