@@ -44,7 +44,9 @@ VARIANTS = {
 }
 SHORT = {  # head dim 64, short sequences: the persistent one-warpgroup tile, with and without OVERLAP (the next
     # ticket under the item's loads, O through its own buffer, its store left running under the next item)
-    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 3, True, False, True), {"OVERLAP": True})],
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 3, True, False, True), {"OVERLAP": True}),
+         (K(128, 64, 4, 3, True, True, True), {}), (K(128, 64, 4, 4, True, True, True), {}),
+         (K(128, 64, 4, 3, True, True), {})],
 }
 
 
