@@ -302,8 +302,7 @@ def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, st
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                  OVERLAP: gl.constexpr = False):
+                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
     built once, the (query tile, batch x head) items taken from a counter, heads in order and, causal, each head's
     longest tiles first; the K/V ring's stages and phases run on across items. HEADS here is the number of batch x
@@ -318,8 +317,6 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                                        HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem)
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
     q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
-    if OVERLAP:
-        o_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
     q_bar, k_bars, v_bars = _ring_barriers(STAGES)
@@ -339,32 +336,17 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         for i in gl.static_range(STAGES):
             _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-        if OVERLAP:  # the next ticket's round trip under this item's loads
-            w_next = gl.atomic_add(counter, 1, sem="relaxed")
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
                                 base, bkv, True)
-        if OVERLAP:  # O through its own buffer, its store left running under the next item
-            row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-            acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-            gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
-            tma.store_wait(pendings=0)  # the previous item's O has left the buffer
-            o_smem.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [bh, start_m, 0], o_smem)
-            gl.thread_barrier()  # every warp's matmuls are done with Q's buffer before the next Q arrives in it
-            w = w_next
-        else:
-            if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
-                gl.thread_barrier()
-            _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
-            gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
-            w = gl.atomic_add(counter, 1, sem="relaxed")
+        if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
+            gl.thread_barrier()
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
+        gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1
-    if OVERLAP:
-        tma.store_wait(pendings=0)
+        w = gl.atomic_add(counter, 1, sem="relaxed")
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
