@@ -50,6 +50,13 @@ SHORT = {  # head dim 64, short sequences (session 21: none faster than the firs
          (K(128, 64, 4, 4, True, True, True), {}), (K(128, 64, 4, 3, True, True), {})],
 }
 
+REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
+         (K(64, 64, 4, 2, True, False, True), {"maxnreg": 128}), (K(64, 64, 4, 2, True), {"maxnreg": 128}),
+         (K(64, 64, 4, 3, True), {"maxnreg": 128}), (K(64, 128, 4, 2, True), {"maxnreg": 168}),
+         (K(64, 128, 4, 2, True, False, True), {"maxnreg": 168}), (K(64, 128, 4, 3, True, False, True), {})],
+}
+
 
 def runner(q, k, v, causal, tile, extra):
     n_q, d = q.shape[-2:]
@@ -65,9 +72,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    p.add_argument("--variants", choices=["default", "short"], default="default")
+    p.add_argument("--variants", choices=["default", "short", "regs"], default="default")
     args = p.parse_args()
-    variants = SHORT if args.variants == "short" else VARIANTS
+    variants = {"short": SHORT, "regs": REGS}.get(args.variants, VARIANTS)
     rows = []
     for name in args.shapes:
         b, hq, hkv, n, d, causal = SHAPES[name]
@@ -92,7 +99,8 @@ def main() -> None:
         fns = {"sdpa_cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), "cudnn"),
                "sdpa_flash": (sdpa(SDPBackend.FLASH_ATTENTION), "flash")}
         for tile, extra in variants[d]:
-            label = tile.short() + "".join(f"/{name.lower()}" for name, on in extra.items() if on)
+            label = tile.short() + "".join(f"/{name.lower()}" + ("" if on is True else str(on))
+                                           for name, on in extra.items() if on)
             fns[label] = runner(q, k, v, causal, tile, extra)
         peer_err = None
         if ref is not None:
