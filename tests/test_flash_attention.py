@@ -715,8 +715,8 @@ def test_flash_auto_marks_its_choice_as_torch_compiler_would():
 def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
     """``_Launch`` compiles through the JIT once, then calls the compiled module's C launcher directly: grid,
     stream, function, metadata, no scratch and no hooks, the pointers as integers, the scalars, then the
-    constexprs in signature order (whatever order the caller's dict has); while a launch hook is set it goes
-    through Triton's own path instead."""
+    constexprs in signature order (whatever order the caller's dict has, a default where it has none); while a
+    launch hook is set it goes through Triton's own path instead."""
     import triton
 
     from cs336_systems.attention import _tuning, flash_triton
@@ -746,8 +746,13 @@ def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args: calls.append(("triton", grid, args))
 
+    class Param:
+        def __init__(self, name, default=None):
+            self.name, self.default, self.has_default = name, default, default is not None
+
     class Kernel:
-        arg_names = ("A", "B", "N", "X", "Y")
+        arg_names = ("A", "B", "N", "X", "Y", "Z")
+        params = (Param("A"), Param("B"), Param("N"), Param("X"), Param("Y"), Param("Z", default=5))
 
         def __getitem__(self, grid):
             def run(*args, num_warps, num_stages, **constexprs):
@@ -764,7 +769,7 @@ def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
     launch((3, 2, 1), (b, a), (7,))
     assert calls[0] == ("jit", (3, 2, 1), (a, b, 7), {"Y": 2, "X": 1})
     assert calls[1] == ("c", (3, 2, 1, 77, "fn", False, False, None, None, (4, 1, 0), None, None, None, 2048, 1024,
-                              7, 1, 2))
+                              7, 1, 2, 5))
     hooks = triton.knobs.runtime.launch_enter_hook
     hook = lambda metadata: None
     hooks.add(hook)
@@ -772,7 +777,7 @@ def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
         launch((3, 2, 1), (a, b), (7,))
     finally:
         hooks.remove(hook)
-    assert calls[2] == ("triton", (3, 2, 1), (a, b, 7, 1, 2))
+    assert calls[2] == ("triton", (3, 2, 1), (a, b, 7, 1, 2, 5))
 
 
 def test_launch_plans_address_inputs_without_views():

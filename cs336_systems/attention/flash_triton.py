@@ -864,8 +864,10 @@ class _Launch:
         if not _INTERPRETED and compiled is not None:
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
                 compiled = compiled.result()
-            tail = self.kernel.params[len(pointers) + len(scalars):]  # the constexprs, in signature order
-            self.run = _direct_launcher(compiled, tuple(self.constexprs.get(p.name, p.default) for p in tail))
+            names = self.kernel.arg_names[len(pointers) + len(scalars):]  # the constexprs, in signature order
+            defaults = {p.name: p.default for p in getattr(self.kernel, "params", ()) if p.has_default}
+            self.run = _direct_launcher(compiled, tuple(self.constexprs[n] if n in self.constexprs else defaults[n]
+                                                        for n in names))
 
 
 def _resident_programs(compiled, device: torch.device) -> int:
