@@ -109,8 +109,9 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         mbarrier.arrive(empty_bars.index(stage))
     p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s, MASKED,
                                        CAUSAL)
-    acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
-    p_op = gl.convert_layout(p.to(dtype), p_op.type.layout)
+    p_next = gl.convert_layout(p.to(dtype), p_op.type.layout)  # while P_{j-1} V_{j-1} runs
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))  # P_{j-1}'s registers stay the MMA's until here
+    p_op = p_next
     if RELEASE:
         mbarrier.arrive(empty_bars.index(STAGES + prev))
     else:
