@@ -38,8 +38,8 @@ SHAPES = {  # batch, q heads, kv heads, n, d, causal
 # (tile, constexprs the launch adds: {"EXP_SPLIT": True} or {"PREFETCH": True} with the patch of
 # experiments/flash_exp_split/ or experiments/flash_fwd_prefetch/ applied)
 VARIANTS = {
-    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 128, 4, 3, True, False, True), {}),
-         (K(128, 128, 4, 3, True, True, True), {})],
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
+         (K(64, 128, 4, 3, True, False, True), {}), (K(128, 128, 4, 3, True, True, True), {})],
     128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {})],
 }
 SHORT = {  # head dim 64, short sequences (session 21: none faster than the first; with the patch of
