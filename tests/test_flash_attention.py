@@ -812,7 +812,12 @@ def test_flash_bench_peer_ratios_and_auto_table():
     table = auto_table(rows, "GPU X", "records.jsonl")
     assert table["shapes"] == [{"config": "xl_512", "batch_heads": 100, "seq_len": 512, "head_dim": 64,
                                 "dtype": "bfloat16", "causal": True, "ours_ms": 0.30, "sdpa_ms": 0.25,
-                                "sdpa_backend": "sdpa_flash"}]
+                                "sdpa_backend": "sdpa_flash", "measure": "do_bench_ms"}]
+    # with kernel times on every row the table compares those: here cuDNN's kernels are the fastest, ours not
+    timed = [dict(r, forward_backward_kernel_ms=ms) for r, ms in zip(rows[:3], (0.088, 0.086, 0.133))]
+    (shape,) = auto_table(timed, "GPU X", "records.jsonl")["shapes"]
+    assert (shape["ours_ms"], shape["sdpa_ms"], shape["sdpa_backend"], shape["measure"]) == (
+        0.088, 0.086, "sdpa_cudnn", "kernel_ms")
 
 
 def test_flash_bench_writes_the_auto_table_from_records(tmp_path, capsys):

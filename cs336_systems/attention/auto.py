@@ -2,7 +2,8 @@
 
 The choice comes from ``auto_choice.json`` next to this module, written by ``cs336-systems flash-bench
 --only shapes --auto-table PATH`` from the same-run measurements of ours and the SDPA backends (forward +
-backward, the training case) on one GPU model. A call on a CUDA GPU of that model looks up the nearest measured
+backward, the training case; the calls' kernel time where recorded, which is what a CUDA-graph or compiled step
+pays) on one GPU model. A call on a CUDA GPU of that model looks up the nearest measured
 shape (same head dim, dtype and causality; nearest in sequence length, then in batch x heads, on a log scale)
 and runs what was fastest there: our kernel, or SDPA with that backend first in its priority order (cuDNN,
 flash or memory-efficient). SDPA's own dispatch varies with the torch version and GPU (torch 2.11 on an H100
