@@ -152,8 +152,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
     one tile to the next as the 16-bit P V operand: 128 registers a thread instead of 164 for the persistent 64 x 64
-    tile, 168 instead of 210 for 64 x 128 (1.03-1.04x faster at head dim 64 and 512 or 2,048 tokens, H100). The
-    warp-specialised consumers keep one loop and an fp32 P (the split form ran them 2-8% slower)."""
+    tile, 168 instead of 210 for 64 x 128 (H100: 2-4% faster at head dim 64 and 512 tokens, within the noise at
+    2,048). The warp-specialised consumers keep one loop and an fp32 P (the split form ran them 2-8% slower)."""
     dtype: gl.constexpr = q.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
