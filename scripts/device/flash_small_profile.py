@@ -32,6 +32,17 @@ def sdpa(backend):
     return run
 
 
+def _wall_ms(run, n: int, inputs) -> float:
+    """Host milliseconds per call of ``n`` calls (gradients reset before each), to the end of their GPU work."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for t in inputs:
+            t.grad = None
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["small_512", "xl_512", "floor"])
@@ -64,22 +75,12 @@ def main() -> None:
             n = 20
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    q.grad = k.grad = v.grad = None
-                    run()
-                torch.cuda.synchronize()
-                wall = (time.perf_counter() - t0) / n * 1e3
+                wall = _wall_ms(run, n, (q, k, v))
             kernels = collections.defaultdict(float)
             for e in prof.events():
                 if e.device_type == torch.autograd.DeviceType.CUDA:
                     kernels[e.name] += e.device_time / n / 1e3
-            t0 = time.perf_counter()
-            for _ in range(n):
-                q.grad = k.grad = v.grad = None
-                run()
-            torch.cuda.synchronize()
-            wall_plain = (time.perf_counter() - t0) / n * 1e3
+            wall_plain = _wall_ms(run, n, (q, k, v))
             gpu = sum(kernels.values())
             row = dict(shape=name, impl=impl, do_bench_rounds_ms=times[impl],
                        do_bench_median_ms=sorted(times[impl])[len(times[impl]) // 2], wall_ms_per_call=wall_plain,
