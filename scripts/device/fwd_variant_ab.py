@@ -54,7 +54,9 @@ REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
          (K(64, 64, 4, 2, True, False, True), {"maxnreg": 128}), (K(64, 64, 4, 2, True), {"maxnreg": 128}),
          (K(64, 64, 4, 3, True), {"maxnreg": 128}), (K(64, 128, 4, 2, True), {"maxnreg": 168}),
-         (K(64, 128, 4, 2, True, False, True), {"maxnreg": 168}), (K(64, 128, 4, 3, True, False, True), {})],
+         (K(64, 128, 4, 2, True, False, True), {"maxnreg": 168}), (K(64, 128, 4, 3, True, False, True), {}),
+         (K(64, 32, 4, 3, True, False, True), {}), (K(64, 32, 4, 4, True, False, True), {}),
+         (K(64, 32, 4, 2, True, False, True), {})],
 }
 
 
