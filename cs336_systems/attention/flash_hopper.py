@@ -330,22 +330,23 @@ def _item_coords(w, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 
 
 @gluon.jit
+def _head_tiles(T, heads, rows, stride_h, stride_r, HEAD_DIM: gl.constexpr, TILE: gl.constexpr, layout: gl.constexpr):
+    """A TMA descriptor of ``T`` as 3-D (heads, rows, HEAD_DIM), unit stride along d: a tile is ``TILE`` rows of one
+    head; rows past ``rows`` read as zero and are clipped on stores."""
+    return tma.make_tensor_descriptor(T, shape=[heads, rows, HEAD_DIM], strides=[stride_h, stride_r, 1],
+                                      block_shape=[1, TILE, HEAD_DIM], layout=layout)
+
+
+@gluon.jit
 def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob,
                       stride_om, N_Q, N_K, GROUP, HEADS, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr,
                       BLOCK_N: gl.constexpr, smem: gl.constexpr):
-    """The persistent kernels' TMA descriptors, built once: every tensor as 3-D (batch x heads, rows, HEAD_DIM), Q and
-    O tiles of ``Q_ROWS`` rows of one of ``HEADS`` query heads, K and V tiles of ``BLOCK_N`` rows of one of
-    ``HEADS // GROUP`` key/value heads."""
-    bkv_total = HEADS // GROUP
-    q_desc = tma.make_tensor_descriptor(Q, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
-                                        block_shape=[1, Q_ROWS, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V, shape=[bkv_total, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O, shape=[HEADS, N_Q, HEAD_DIM], strides=[stride_ob, stride_om, 1],
-                                        block_shape=[1, Q_ROWS, HEAD_DIM], layout=smem)
-    return q_desc, k_desc, v_desc, o_desc
+    """The persistent kernels' TMA descriptors, built once: Q and O tiles of ``Q_ROWS`` rows of one of ``HEADS`` query
+    heads, K and V tiles of ``BLOCK_N`` rows of one of ``HEADS // GROUP`` key/value heads."""
+    return (_head_tiles(Q, HEADS, N_Q, stride_qb, stride_qm, HEAD_DIM, Q_ROWS, smem),
+            _head_tiles(K, HEADS // GROUP, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, smem),
+            _head_tiles(V, HEADS // GROUP, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, smem),
+            _head_tiles(O, HEADS, N_Q, stride_ob, stride_om, HEAD_DIM, Q_ROWS, smem))
 
 
 @gluon.jit

@@ -55,6 +55,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from cs336_systems.attention.flash_hopper import _head_tiles
+
 LOG2E = 1.4426950408889634
 
 
@@ -111,18 +113,12 @@ def _descriptors(Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn
     """TMA descriptors of K, V (``BLOCK_N``-row tiles), dK, dV (``OUT_ROWS``-row tiles), Q and dO (``BLOCK_M``-row
     tiles of the ``GROUP`` query heads of each key/value head): every tensor as 3-D (batch x heads, rows,
     HEAD_DIM), a tile being one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores."""
-    k_desc = tma.make_tensor_descriptor(K, shape=[BKV, N_K, HEAD_DIM], strides=[stride_kb, stride_kn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    v_desc = tma.make_tensor_descriptor(V, shape=[BKV, N_K, HEAD_DIM], strides=[stride_vb, stride_vn, 1],
-                                        block_shape=[1, BLOCK_N, HEAD_DIM], layout=kv_smem)
-    dk_desc = tma.make_tensor_descriptor(DK, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dkb, stride_dkn, 1],
-                                         block_shape=[1, OUT_ROWS, HEAD_DIM], layout=out_smem)
-    dv_desc = tma.make_tensor_descriptor(DV, shape=[BKV, N_K, HEAD_DIM], strides=[stride_dvb, stride_dvn, 1],
-                                         block_shape=[1, OUT_ROWS, HEAD_DIM], layout=out_smem)
-    q_desc = tma.make_tensor_descriptor(Q, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_qb, stride_qm, 1],
-                                        block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
-    do_desc = tma.make_tensor_descriptor(DO, shape=[BKV * GROUP, N_Q, HEAD_DIM], strides=[stride_dob, stride_dom, 1],
-                                         block_shape=[1, BLOCK_M, HEAD_DIM], layout=q_smem)
+    k_desc = _head_tiles(K, BKV, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, kv_smem)
+    v_desc = _head_tiles(V, BKV, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, kv_smem)
+    dk_desc = _head_tiles(DK, BKV, N_K, stride_dkb, stride_dkn, HEAD_DIM, OUT_ROWS, out_smem)
+    dv_desc = _head_tiles(DV, BKV, N_K, stride_dvb, stride_dvn, HEAD_DIM, OUT_ROWS, out_smem)
+    q_desc = _head_tiles(Q, BKV * GROUP, N_Q, stride_qb, stride_qm, HEAD_DIM, BLOCK_M, q_smem)
+    do_desc = _head_tiles(DO, BKV * GROUP, N_Q, stride_dob, stride_dom, HEAD_DIM, BLOCK_M, q_smem)
     return k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc
 
 
@@ -184,9 +180,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     fence_async_shared()
     if DQ_TMA:
         dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], gl.float32)
-        dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
-                                             strides=[N_Q * HEAD_DIM, HEAD_DIM, 1],
-                                             block_shape=[1, BLOCK_M, HEAD_DIM], layout=dq_smem)
+        dq_desc = _head_tiles(DQ_ACC, BKV * GROUP, N_Q, N_Q * HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_M, dq_smem)
         dq_buf = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_smem)
 
     tile_bytes: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
