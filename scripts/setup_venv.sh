@@ -23,7 +23,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
   fi
 fi
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
+# --no-cache-dir: a fresh clone keeps no second copy of each wheel (CI's disk is shared and has run
+# out mid-install). A failed install is tried twice more after a pause, for the same reason: pip
+# reinstalls what a broken attempt left half-written.
+pip_install() {
+  local attempt
+  for attempt in 1 2 3; do
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir "$@" && return 0
+    [ "$attempt" -lt 3 ] && { echo "setup: pip install failed (attempt $attempt of 3); retrying in 30 s" >&2; sleep 30; }
+  done
+  return 1
+}
+PIP=(pip_install)
 
 if "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
   echo "setup: torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') already present"
@@ -57,5 +68,5 @@ if [ -n "$missing" ]; then
   echo "setup: installing the project's dependencies (missing: $missing)"
   "${PIP[@]}" -e ".[dev]"
 elif [ ! -x "$VENV/bin/ruff" ] && ! "$VENV/bin/python" -c 'import ruff' 2>/dev/null; then
-  "${PIP[@]}" --retries 0 --timeout 10 ruff || echo "setup: ruff not installed (no registry?); only 'make lint' needs it"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir --retries 0 --timeout 10 ruff || echo "setup: ruff not installed (no registry?); only 'make lint' needs it"
 fi
