@@ -73,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:  # bad input: a clear message, not a traceback
             print(f"cs336-systems {argv[0]}: error: {err}", file=sys.stderr)
             return 2
+        except OSError as err:
+            # A path the user named that the file system refuses (a folder that cannot be created, no
+            # permission, a full disk) is bad input too; an OSError that names no path is a bug: traceback.
+            if err.filename is None:
+                raise
+            print(f"cs336-systems {argv[0]}: error: {err.filename}: {err.strerror or err}", file=sys.stderr)
+            return 2
     parser.parse_args(argv)  # prints help / usage error
     return 2
 

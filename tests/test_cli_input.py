@@ -57,3 +57,22 @@ def test_memory_picks_a_cpu_sized_preset_without_profiler_noise(capfd):
     assert "CPU-sized preset 'tiny'" in out and "| tiny" in out
     assert "profiler_start" not in out + err and "profiler_stop" not in out + err
     assert "nan" not in out  # values not measured on a CPU show as n/a
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_folder_the_file_system_refuses_is_one_line_and_exit_2(capsys):
+    # /proc passes the permission checks (root may write anywhere) but refuses mkdir: the OSError names the path.
+    assert main(["train", "--preset", "tiny", "--steps", "1", "--checkpoint-dir", "/proc/cs336-no-such-dir"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["cs336-systems train: error: /proc/cs336-no-such-dir: No such file or directory"]
+
+
+def test_an_os_error_naming_no_path_keeps_its_traceback(monkeypatch):
+    import cs336_systems.commands.info as info
+
+    def broken(args):
+        raise OSError("internal failure")
+
+    monkeypatch.setattr(info, "run", broken)
+    with pytest.raises(OSError, match="internal failure"):
+        main(["info"])
