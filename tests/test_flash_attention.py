@@ -879,3 +879,48 @@ def test_kernel_ms_counts_gpu_time_not_host_time():
 
     assert kernel_ms(tiny, dev, []) < 0.5 * do_bench(tiny, warmup=10, rep=50)
     assert kernel_ms(lambda: None, dev, []) == 0.0  # nothing but the flush ran
+
+
+def test_shapes_are_timed_in_interleaved_rounds_on_the_same_inputs():
+    """``time_interleaved``: every implementation once a round, the order rotated by one each round, the median of
+    the rounds recorded with the rounds themselves; a failing implementation is recorded, the others go on."""
+    from cs336_systems.bench.flash import AttnShape, time_interleaved
+
+    shape = AttnShape(1, 2, 24, 16, dtype="fp32")
+    calls, seen = [], {}
+
+    def fake_bench(fn, warmup, rep, return_mode, grad_to_none):  # an implementation's time: its position in order
+        out = fn()
+        if out is not None:  # a forward: which implementation ran is told by its output
+            seen.setdefault(id(fn), out.detach().clone())
+        calls.append(id(fn))
+        return float(len(calls))
+
+    rows = time_interleaved(["naive", "torch_tiled", "sdpa_flash"], shape, torch.device("cpu"), rounds=3,
+                            rep_ms=30.0, bench=fake_bench)
+    naive, tiled, flash = rows
+    assert flash["status"].startswith("skipped") and "forward_ms" not in flash  # no fp32 kernel
+    assert naive["status"] == tiled["status"] == "ok" and naive["rounds"] == 3
+    # 2 warm-ups each (forward, forward+backward), then rounds: (naive, tiled), (tiled, naive), (naive, tiled)
+    assert naive["forward_ms_rounds"] == [5.0, 11.0, 13.0] and tiled["forward_ms_rounds"] == [7.0, 9.0, 15.0]
+    assert naive["forward_backward_ms_rounds"] == [6.0, 12.0, 14.0]
+    assert naive["forward_ms"] == 11.0 and tiled["forward_backward_ms"] == 10.0
+    assert naive["forward_tflops"] == pytest.approx(shape.flops("forward") / 11e-3 / 1e12)
+    # the same inputs for every implementation: their forward outputs agree
+    outs = list(seen.values())
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+    def failing_bench(fn, warmup, rep, return_mode, grad_to_none):  # torch_tiled fails in the rounds
+        if len(calls) >= 4 and id(fn) in calls[2:4]:
+            raise RuntimeError("peer rejects this configuration")
+        return fake_bench(fn, warmup, rep, return_mode, grad_to_none)
+
+    calls.clear()
+    rows = time_interleaved(["naive", "torch_tiled"], shape, torch.device("cpu"), rounds=2, bench=failing_bench)
+    assert rows[0]["status"] == "ok" and rows[1]["status"].startswith("error: RuntimeError")
+    assert len(rows[0]["forward_ms_rounds"]) == 2 and "forward_ms" not in rows[1]
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        time_interleaved(["naive"], shape, torch.device("cpu"), rounds=0, bench=fake_bench)
+    from cs336_systems.cli import main
+
+    assert main(["flash-bench", "--only", "shapes", "--shape-rounds", "0"]) == 2  # before the GPU check

@@ -10,7 +10,8 @@ implementation skipped for a size is recorded with the reason.
 under ``torch.profiler``, per call, L2 flushed before each as ``do_bench`` does. Where the host sets the pace (the
 512-token shapes: a call's launches take longer than its kernels) ``do_bench`` measures the host, whose speed moves
 by 2x between runs; the kernel time is what the same call costs inside a CUDA graph or a compiled model that hides
-the host.
+the host. Issue 18's shapes (``time_interleaved``) are also timed in interleaved rounds on one set of inputs, so that
+a drifting host slows every implementation alike and the ratios of the host-bound rows mean something.
 
 Implementations (peers):
 - ``triton``: ours (``FlashAttention2Triton``);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -197,56 +199,144 @@ def kernel_ms(fn: Callable[[], object], device: torch.device, grad_to_none: list
     return gpu_us / calls / 1e3
 
 
+def _calls(impl: str, shape: AttnShape, device: torch.device, compile_apply: bool, backward_of: str,
+           inputs: tuple[torch.Tensor, ...] | None = None) -> tuple[dict[str, Callable[[], object]], list]:
+    """The timed calls of one implementation: ``{"forward": ..., "backward": ..., "forward_backward": ...}`` on
+    ``inputs`` (q, k, v, dO; fresh random ones if None) and the tensors whose gradients each call resets. The
+    backward is of one retained forward, built on first use."""
+    fn = attention_fn(impl, shape, device, compile_apply)
+    if inputs is None:
+        inputs = shape_inputs(shape, device)
+    q, k, v, do = inputs
+    retained = []
+
+    def fwd():
+        return fn(q, k, v, shape.causal)
+
+    def bwd():
+        if not retained:
+            retained.append(fwd())
+        retained[0].backward(do, retain_graph=True)
+
+    bwd.release = retained.clear
+
+    def fwd_bwd():
+        o = fn(q, k, v, shape.causal)
+        if backward_of == "sum":  # the leaderboard's loss
+            o.sum().backward()
+        else:
+            o.backward(do)
+
+    return {"forward": fwd, "backward": bwd, "forward_backward": fwd_bwd}, [q, k, v]
+
+
+def shape_inputs(shape: AttnShape, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Fresh random q, k, v (requiring gradients) and dO of ``shape``."""
+    dtype = DTYPES[shape.dtype]
+    q, k, v = (torch.randn(shape.batch, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=dtype,
+                           requires_grad=True) for _ in range(3))
+    return q, k, v, torch.randn_like(q)
+
+
+def _failed(row: dict, err: Exception) -> dict:
+    """``row`` marked OOM or with the error's first line (a peer that rejects this configuration)."""
+    if is_oom(err):
+        return {**row, "status": "OOM"}
+    return {**row, "status": f"error: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"}
+
+
+def _add_tflops(row: dict, shape: AttnShape, modes: tuple[str, ...]) -> None:
+    for mode in modes:
+        ms = row.get(f"{mode}_ms")
+        if ms is not None:
+            row[f"{mode}_tflops"] = shape.flops(mode) / (ms * 1e-3) / 1e12
+
+
 def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, modes: tuple[str, ...],
                warmup_ms: float, rep_ms: float, compile_apply: bool, backward_of: str, kernel_time: bool) -> dict:
     from triton.testing import do_bench
 
-    dtype = DTYPES[shape.dtype]
     try:
-        fn = attention_fn(impl, shape, device, compile_apply)
-        q, k, v = (torch.randn(shape.batch, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=dtype,
-                               requires_grad=True) for _ in range(3))
-        do = torch.randn_like(q)
+        calls, grads = _calls(impl, shape, device, compile_apply, backward_of)
         rep, warm = _rep_for(impl, rep_ms), min(warmup_ms, _rep_for(impl, rep_ms))
-
-        def fwd():
-            return fn(q, k, v, shape.causal)
-
-        def fwd_bwd():
-            o = fn(q, k, v, shape.causal)
-            if backward_of == "sum":  # the leaderboard's loss
-                o.sum().backward()
-            else:
-                o.backward(do)
-
-        if "forward" in modes:
-            row["forward_ms"] = do_bench(fwd, warmup=warm, rep=rep, return_mode="median")
-        if "backward" in modes:
-            o = fwd()
-            row["backward_ms"] = do_bench(lambda: o.backward(do, retain_graph=True), warmup=warm, rep=rep,
-                                          grad_to_none=[q, k, v], return_mode="median")
-            del o
-        if "forward_backward" in modes:
-            row["forward_backward_ms"] = do_bench(fwd_bwd, warmup=warm, rep=rep, grad_to_none=[q, k, v],
-                                                  return_mode="median")
-        if kernel_time:
-            calls = {"forward": fwd, "forward_backward": fwd_bwd}
-            for mode in modes:
-                if mode in calls:
-                    row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, [q, k, v])
         for mode in modes:
-            ms = row.get(f"{mode}_ms")
-            if ms is not None:
-                row[f"{mode}_tflops"] = shape.flops(mode) / (ms * 1e-3) / 1e12
+            row[f"{mode}_ms"] = do_bench(calls[mode], warmup=warm, rep=rep, return_mode="median",
+                                         grad_to_none=None if mode == "forward" else grads)
+            if mode == "backward":
+                calls["backward"].release()  # the retained forward's memory, before forward+backward is timed
+        if kernel_time:
+            for mode in modes:
+                if mode != "backward":
+                    row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, grads)
+        _add_tflops(row, shape, modes)
         row["status"] = "ok"
     except Exception as err:  # an OOM, or a peer that rejects this configuration: recorded, sweep goes on
-        if is_oom(err):
-            row["status"] = "OOM"
-        else:
-            row["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        row = _failed(row, err)
     finally:
         torch.cuda.empty_cache()
     return row
+
+
+def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
+                     modes: tuple[str, ...] = ("forward", "forward_backward"), rounds: int = 5,
+                     warmup_ms: float = 100, rep_ms: float = 300, kernel_time: bool = False,
+                     bench: Callable | None = None) -> list[dict]:
+    """One record per implementation, all on the same inputs, timed in ``rounds`` interleaved rounds: each round
+    runs every implementation's ``bench`` (``do_bench``, ``rep_ms / rounds`` each) in an order rotated by one per
+    round, and ``{mode}_ms`` is the median of the rounds (each round's in ``{mode}_ms_rounds``). Where the host
+    sets the pace its speed drifts by 2x within a run; interleaving makes every implementation see the same
+    drift, so their ratio holds where back-to-back medians did not."""
+    if rounds < 1:
+        raise ValueError(f"time_interleaved: rounds must be >= 1, got {rounds}")
+    if bench is None:
+        from triton.testing import do_bench as bench
+    rows, live = {}, {}
+    inputs = shape_inputs(shape, device)
+    with strict_compile() if "flex" in impls else contextlib.nullcontext():
+        for impl in impls:
+            row = {"impl": impl, **asdict(shape), "compiled_apply": False, "rounds": rounds}
+            if impl == "flex":
+                row["flex_compile"] = "fresh per shape"
+            reason = skip_reason(impl, shape)
+            if reason:
+                rows[impl] = {**row, "status": reason}
+                continue
+            try:
+                calls, grads = _calls(impl, shape, device, False, "random", inputs)
+                for mode in modes:  # compile, autotune and first-launch work stay out of the rounds
+                    bench(calls[mode], warmup=min(warmup_ms, rep_ms), rep=min(warmup_ms, rep_ms),
+                          return_mode="median", grad_to_none=grads)
+                rows[impl], live[impl] = row, (calls, grads)
+            except Exception as err:
+                rows[impl] = _failed(row, err)
+        for r in range(rounds):
+            order = list(live)
+            shift = r % len(order) if order else 0
+            for impl in order[shift:] + order[:shift]:
+                calls, grads = live[impl]
+                try:
+                    for mode in modes:
+                        ms = bench(calls[mode], warmup=min(25.0, rep_ms / rounds), rep=rep_ms / rounds,
+                                   return_mode="median", grad_to_none=None if mode == "forward" else grads)
+                        rows[impl].setdefault(f"{mode}_ms_rounds", []).append(ms)
+                except Exception as err:
+                    rows[impl] = _failed(rows[impl], err)
+                    del live[impl]
+        for impl, (calls, grads) in live.items():
+            row = rows[impl]
+            try:
+                for mode in modes:
+                    row[f"{mode}_ms"] = statistics.median(row[f"{mode}_ms_rounds"])
+                    if kernel_time and mode != "backward":
+                        row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, grads)
+                _add_tflops(row, shape, modes)
+                row["status"] = "ok"
+            except Exception as err:
+                rows[impl] = _failed(row, err)
+    del live, inputs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return [rows[i] for i in impls]
 
 
 def sweep_shapes(seq_lens, head_dims, dtypes) -> list[AttnShape]:

@@ -36,6 +36,7 @@ from cs336_systems.bench.flash import (
     seq_lens_pow2,
     sweep_shapes,
     time_impl,
+    time_interleaved,
     versus_peers,
 )
 from cs336_systems.bench.flash_features import FEATURE_IMPLS, FEATURE_SHAPES, run_shape, versus_fastest_peer
@@ -59,7 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-records", default=None, metavar="JSONL",
                    help="with --only shapes --auto-table: write the table from a shapes run's records instead of "
                         "measuring (no GPU needed)")
-    p.add_argument("--shape-rep-ms", type=float, default=300.0, help="do_bench rep per measurement with --only shapes")
+    p.add_argument("--shape-rep-ms", type=float, default=300.0,
+                   help="do_bench rep per implementation and mode with --only shapes, split over the rounds")
+    p.add_argument("--shape-rounds", type=int, default=5,
+                   help="with --only shapes: interleaved rounds (every implementation once a round, the order "
+                        "rotated); the median of the rounds is recorded")
     p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
     p.add_argument("--seq-len", nargs="+", type=int, default=None, help="default: powers of two 128..65536")
     p.add_argument("--head-dim", nargs="+", type=int, default=[16, 32, 64, 128])
@@ -83,6 +88,9 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.from_records:
         return _table_from_records(args)
+    if args.shape_rounds < 1 or args.shape_rep_ms <= 0:
+        raise ValueError(f"flash-bench: --shape-rounds must be >= 1 and --shape-rep-ms > 0, got "
+                         f"{args.shape_rounds} and {args.shape_rep_ms}")
     if not torch.cuda.is_available():
         raise ValueError("flash-bench needs a CUDA GPU (the Triton kernels and the SDPA peers are GPU code)")
     device = torch.device("cuda")
@@ -151,11 +159,10 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
     impls = ["triton", *[p for p in PEERS if p in args.impl]] if "triton" in args.impl else list(args.impl)
     rows = []
     for name in tqdm(args.shape, desc="flash_shapes", unit="shape"):
-        for impl in impls:
-            row = time_impl(impl, MODEL_SHAPES[name], device, modes=("forward", "forward_backward"),
-                            warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms,
-                            kernel_time=device.type == "cuda")
-            rows.append({**row, "config": name, "suite": "issue18_shapes"})
+        rows += [{**row, "config": name, "suite": "issue18_shapes"}
+                 for row in time_interleaved(impls, MODEL_SHAPES[name], device, rounds=args.shape_rounds,
+                                             warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms,
+                                             kernel_time=device.type == "cuda")]
     path = write_records("flash_leaderboard", rows, args.results_dir, device)
     if args.auto_table:
         table = auto_table(rows, torch.cuda.get_device_name(device), str(path))

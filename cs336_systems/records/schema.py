@@ -257,7 +257,9 @@ _kind(PYTORCH_ATTENTION, "cs336-systems attention-bench: attention alone, or (ki
 _kind(FLASH_BENCHMARKING, "cs336-systems flash-bench --only sweep: one implementation at one shape",
       _FLASH_CONFIG, _FLASH_MEASURED)
 _kind(FLASH_LEADERBOARD, "cs336-systems flash-bench --only leaderboard: one implementation at a leaderboard shape",
-      {**_FLASH_CONFIG, "config": STR}, {**_FLASH_MEASURED, "matmul_peak_tflops": NUM, "suite": STR})
+      {**_FLASH_CONFIG, "config": STR},
+      {**_FLASH_MEASURED, "matmul_peak_tflops": NUM, "suite": STR, "rounds": INT,  # rounds: --only shapes
+       **_f("forward_ms_rounds forward_backward_ms_rounds", LIST)})
 _kind(FLASH_FEATURES, "cs336-systems flash-bench --only features: one implementation at one of issue 21's shapes "
       "(grouped-query heads, a sliding window, packed documents), its role ours / peer / reference",
       {**_f("config impl role dtype status", STR), **_f("batch q_heads kv_heads seq_len head_dim", INT),
