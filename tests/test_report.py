@@ -258,3 +258,27 @@ def test_mfu_target_takes_a_cuda_graph_step_without_phases(tmp_path):
     text = build_report(res, tmp_path / "REPORT.md").read_text()
     assert ("best 50.6% MFU (sdpa attention, compiled (model), fused AdamW, the whole step as one CUDA graph, "
             "75.0 ms/step): target 50% met") in text
+
+
+def test_model_shapes_table_says_how_each_run_was_timed(tmp_path):
+    """Issue 18's shapes: a run timed in interleaved rounds shows its count; an older back-to-back run shows '-'."""
+    res = tmp_path / "results"
+    base = dict(batch=4, heads=25, seq_len=512, head_dim=64, dtype="bf16", causal=True, compiled_apply=False,
+                status="ok", suite="issue18_shapes")
+
+    def rows(config, rounds):
+        extra = {} if rounds is None else {"rounds": rounds, "forward_backward_ms_rounds": [0.5, 0.4, 0.6]}
+        return [dict(base, config=config, impl="triton", forward_ms=0.04, forward_backward_ms=0.5, **extra),
+                dict(base, config=config, impl="sdpa_cudnn", forward_ms=0.02, forward_backward_ms=0.4, **extra)]
+
+    lb = dict(base, config="leaderboard", heads=16, seq_len=16384, compiled_apply=True, forward_ms=1.2,
+              forward_backward_ms=4.3, forward_backward_tflops=430.0, matmul_peak_tflops=700.0)
+    del lb["suite"]
+    write_records("flash_leaderboard", [dict(lb, impl="triton"), dict(lb, impl="sdpa_cudnn", forward_ms=1.3,
+                                                                      forward_backward_ms=4.4)], res, device="cpu")
+    write_records("flash_leaderboard", rows("xl_512", 5) + rows("small_512", None), res, device="cpu")
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    section = text.split("### Attention at our models' shapes")[1]
+    xl = next(line for line in section.splitlines() if line.startswith("| xl_512"))
+    small = next(line for line in section.splitlines() if line.startswith("| small_512"))
+    assert "| 5 " in xl and "| - " in small and "1.250" in xl

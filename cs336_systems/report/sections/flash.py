@@ -139,7 +139,8 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
                           "ours fwd+bwd ms": ours["forward_backward_ms"], "best peer": best,
                           "peer fwd+bwd ms": peers[best]["forward_backward_ms"], "fwd+bwd ratio": ratio,
                           "ours fwd ms": ours["forward_ms"], "best fwd peer": best_fwd,
-                          "fwd ratio": ours["forward_ms"] / peers[best_fwd]["forward_ms"], **kernels, "run": date})
+                          "fwd ratio": ours["forward_ms"] / peers[best_fwd]["forward_ms"], **kernels,
+                          "rounds": str(ours["rounds"]) if "rounds" in ours else "-", "run": date})
         if not measured:
             continue
         ratio, ours, peer, best, kernels = sorted(measured, key=lambda m: m[0])[(len(measured) - 1) // 2]
@@ -162,7 +163,9 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
         "columns (runs from session 21 on) are the GPU time of each call's kernels under `torch.profiler`, against "
         "the peer whose kernels are fastest: where a call's launches take longer than its kernels (the 512-token "
         "shapes and the floor) the other columns time the host, and the kernel time is what the call costs "
-        "inside a CUDA graph or a compiled model.\n",
+        "inside a CUDA graph or a compiled model. `rounds`: the implementations timed in that many interleaved "
+        "rounds on the same inputs, the median of the rounds shown (runs from ab4848f on; before, back to back, "
+        "which let the host's drift into the host-bound rows' ratios).\n",
         table(pd.DataFrame(lines), ".3f") + "\n", provenance(used)])
 
 
