@@ -924,3 +924,28 @@ def test_shapes_are_timed_in_interleaved_rounds_on_the_same_inputs():
     from cs336_systems.cli import main
 
     assert main(["flash-bench", "--only", "shapes", "--shape-rounds", "0"]) == 2  # before the GPU check
+
+
+def test_flash_shapes_run_keeps_the_shapes_it_measured_when_cut(tmp_path, monkeypatch):
+    """``flash-bench --only shapes`` writes each shape's records as it finishes: a run stopped at its time limit
+    keeps them."""
+    import argparse
+
+    from cs336_systems.commands import flash_bench
+    from cs336_systems.records import read_records
+
+    def fake(impls, shape, device, **kw):
+        if shape.seq_len == 512 and shape.batch == 8:  # small_512: the run is stopped here
+            raise KeyboardInterrupt
+        return [dict(impl=i, **dataclasses.asdict(shape), compiled_apply=False, status="ok", rounds=kw["rounds"],
+                     forward_ms=0.1 + j, forward_backward_ms=0.3 + j) for j, i in enumerate(impls)]
+
+    monkeypatch.setattr(flash_bench, "time_interleaved", fake)
+    args = argparse.Namespace(impl=["triton", "sdpa_cudnn"], shape=["xl_2048", "xl_512", "small_512"],
+                              shape_rounds=3, shape_rep_ms=30.0, results_dir=str(tmp_path), auto_table=None)
+    with pytest.raises(KeyboardInterrupt):
+        flash_bench._shapes(args, torch.device("cpu"))
+    rows = read_records("flash_leaderboard", tmp_path, strict=True)
+    assert [(r["config"], r["impl"]) for r in rows] == [("xl_2048", "triton"), ("xl_2048", "sdpa_cudnn"),
+                                                        ("xl_512", "triton"), ("xl_512", "sdpa_cudnn")]
+    assert all(r["rounds"] == 3 and r["suite"] == "issue18_shapes" for r in rows)

@@ -157,13 +157,18 @@ def _table_from_records(args: argparse.Namespace) -> int:
 
 def _shapes(args: argparse.Namespace, device: torch.device) -> int:
     impls = ["triton", *[p for p in PEERS if p in args.impl]] if "triton" in args.impl else list(args.impl)
-    rows = []
+    rows, path = [], None
     for name in tqdm(args.shape, desc="flash_shapes", unit="shape"):
-        rows += [{**row, "config": name, "suite": "issue18_shapes"}
+        group = [{**row, "config": name, "suite": "issue18_shapes"}
                  for row in time_interleaved(impls, MODEL_SHAPES[name], device, rounds=args.shape_rounds,
                                              warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms,
                                              kernel_time=device.type == "cuda")]
-    path = write_records("flash_leaderboard", rows, args.results_dir, device)
+        # written shape by shape: a run cut at its time limit keeps the shapes it measured
+        if path is None:
+            path = write_records("flash_leaderboard", group, args.results_dir, device)
+        else:
+            append_records(path, "flash_leaderboard", group)
+        rows += group
     if args.auto_table:
         table = auto_table(rows, torch.cuda.get_device_name(device), str(path))
         Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")

@@ -21,7 +21,7 @@ for s in "$@"; do
     host) step 150 host python3 scripts/device/flash_host.py --single ;;
     tune) step 280 tune python3 scripts/device/flash_tune.py --out "$OUT/tune.json" --pin "$PIN" ${TUNE_ARGS:-}
           cp "$PIN" "$OUT/flash_tune_h100.json" ;;
-    shapes) step 300 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \
+    shapes) step 420 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \
               ${SHAPES_ARGS:-} --auto-table "$OUT/auto_choice.json" --results-dir "$OUT/results" ;;
     lb) step 120 lb python3 -m cs336_systems flash-bench --only leaderboard --impl ${LB_IMPLS:-triton sdpa_cudnn sdpa_flash flex} \
           --lb-shape leaderboard --lb-rep-ms 1000 --results-dir "$OUT/results" ;;
