@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         from cs336_systems.profiling.timing import matmul_peak_tflops
 
         peak = matmul_peak_tflops("cuda", torch.bfloat16)
-        rows = []
+        rows, path = [], None
         jobs = [(name, impl) for name in args.lb_shape for impl in args.impl]
         for name, impl in tqdm(jobs, desc="flash_leaderboard", unit="cfg"):
             row = time_impl(impl, LEADERBOARD_SHAPES[name], device, modes=("forward", "forward_backward"),
@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
                             compile_apply=impl != "torch_tiled", backward_of="sum")
             row.update(config=name, matmul_peak_tflops=peak)
             rows.append(row)
-        path = write_records("flash_leaderboard", rows, args.results_dir, device)
+            if path is None:  # row by row: a run cut at its time limit keeps what it measured
+                path = write_records("flash_leaderboard", [row], args.results_dir, device)
+            else:
+                append_records(path, "flash_leaderboard", [row])
         print(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s")
         print(_table(rows, ["config", *SHOW]))
         print(f"wrote {path}")
