@@ -148,15 +148,20 @@ def time_impl(impl: str, shape: AttnShape, device: torch.device, modes: tuple[st
               backward_of: str = "random", sweep: bool = False, kernel_time: bool = False) -> dict:
     """One record: median ms and TFLOP/s per mode (and, ``kernel_time``, the kernels' GPU ms per call), or status
     OOM / skipped / error."""
-    row = {"impl": impl, **asdict(shape), "compiled_apply": compile_apply}
-    reason = skip_reason(impl, shape, sweep)
+    row, reason = _base_row(impl, shape, compile_apply, sweep)
     if reason:
         return {**row, "status": reason}
-    if impl == "flex":
-        row["flex_compile"] = "fresh per shape"  # the report trusts flex timings only with this mark
     with strict_compile() if impl == "flex" else contextlib.nullcontext():
         return _time_impl(row, impl, shape, device, modes, warmup_ms, rep_ms, compile_apply, backward_of,
                           kernel_time)
+
+
+def _base_row(impl: str, shape: AttnShape, compile_apply: bool, sweep: bool = False) -> tuple[dict, str | None]:
+    """A record's configuration fields, and why ``impl`` is not run at ``shape`` (None: it is)."""
+    row = {"impl": impl, **asdict(shape), "compiled_apply": compile_apply}
+    if impl == "flex":
+        row["flex_compile"] = "fresh per shape"  # the report trusts flex timings only with this mark
+    return row, skip_reason(impl, shape, sweep)
 
 
 @contextlib.contextmanager
@@ -294,10 +299,8 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
     inputs = shape_inputs(shape, device)
     with strict_compile() if "flex" in impls else contextlib.nullcontext():
         for impl in impls:
-            row = {"impl": impl, **asdict(shape), "compiled_apply": False, "rounds": rounds}
-            if impl == "flex":
-                row["flex_compile"] = "fresh per shape"
-            reason = skip_reason(impl, shape)
+            row, reason = _base_row(impl, shape, compile_apply=False)
+            row["rounds"] = rounds
             if reason:
                 rows[impl] = {**row, "status": reason}
                 continue

@@ -40,7 +40,8 @@ from cs336_systems.bench.flash import (
     versus_peers,
 )
 from cs336_systems.bench.flash_features import FEATURE_IMPLS, FEATURE_SHAPES, run_shape, versus_fastest_peer
-from cs336_systems.records import append_records, write_records
+from cs336_systems.bench.recording import RecordWriter
+from cs336_systems.records import write_records
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         from cs336_systems.profiling.timing import matmul_peak_tflops
 
         peak = matmul_peak_tflops("cuda", torch.bfloat16)
-        rows, path = [], None
+        # row by row: a run cut at its time limit keeps what it measured
+        rows, writer = [], RecordWriter("flash_leaderboard", args.results_dir, device)
         jobs = [(name, impl) for name in args.lb_shape for impl in args.impl]
         for name, impl in tqdm(jobs, desc="flash_leaderboard", unit="cfg"):
             row = time_impl(impl, LEADERBOARD_SHAPES[name], device, modes=("forward", "forward_backward"),
@@ -128,13 +130,10 @@ def run(args: argparse.Namespace) -> int:
                             compile_apply=impl != "torch_tiled", backward_of="sum")
             row.update(config=name, matmul_peak_tflops=peak)
             rows.append(row)
-            if path is None:  # row by row: a run cut at its time limit keeps what it measured
-                path = write_records("flash_leaderboard", [row], args.results_dir, device)
-            else:
-                append_records(path, "flash_leaderboard", [row])
+            writer.add(row)
         print(f"bf16 matmul peak measured: {peak:.0f} TFLOP/s")
         print(_table(rows, ["config", *SHOW]))
-        print(f"wrote {path}")
+        print(f"wrote {writer.path}")
     return 0
 
 
@@ -160,18 +159,16 @@ def _table_from_records(args: argparse.Namespace) -> int:
 
 def _shapes(args: argparse.Namespace, device: torch.device) -> int:
     impls = ["triton", *[p for p in PEERS if p in args.impl]] if "triton" in args.impl else list(args.impl)
-    rows, path = [], None
+    rows, writer = [], RecordWriter("flash_leaderboard", args.results_dir, device)
     for name in tqdm(args.shape, desc="flash_shapes", unit="shape"):
         group = [{**row, "config": name, "suite": "issue18_shapes"}
                  for row in time_interleaved(impls, MODEL_SHAPES[name], device, rounds=args.shape_rounds,
                                              warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms,
                                              kernel_time=device.type == "cuda")]
-        # written shape by shape: a run cut at its time limit keeps the shapes it measured
-        if path is None:
-            path = write_records("flash_leaderboard", group, args.results_dir, device)
-        else:
-            append_records(path, "flash_leaderboard", group)
+        for row in group:  # written shape by shape: a run cut at its time limit keeps the shapes it measured
+            writer.add(row)
         rows += group
+    path = writer.path
     if args.auto_table:
         table = auto_table(rows, torch.cuda.get_device_name(device), str(path))
         Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
@@ -193,22 +190,15 @@ FEATURE_SHOW = ["config", "impl", "role", "status", "visible_fraction", "forward
 
 
 def _features(args: argparse.Namespace, device: torch.device) -> int:
-    path = None
-
-    def record(row: dict) -> None:  # as measured (a run cut at its time limit keeps its rows), each validated
-        nonlocal path
-        if path is None:
-            path = write_records("flash_features", [row], args.results_dir, device)
-        else:
-            append_records(path, "flash_features", [row])
-
+    writer = RecordWriter("flash_features", args.results_dir, device)  # as measured: a cut run keeps its rows
     rows = []
     for name in tqdm(args.feature, desc="flash_features", unit="shape"):
         rows += run_shape(name, FEATURE_SHAPES[name], device, args.feature_impl,
-                          warmup_ms=min(100.0, args.feature_rep_ms / 3), rep_ms=args.feature_rep_ms, on_row=record)
+                          warmup_ms=min(100.0, args.feature_rep_ms / 3), rep_ms=args.feature_rep_ms,
+                          on_row=writer.add)
     print(_table(rows, FEATURE_SHOW))
     print(_table(versus_fastest_peer(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",
                                              "forward_ratio", "forward_backward_ours_ms", "forward_backward_best_peer",
                                              "forward_backward_best_ms", "forward_backward_ratio"]))
-    print(f"wrote {path}")
+    print(f"wrote {writer.path}")
     return 0
