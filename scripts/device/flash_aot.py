@@ -3,6 +3,7 @@ registers and spills of each.
 
     python scripts/device/flash_aot.py [--shape xl_512] [--backward single|atomic|deterministic]
     python scripts/device/flash_aot.py --gluon-bwd      # every Variant of flash_hopper_bwd, causal and not
+    python scripts/device/flash_aot.py --shape xl_2048 --forward-only --fwd-set NAME=1   # a patch's constexpr
 
 The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
 tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
@@ -89,7 +90,11 @@ def main() -> None:
     p.add_argument("--shape", default="xl_512", choices=list(MODEL_SHAPES))
     p.add_argument("--backward", default="single", choices=["single", "atomic", "deterministic"])
     p.add_argument("--gluon-bwd", action="store_true", help="compile the Gluon backward kernel's variants instead")
+    p.add_argument("--fwd-set", nargs="*", default=[], metavar="NAME=INT",
+                   help="constexprs added to the forward's launch (an experiment's, e.g. Q_REGS=1)")
+    p.add_argument("--forward-only", action="store_true")
     args = p.parse_args()
+    fwd_set = {name: int(value) for name, value in (kv.split("=") for kv in args.fwd_set)}
     if args.gluon_bwd:
         raise SystemExit(1 if gluon_bwd() else 0)
     s = MODEL_SHAPES[args.shape]
@@ -98,8 +103,9 @@ def main() -> None:
     cfg = dataclasses.replace(cfg, single_max_programs=1 << 30 if args.backward == "single" else 0)
 
     def compile_instead(self, grid, pointers, scalars):
-        kernel = aot_compile(self.kernel, *pointers, *scalars, **self.constexprs, num_warps=self.cfg.num_warps,
-                             num_stages=self.cfg.num_stages)
+        extra = fwd_set if "fwd" in self.kernel.__name__ else {}
+        kernel = aot_compile(self.kernel, *pointers, *scalars, **dict(self.constexprs, **extra),
+                             num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
         ptx = kernel.asm["ptx"]
         print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
               f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
@@ -115,6 +121,8 @@ def main() -> None:
     left, right = normalize_window(None, s.causal, s.seq_len, s.seq_len)
     scale = s.head_dim ** -0.5
     o, lse = ft._forward(q, k, v, cfg, left, right, None, None, scale)
+    if args.forward_only:
+        return
     ft._backward(q, k, v, o, lse, do, cfg, args.backward == "deterministic", left, right, None, None, scale)
 
 
