@@ -28,6 +28,7 @@ import json
 import math
 import os
 import signal
+import tempfile
 import threading
 import timeit
 from dataclasses import asdict, dataclass, replace
@@ -351,7 +352,9 @@ def check_token_file(path: str, vocab_size: int, context_length: int, chunk: int
 
 def check_writable(path: str | Path, flag: str, *, directory: bool) -> None:
     """``path`` (a directory, or a file's folder) exists and is writable, or can be created: its nearest existing
-    ancestor is a writable directory. Creates nothing."""
+    ancestor is a writable directory that takes a new entry (tried with a temporary folder, removed at once:
+    permission bits pass for root, while /proc or a read-only mount refuse), so that a bad output path fails
+    before training rather than after it. Leaves nothing behind."""
     p = Path(path)
     if p.exists() and directory != p.is_dir():
         raise ValueError(f"train: {flag} {path} is {'a file' if directory else 'a directory'}; give "
@@ -364,6 +367,10 @@ def check_writable(path: str | Path, flag: str, *, directory: bool) -> None:
         raise ValueError(f"train: {flag} {path}: {probe} is a file, so the folder cannot be created")
     if not os.access(probe, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ValueError(f"train: {flag} {path}: {probe if probe != p else p} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".cs336-write-probe-", dir=probe))
+    except OSError as e:
+        raise ValueError(f"train: {flag} {path}: {probe} refuses new entries ({e.strerror})") from None
 
 
 def _available_bytes(device: torch.device, local_world: int) -> tuple[float, str]:

@@ -60,11 +60,26 @@ def test_memory_picks_a_cpu_sized_preset_without_profiler_noise(capfd):
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux's /proc")
-def test_a_folder_the_file_system_refuses_is_one_line_and_exit_2(capsys):
-    # /proc passes the permission checks (root may write anywhere) but refuses mkdir: the OSError names the path.
-    assert main(["train", "--preset", "tiny", "--steps", "1", "--checkpoint-dir", "/proc/cs336-no-such-dir"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["cs336-systems train: error: /proc/cs336-no-such-dir: No such file or directory"]
+@pytest.mark.parametrize("flag, path", [("--checkpoint-dir", "/proc/cs336-no-such-dir"),
+                                        ("--export", "/proc/cs336-model.pt"), ("--metrics", "/proc/cs336-m.jsonl"),
+                                        ("--tensorboard", "/proc/cs336-tb")])
+def test_a_folder_the_file_system_refuses_fails_before_training(flag, path, capsys):
+    # /proc passes the permission checks (root may write anywhere) but refuses new entries: the write probe finds
+    # out before the first step (--export used to fail only after training).
+    assert main(["train", "--preset", "tiny", "--steps", "1", flag, path]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cs336-systems train: error: train: {flag} {path}: /proc refuses "
+                                                   "new entries (")
+    assert "step" not in out
+
+
+def test_the_write_probe_leaves_nothing_behind(tmp_path):
+    from cs336_systems.train import check_writable
+
+    check_writable(tmp_path / "a" / "b", "--checkpoint-dir", directory=True)
+    check_writable(tmp_path / "model.pt", "--export", directory=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_os_error_naming_no_path_keeps_its_traceback(monkeypatch):
