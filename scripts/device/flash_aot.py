@@ -4,6 +4,7 @@ registers and spills of each.
     python scripts/device/flash_aot.py [--shape xl_512] [--backward single|atomic|deterministic]
     python scripts/device/flash_aot.py --gluon-bwd      # every Variant of flash_hopper_bwd, causal and not
     python scripts/device/flash_aot.py --shape xl_2048 --forward-only --fwd-set NAME=1   # a patch's constexpr
+    python scripts/device/flash_aot.py --shape xl_2048 --forward-only --sass-waits  # softmax under P V or not
 
 The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
 tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
@@ -73,6 +74,24 @@ def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000
     return bad
 
 
+def sass_waits(cubin: bytes) -> list[int]:
+    """Per software-pipelined step of a compiled kernel (a ``wgmma`` wait that leaves one group in flight, then the
+    wait for none): how many exponentials ptxas scheduled between the two, i.e. how much softmax runs under the
+    in-flight P V. ptxas places the second wait itself: in a basic block with the softmax it may hoist it above
+    every exponential (docs/flash_tuning_notes.md, session 23)."""
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        lines = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True).stdout.splitlines()
+    counts = []
+    for i, line in enumerate(lines):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            j = next((k for k in range(i + 1, len(lines)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[k]), i)
+            counts.append(sum("MUFU.EX2" in lines[k] for k in range(i, j)))
+    return counts
+
+
 def ptxas_usage(ptx: str) -> str:
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,6 +112,8 @@ def main() -> None:
     p.add_argument("--fwd-set", nargs="*", default=[], metavar="NAME=INT",
                    help="constexprs added to the forward's launch (an experiment's, e.g. Q_REGS=1)")
     p.add_argument("--forward-only", action="store_true")
+    p.add_argument("--sass-waits", action="store_true",
+                   help="also print, per pipelined step, the exponentials between the two wgmma waits")
     args = p.parse_args()
     fwd_set = {name: int(value) for name, value in (kv.split("=") for kv in args.fwd_set)}
     if args.gluon_bwd:
@@ -109,7 +130,8 @@ def main() -> None:
         ptx = kernel.asm["ptx"]
         print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
               f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
-              f"tma_reduce={ptx.count('cp.reduce.async.bulk')}", flush=True)
+              f"tma_reduce={ptx.count('cp.reduce.async.bulk')}"
+              + (f" ex2_under_pv={sass_waits(kernel.asm['cubin'])}" if args.sass_waits else ""), flush=True)
 
     ft._Launch.__call__ = compile_instead
     # the planner asks the GPU for its SM count (one-wave calls skip persistence) and, for the persistent forward,
