@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn
+from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs
 
 
 def main() -> None:
@@ -26,9 +26,7 @@ def main() -> None:
     args = p.parse_args()
     s = MODEL_SHAPES[args.shape]
     dev = torch.device("cuda")
-    q, k, v = (torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device=dev, dtype=torch.bfloat16,
-                           requires_grad=args.backward) for _ in range(3))
-    do = torch.randn_like(q)
+    q, k, v, do = shape_inputs(s, dev)
     for impl in args.impl:
         fn = attention_fn(impl, s, dev)
         for _ in range(args.calls):
