@@ -11,8 +11,10 @@ key                                    value
                                        replicated copies written once, DCP de-duplicates them)
 ``optim.<name>.exp_avg``               AdamW's moments (full shape) and ``optim.<name>.step`` (0-d int64)
 ``optim.<name>.exp_avg_sq``
-``optim.<name>.low_precision_copy``    ``FusedAdamW`` under bf16: the bf16 weight as its kernel rounded
-                                       it (loaded as is; without it, the master rounded by ``.to()``)
+``optim.<name>.low_precision_copy``    ``FusedAdamW`` with whole fp32 masters: the low-precision weight as
+                                       its kernel rounded it (loaded as is; without it, the master rounded
+                                       by ``.to()``); split masters (the bf16 default) derive the copy from
+                                       the master and neither write nor read it
 ``rng.<rank>.cpu/.cuda``               each rank's torch RNG state (data batches depend on (seed, step) only)
 =====================================  ========================================================================
 
@@ -195,11 +197,15 @@ def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
     dest: dict[str, torch.Tensor] = {}
     full: dict[str, torch.Tensor] = {}  # fsdp: full tensors read here, then cut into shards
     copies = []  # (low-precision parameter, its fp32 master) to refresh after loading
+    splits = []  # (low-precision parameter, fp32 buffer): split masters (FusedAdamW) set from the buffer
     for name, t in module.state_dict().items():
         dest[f"model.{own(name)}"] = t
     for p, name in names.items():
         master = local.state.get(p, {}).get("master")
-        if master is not None:
+        if "master_lo" in local.state.get(p, {}):  # the copy follows from the master: COPY_KEY is not read
+            dest[f"model.{name}"] = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+            splits.append((p, dest[f"model.{name}"]))
+        elif master is not None:
             dest[f"model.{name}"] = master
             if f"optim.{name}.{COPY_KEY}" in saved and tuple(saved[f"optim.{name}.{COPY_KEY}"].size) == tuple(p.shape):
                 dest[f"optim.{name}.{COPY_KEY}"] = p.detach()  # the copy as it was
@@ -239,6 +245,8 @@ def load(path: str | Path, wrapped: nn.Module, optimizer: torch.optim.Optimizer,
     with torch.no_grad():
         for p, master in copies:
             p.copy_(master)
+        for p, value in splits:
+            local.set_master(p, value)
         for p in sharded:
             p.copy_(fsdp.shard_of(p, full[f"model.{names[p]}"]))
             for key in ADAMW_KEYS:

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # before the kernels are compiled: CPU runs t
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.optimizer import AdamW
-from cs336_systems.fused.adamw import FusedAdamW, low_precision_params
+from cs336_systems.fused.adamw import FusedAdamW, join_master, low_precision_params, split_master
 from cs336_systems.fused.linear_cross_entropy import head_loss, linear_cross_entropy
 
 
@@ -106,14 +106,19 @@ def test_fused_adamw_matches_ours_step_by_step(use_triton, seed):
             torch.testing.assert_close(opt.state[b]["exp_avg_sq"], opt_ref.state[a]["exp_avg_sq"], rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("use_triton", [True, False])
-def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, seed):
+def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, split, seed):
     ref, fused = _pair()
     low = {fused[0], fused[2]}
     opt_ref = AdamW(ref.parameters(), lr=1e-2)
     opt = FusedAdamW(fused.parameters(), lr=1e-2, compute_dtype=torch.bfloat16, low_precision=low,
-                     use_triton=use_triton)
+                     use_triton=use_triton, split_masters=split)
     assert fused[0].dtype == torch.bfloat16 and fused[1].dtype == torch.float32
+    for p in low:  # split: the bf16 parameter and 2 bytes of low halves; else a whole fp32 master beside it
+        assert set(opt.state[p]) & {"master", "master_lo"} == ({"master_lo"} if split else {"master"})
+        if split:
+            assert opt.state[p]["master_lo"].dtype == torch.int16
     for _ in range(4):
         for a, b in zip(ref, fused, strict=True):
             a.grad = torch.randn_like(a).bfloat16().float()  # the gradient a bf16 weight would receive
@@ -124,11 +129,56 @@ def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, seed):
             master = opt.master_of(b)
             assert master.dtype == torch.float32
             torch.testing.assert_close(master, a, rtol=1e-6, atol=1e-7)
-            if use_triton and not b.is_cuda:  # the interpreter truncates fp32 -> bf16; compiled Triton rounds
+            if b not in low:
+                continue
+            if split:  # the copy is the master's upper half, rounded by integer arithmetic on either path
+                assert torch.equal(b, split_master(master)[0])
+            elif use_triton and not b.is_cuda:  # the interpreter truncates fp32 -> bf16; compiled Triton rounds
                 torch.testing.assert_close(b.float(), master, rtol=2**-7, atol=0)
             else:  # the copy is the rounded master, written in the same pass
                 assert torch.equal(b, master.to(b.dtype))
     assert all(v.dtype == torch.float32 for v in opt.master_state_dict(fused).values())
+
+
+def test_split_master_is_exact_and_rounds_to_nearest(seed):
+    # random values over 60 binades, both signs, and edge cases: zeros, subnormals, the largest finite values,
+    # and low halves just below, at and above the halfway point 0x8000 with even and odd upper halves
+    x = torch.randn(20_000) * torch.exp2(torch.randint(-30, 30, (20_000,)).float())
+    edges = torch.tensor([0, 1 << 31, 1, 0x7F7FFFFF, 0xFF7FFFFF - (1 << 32), 0x3F807FFF, 0x3F808000, 0x3F808001,
+                          0x3F818000, 0xBF808000 - (1 << 32), 0xBF818000 - (1 << 32), 0x00008000, 0x00018000],
+                         dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x = torch.cat([x, edges])
+    hi, lo = split_master(x)
+    assert hi.dtype == torch.bfloat16 and lo.dtype == torch.int16
+    assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))  # bit for bit
+    low_bits = x.view(torch.int32) & 0xFFFF
+    upper_even = ((x.view(torch.int32) >> 16) & 1) == 0
+    tie = (low_bits == 0x8000) & upper_even  # where ties to even would round toward zero
+    assert tie.sum() >= 3
+    assert torch.equal(hi[~tie], x[~tie].bfloat16())  # to nearest, ties to even, everywhere else
+    assert torch.equal(hi[tie].float().abs(), x[tie].abs() + x[tie].abs() - x[tie].bfloat16().float().abs())
+
+
+def test_fused_adamw_state_dict_round_trip_keeps_state_dtypes(seed):
+    # torch's load_state_dict casts floating state to the parameter's dtype: fp32 moments of a bf16 parameter
+    # would come back bf16. FusedAdamW puts every state tensor back as it was saved.
+    def make():
+        torch.manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(33, 7)), torch.nn.Parameter(torch.randn(5))]
+        return ps, FusedAdamW(ps, lr=1e-2, compute_dtype=torch.bfloat16, low_precision=ps[:1], use_triton=False)
+    ps, opt = make()
+    for _ in range(2):
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt.step()
+    qs, other = make()
+    other.load_state_dict(opt.state_dict())
+    for p, q in zip(ps, qs, strict=True):
+        q.data.copy_(p.data)  # the model's weights travel in the model's state dict
+        for key, value in opt.state[p].items():
+            got = other.state[q][key]
+            assert (got == value) if key == "step" else (got.dtype == value.dtype and torch.equal(got, value))
+        assert torch.equal(other.master_of(q), opt.master_of(p))
 
 
 def test_fused_adamw_bad_input():
@@ -139,6 +189,8 @@ def test_fused_adamw_bad_input():
         FusedAdamW([bf16], compute_dtype=torch.bfloat16, low_precision=[bf16])
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
         FusedAdamW([torch.nn.Parameter(torch.randn(3).double())])
+    with pytest.raises(ValueError, match="split_masters must be True or False"):
+        FusedAdamW([torch.nn.Parameter(torch.randn(3))], split_masters="yes")
 
 
 def test_low_precision_params_are_the_linear_weights():
@@ -215,7 +267,7 @@ def test_gpu_fused_adamw_kernel_matches_foreach_exactly(seed):
         b.step()
     for p, q in zip(ps, qs, strict=True):
         torch.testing.assert_close(a.master_of(p), b.master_of(q), rtol=1e-6, atol=1e-7)
-        assert torch.equal(p, a.master_of(p).bfloat16())
+        assert torch.equal(p, split_master(a.master_of(p))[0])
 
 
 @pytest.mark.gpu
@@ -272,7 +324,7 @@ def test_fused_adamw_keeps_bf16_state_for_bf16_params(seed):
         ref_opt.step()
     for p, r in zip(ours, ref):
         assert p.dtype == torch.bfloat16 and opt.state[p]["exp_avg"].dtype == torch.bfloat16
-        assert "master" not in opt.state[p]
+        assert "master" not in opt.state[p] and "master_lo" not in opt.state[p]
         assert ((p.float() - r).norm() / r.norm()).item() < 3 * 2**-7
 
 

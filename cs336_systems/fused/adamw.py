@@ -9,9 +9,12 @@ moments and the bf16 copy in one pass:
 
 * CUDA: one multi-tensor Triton launch per bucket (parameters of one dtype and step count; a table of
   addresses picks each block's tensor) reads master, m, v (fp32) and the gradient and writes master, m, v
-  and the bf16 copy: 28 bytes per bf16 parameter, the same as an fp32 fused AdamW, while the forward's
-  cast (6 bytes) and the backward's bf16 -> fp32 gradient cast (6 bytes) disappear. The addresses of
-  masters, moments and parameters are taken once: do not reallocate parameters after construction. The step's
+  and the bf16 copy, while the forward's cast (6 bytes) and the backward's bf16 -> fp32 gradient cast (6 bytes)
+  disappear. Under bf16 the master is kept split (``split_masters=True``, the default): the bf16 parameter is
+  its upper half, rounded to nearest (ties away from zero), and an int16 tensor holds the low 16 bits, so the
+  fp32 value is exact and the step moves 26 bytes per parameter instead of 28 (an fp32 master beside the copy,
+  as fp32 fused AdamW moves), and the state takes 2 bytes a parameter less. The addresses of masters, moments
+  and parameters are taken once: do not reallocate parameters after construction. The step's
   hyperparameters (learning rate, bias corrections, seed) travel in the same device table, so a CUDA graph of
   the whole training step (``cs336_systems.step_graph.CapturedStep``) replays the kernel with each step's values
   (``before_graph_replay``).
@@ -21,6 +24,7 @@ Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v
 ``p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``; the Triton kernel rounds as those ops do
 (IEEE sqrt and division). Parameters not selected (norm gains; the token embedding unless
 ``is_compute_weight`` selects it, which makes the residual stream bf16) stay fp32 and are their own master.
+``master_of(p)`` is a parameter's fp32 value, ``set_master(p, value)`` sets it (and the copy), and
 ``master_state_dict(model)`` returns the model's state with the fp32 masters in place of the bf16 copies
 (what a checkpoint should store). Parameters handed over in bf16 or fp16 (and not selected) keep
 their moments in that dtype, as ``cs336_basics.optimizer.AdamW`` does: the 2026 leaderboard's all-bf16
@@ -67,14 +71,31 @@ if triton is not None:
         return tl.load(ptrs_ptr + 5 * n_tensors + 1 + i).to(tl.float64, bitcast=True).to(tl.float32)
 
     @triton.jit
+    def _join_master(hi, lo):
+        """fp32 from its bf16 copy (rounded to nearest, ties away from zero) and its low 16 bits (int16)."""
+        hi = hi.to(tl.uint16, bitcast=True).to(tl.uint32)
+        lo = lo.to(tl.uint16, bitcast=True).to(tl.uint32)
+        return (((hi - (lo >= 0x8000).to(tl.uint32)) << 16) | lo).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _split_master(x):
+        """fp32 -> (bf16 rounded to nearest, ties away from zero; its low 16 bits as int16): ``_join_master``'s
+        inverse, exact for every finite value."""
+        bits = x.to(tl.uint32, bitcast=True)
+        hi = ((bits + 0x8000) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        lo = (bits & 0xFFFF).to(tl.uint16).to(tl.int16, bitcast=True)
+        return hi, lo
+
+    @triton.jit
     def _adamw_kernel(ptrs_ptr, n_tensors, numels_ptr, block_tensor_ptr, block_start_ptr, STATE_DTYPE: tl.constexpr,
-                      GRAD_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr,
+                      GRAD_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, HAS_OUT: tl.constexpr, SPLIT: tl.constexpr,
                       STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
         """One program updates BLOCK elements of one tensor; ``ptrs`` holds (master, m, v, grad, out) addresses
         per tensor, so one launch covers every parameter of a bucket (multi-tensor apply), then the step's seed
         and hyperparameters: read from device memory, so that a CUDA graph replays the kernel with each step's
-        values. STOCHASTIC: the stored state (bf16) is rounded stochastically, with Philox streams keyed by the
-        seed and the block."""
+        values. SPLIT: the master is the bf16 ``out`` plus the int16 low bits at ``master`` (read and written
+        as two halves). STOCHASTIC: the stored state (bf16) is rounded stochastically, with Philox streams keyed
+        by the seed and the block."""
         pid = tl.program_id(0)
         t = tl.load(block_tensor_ptr + pid).to(tl.int64)
         offs = tl.load(block_start_ptr + pid).to(tl.int64) + tl.arange(0, BLOCK)
@@ -86,11 +107,16 @@ if triton is not None:
         sqrt_bc2 = _hyper(ptrs_ptr, n_tensors, 4)
         eps = _hyper(ptrs_ptr, n_tensors, 5)
         step_size = _hyper(ptrs_ptr, n_tensors, 6)
-        master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(STATE_DTYPE))
         m_ptr = tl.load(ptrs_ptr + 5 * t + 1).to(tl.pointer_type(STATE_DTYPE))
         v_ptr = tl.load(ptrs_ptr + 5 * t + 2).to(tl.pointer_type(STATE_DTYPE))
         g_ptr = tl.load(ptrs_ptr + 5 * t + 3).to(tl.pointer_type(GRAD_DTYPE))
-        p = tl.load(master_ptr + offs, mask=mask).to(tl.float32)  # the arithmetic is fp32 for any state dtype
+        if SPLIT:
+            lo_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(tl.int16))
+            out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(tl.bfloat16))
+            p = _join_master(tl.load(out_ptr + offs, mask=mask), tl.load(lo_ptr + offs, mask=mask))
+        else:
+            master_ptr = tl.load(ptrs_ptr + 5 * t).to(tl.pointer_type(STATE_DTYPE))
+            p = tl.load(master_ptr + offs, mask=mask).to(tl.float32)  # the arithmetic is fp32 for any state dtype
         g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
         m = tl.load(m_ptr + offs, mask=mask).to(tl.float32)
         v = tl.load(v_ptr + offs, mask=mask).to(tl.float32)
@@ -99,7 +125,13 @@ if triton is not None:
         v = v * beta2 + beta2c * (g * g)
         denom = tl.div_rn(tl.sqrt_rn(v), sqrt_bc2) + eps
         p = p + step_size * tl.div_rn(m, denom)
-        if STOCHASTIC:
+        if SPLIT:
+            hi, lo = _split_master(p)
+            tl.store(out_ptr + offs, hi, mask=mask)
+            tl.store(lo_ptr + offs, lo, mask=mask)
+            tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
+            tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
+        elif STOCHASTIC:
             seed = tl.load(ptrs_ptr + 5 * n_tensors)
             r0, r1, r2, _ = tl.randint4x(seed, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
             tl.store(master_ptr + offs, _round_bf16_stochastic(p, r0), mask=mask)
@@ -109,9 +141,9 @@ if triton is not None:
             tl.store(master_ptr + offs, p.to(STATE_DTYPE), mask=mask)
             tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
             tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
-        if HAS_OUT:
-            out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
-            tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
+            if HAS_OUT:
+                out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
+                tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
 
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -191,6 +223,32 @@ def round_bf16_stochastic(x: Tensor, generator: torch.Generator | None = None) -
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
+def split_master(x: Tensor) -> tuple[Tensor, Tensor]:
+    """An fp32 tensor as (its bf16 copy rounded to nearest, ties away from zero; its low 16 bits as int16): 6
+    bytes that hold the fp32 value exactly (``join_master``), where an fp32 master beside a bf16 copy takes 6 too
+    but must be read and written whole each step. Ties go away from zero, not to even as ``.to(torch.bfloat16)``
+    rounds: with ties to even, the 16 low bits 0x8000 leave it open whether the copy was rounded up."""
+    bits = x.detach().float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    hi = ((bits + 0x8000) >> 16) & 0xFFFF
+    lo = bits & 0xFFFF
+    as_int16 = lambda u: (u - ((u >= 0x8000).to(torch.int64) << 16)).to(torch.int16)
+    return as_int16(hi).view(torch.bfloat16), as_int16(lo)
+
+
+def join_master(hi: Tensor, lo: Tensor) -> Tensor:
+    """The fp32 tensor that ``split_master`` split into ``hi`` (bf16) and ``lo`` (int16)."""
+    hi = hi.detach().contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    lo = lo.to(torch.int64) & 0xFFFF
+    bits = ((hi - (lo >= 0x8000).to(torch.int64)) << 16) | lo
+    return (bits - ((bits >= 1 << 31).to(torch.int64) << 32)).to(torch.int32).view(torch.float32)
+
+
+def _master_kind(state: dict) -> str | None:
+    """How a parameter's state keeps its fp32 master: "split" (the bf16 parameter and int16 low halves),
+    "master" (a whole fp32 tensor beside the copy), or None (the parameter is its own master)."""
+    return "split" if "master_lo" in state else "master" if "master" in state else None
+
+
 def _launch_seed(seed: int, step: int, bucket: int) -> int:
     """A distinct 63-bit Philox key per (seed, step, bucket)."""
     return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + bucket * 0x94D049BB133111EB) % (1 << 63)
@@ -237,7 +295,8 @@ class FusedAdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  compute_dtype: torch.dtype | None = None, low_precision: Iterable[nn.Parameter] = (),
-                 use_triton: bool | None = None, stochastic_rounding: bool = False, seed: int | None = None):
+                 use_triton: bool | None = None, stochastic_rounding: bool = False, seed: int | None = None,
+                 split_masters: bool = True):
         check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         if not isinstance(stochastic_rounding, bool):
             raise ValueError(f"FusedAdamW: stochastic_rounding must be True or False, got {stochastic_rounding!r}")
@@ -245,6 +304,8 @@ class FusedAdamW(torch.optim.Optimizer):
             seed = int(torch.randint(0, 1 << 62, (1,)).item()) if stochastic_rounding else 0
         elif not isinstance(seed, int) or seed < 0:
             raise ValueError(f"FusedAdamW: seed must be a non-negative int or None, got {seed!r}")
+        if not isinstance(split_masters, bool):
+            raise ValueError(f"FusedAdamW: split_masters must be True or False, got {split_masters!r}")
         if compute_dtype not in (None, torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"FusedAdamW: compute_dtype must be None, float32, bfloat16 or float16, "
                              f"got {compute_dtype}")
@@ -271,7 +332,9 @@ class FusedAdamW(torch.optim.Optimizer):
                 state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-                if p in low:
+                if p in low and split_masters and compute_dtype == torch.bfloat16:
+                    p.data, state["master_lo"] = split_master(p.data)
+                elif p in low:
                     state["master"] = p.detach().clone()
                     p.data = p.data.to(compute_dtype)
 
@@ -300,7 +363,7 @@ class FusedAdamW(torch.optim.Optimizer):
             state = self.state[p]
             state["step"] += 1
             triton_ok = self._triton_ok(p) and p.grad.is_contiguous() and p.grad.dtype == p.dtype
-            key = (self._group_index[p], triton_ok, state["step"], p.device, p.dtype, "master" in state)
+            key = (self._group_index[p], triton_ok, state["step"], p.device, p.dtype, _master_kind(state))
             buckets.setdefault(key, []).append(p)
         capturing = any(p.is_cuda for p in params) and torch.cuda.is_current_stream_capturing()
         if capturing:
@@ -316,7 +379,7 @@ class FusedAdamW(torch.optim.Optimizer):
             else:
                 group = self.param_groups[gi]
                 args = (ps, step, group["lr"], *group["betas"], group["eps"], group["weight_decay"],
-                        self._seed(gi, bucket, step, dtype, "master" in self.state[ps[0]]))
+                        self._seed(gi, bucket, step, dtype, _master_kind(self.state[ps[0]]) is not None))
                 self._foreach_update(*args)
 
     def _seed(self, gi: int, bucket: int, step: int, dtype: torch.dtype, has_master: bool) -> int | None:
@@ -346,12 +409,13 @@ class FusedAdamW(torch.optim.Optimizer):
             rows = []
             for p in params:
                 st = self.state[p]
-                master = st.get("master", p)
+                master = st.get("master_lo", st.get("master", p))  # split: the low halves (the bf16 ``p`` is out)
                 rows.append([master.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(), 0,
                              p.data_ptr()])
             launch = self._launches[(capturing, *ids)] = _Launch(params, rows, params[0].device, like)
         state = self.state[params[0]]
-        seed = self._seed(gi, bucket, step, params[0].dtype, "master" in state)
+        kind = _master_kind(state)
+        seed = self._seed(gi, bucket, step, params[0].dtype, kind is not None)
         launch.fill(seed or 0, self._hyper(gi, step))
         if not capturing:
             launch.upload()
@@ -359,7 +423,8 @@ class FusedAdamW(torch.optim.Optimizer):
         _adamw_kernel[(launch.n_blocks,)](
             launch.table, len(params), launch.numels, launch.block_tensor, launch.block_start,
             STATE_DTYPE=_TL_DTYPES[state["exp_avg"].dtype], GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
-            HAS_OUT="master" in state, STOCHASTIC=seed is not None, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            HAS_OUT=kind is not None, SPLIT=kind == "split", STOCHASTIC=seed is not None, BLOCK=_BLOCK,
+            num_warps=_NUM_WARPS)
         return launch
 
     def before_graph_replay(self) -> None:
@@ -375,7 +440,8 @@ class FusedAdamW(torch.optim.Optimizer):
                 for p in launch.params:
                     self.state[p]["step"] += 1
                 step = self.state[launch.params[0]]["step"]
-                seed = self._seed(gi, bucket, step, launch.params[0].dtype, "master" in self.state[launch.params[0]])
+                seed = self._seed(gi, bucket, step, launch.params[0].dtype,
+                                  _master_kind(self.state[launch.params[0]]) is not None)
                 launch.fill(seed or 0, self._hyper(gi, step), grads=False)
             launch.upload()
         self._replayed = True
@@ -391,16 +457,26 @@ class FusedAdamW(torch.optim.Optimizer):
                 for t, w in zip(ts, ws, strict=True):
                     t.copy_(round_bf16_stochastic(w, generator))
             return
-        masters = [self.state[p].get("master", p) for p in params]
+        masters = [self.master_of(p) for p in params]  # split masters: joined into fp32 temporaries
         grads = [p.grad.to(self.state[p]["exp_avg"].dtype) for p in params]  # fp32, or a bf16 / fp16 state's dtype
         adamw_foreach_update(masters, grads, [self.state[p]["exp_avg"] for p in params],
                              [self.state[p]["exp_avg_sq"] for p in params], step, lr, beta1, beta2, eps, wd)
-        copies = [(p, m) for p, m in zip(params, masters, strict=True) if m is not p]
-        if copies:
-            torch._foreach_copy_([p for p, _ in copies], [m for _, m in copies])
+        for p, m in zip(params, masters, strict=True):
+            if m is not p:
+                self.set_master(p, m)
 
     def load_state_dict(self, state_dict: dict) -> None:
+        # torch casts floating-point state to its parameter's dtype: bf16 parameters' fp32 moments and masters
+        # would lose their low bits. Each state tensor is put back as it was saved.
+        saved = {i: state_dict["state"][i] for g in state_dict["param_groups"] for i in g["params"]
+                 if i in state_dict["state"]}
+        order = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(order, params, strict=True):
+            for key, value in saved.get(i, {}).items():
+                if isinstance(value, Tensor) and key != "step":
+                    self.state[p][key] = value.to(device=p.device, copy=True)
         for group in self.param_groups:  # state saved before stochastic rounding existed
             group.setdefault("stochastic_rounding", False)
             group.setdefault("seed", self.defaults["seed"])
@@ -408,8 +484,31 @@ class FusedAdamW(torch.optim.Optimizer):
         self._captured = []  # and a captured step would update the old ones
 
     def master_of(self, p: nn.Parameter) -> Tensor:
-        """The fp32 value of ``p`` (its master, or ``p`` itself where it has none)."""
-        return self.state[p].get("master", p)
+        """The fp32 value of ``p``: its master, a new tensor joined from ``p`` and its low halves (split masters),
+        or ``p`` itself where it has none."""
+        state = self.state[p]
+        if "master_lo" in state:
+            return join_master(p.data, state["master_lo"])
+        return state.get("master", p)
+
+    def has_master(self, p: nn.Parameter) -> bool:
+        """Whether ``p`` is the low-precision copy of an fp32 master this optimizer keeps."""
+        return _master_kind(self.state.get(p, {})) is not None
+
+    @torch.no_grad()
+    def set_master(self, p: nn.Parameter, value: Tensor) -> None:
+        """Make ``value`` (fp32, ``p``'s shape) the master of ``p`` and refresh its copy (loading a checkpoint)."""
+        state = self.state[p]
+        if "master_lo" in state:
+            hi, lo = split_master(value)
+            p.data.copy_(hi)
+            state["master_lo"].copy_(lo)
+        elif "master" in state:
+            if value is not state["master"]:
+                state["master"].copy_(value)
+            p.data.copy_(state["master"])
+        else:
+            p.data.copy_(value)
 
     def master_state_dict(self, model: nn.Module) -> dict[str, Tensor]:
         """``model.state_dict()`` with every low-precision parameter replaced by its fp32 master."""

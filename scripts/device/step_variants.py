@@ -2,14 +2,14 @@
 
     python scripts/device/step_variants.py VARIANT [--preset xl --context-length 2048 --compile-scope blocks]
 
-VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default), ``rope-swap`` (RoPE as
-``x * cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no
-stack of two halves), ``pack-qkv`` / ``pack-qkv-vcont`` / ``pack-w13`` (q, k, v or w1, w3 as one packed
-``Linear``; session 17, ``experiments/fused_qkv/``), one of the Inductor options in ``PATCHES``, or several joined
-with ``+``; ``--rope triton`` takes RoPE's Triton kernel (``bench --rope``; session 15's ``rope-triton``
-variant). Prints one JSON line: step ms (mean, median), MFU and peak GiB, as ``bench`` measures them
-(``run_benchmark``). Session 14's first probe (05cc250) compared the bf16 residual stream and RoPE in the
-projections' layout this way, before both became the code.
+VARIANT is ``base`` (the code as committed, with ``--residual-dtype``, bf16 by default), ``rope-swap`` (RoPE as ``x
+* cos + swap_pairs(x) * (-sin, sin)``: every output element from its own and its neighbour's input, no stack of two
+halves), ``pack-qkv`` / ``pack-qkv-vcont`` / ``pack-w13`` (q, k, v or w1, w3 as one packed ``Linear``; session 17,
+``experiments/fused_qkv/``), ``whole-masters`` (FusedAdamW's fp32 masters whole instead of split), one of the
+Inductor options in ``PATCHES``, or several joined with ``+``; ``--rope triton`` takes RoPE's Triton kernel (``bench
+--rope``; session 15's ``rope-triton`` variant). Prints one JSON line: step ms (mean, median), MFU and peak GiB, as
+``bench`` measures them (``run_benchmark``). Session 14's first probe (05cc250) compared the bf16 residual stream
+and RoPE in the projections' layout this way, before both became the code.
 """
 
 from __future__ import annotations
@@ -106,8 +106,23 @@ def _inductor(**settings):
     return patch
 
 
+def _whole_masters() -> None:
+    """FusedAdamW with a whole fp32 master beside each bf16 copy (28 bytes a parameter per step), as before
+    session 24's split masters (the bf16 copy and int16 low halves, 26 bytes)."""
+    from cs336_systems.fused import adamw
+
+    init0 = adamw.FusedAdamW.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs.setdefault("split_masters", False)
+        init0(self, *args, **kwargs)
+
+    adamw.FusedAdamW.__init__ = init
+
+
 PATCHES = {
     "base": lambda: None,
+    "whole-masters": _whole_masters,
     "rope-swap": _rope_swap,
     # session 17: packed projections (one GEMM where there were three for q/k/v, two for w1/w3)
     "pack-qkv": _pack_qkv(),

@@ -17,6 +17,8 @@
 #   o (session 15): Inductor options on our xl/2048 step (step_variants.py; VARIANTS="a b+c" picks them);
 #   p GPU tests and xl/2048 with both RoPE kernels vs the peer; q small/512 and xl/512 with bench's defaults,
 #      and small/512 without the CUDA graph with both RoPE kernels (host cost per call)
+#   r (session 24): GPU tests, the optimizer step with split and whole fp32 masters, captured xl/2048 probes of
+#      each; s xl/2048 against the peer with bench's defaults
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -124,7 +126,20 @@ q)  # session 15: small/512 and xl/512 with bench's defaults against the reduce-
   step 200 small-512-nograph $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl ours --cuda-graph no --rope torch triton --steps 30
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q"; exit 2;;
+r)  # session 24 (FusedAdamW's split masters): GPU tests of the optimizer, checkpoints and train; the optimizer
+    # step alone at xl with split and whole masters; the captured xl/2048 step with each, alternating, one process
+    # per probe (step_variants.py)
+  step 240 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_train.py
+  step 120 adamw python3 scripts/device/adamw_bandwidth.py --preset xl --blocks 1024 --warps 8 --split yes no
+  P="python3 scripts/device/step_variants.py"
+  for i in 1 2; do for v in base whole-masters; do step 150 "probe-$v-$i" $P "$v"; done; done
+  grep -h '^{' "$OUT"/log-probe-*.txt | tee -a "$OUT/summary.txt"
+  ;;
+s)  # session 24: xl/2048 against the peer with bench's defaults (split masters), the issue's record
+  step 540 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer ours --preset xl --context-length 2048 --steps 10
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
