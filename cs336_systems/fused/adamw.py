@@ -148,8 +148,12 @@ if triton is not None:
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-_BLOCK = 1024  # elements per program: 2.94 TB/s at xl on an H100, 4096: 2.58 (scripts/device/adamw_bandwidth.py)
+# elements per program and warps (scripts/device/adamw_bandwidth.py, xl on an H100, session 24): whole masters
+# 1024 x 8 warps, 19.06 ms a step (2.93 TB/s; 4096: 2.58); split masters 1024 x 4 warps, 17.82 ms (2.91 TB/s;
+# 8 warps: 18.41), whose 2-byte halves load as 8 bytes a thread at 8 warps
+_BLOCK = 1024
 _NUM_WARPS = 8
+_NUM_WARPS_SPLIT = 4
 
 
 class _Launch:
@@ -424,7 +428,7 @@ class FusedAdamW(torch.optim.Optimizer):
             launch.table, len(params), launch.numels, launch.block_tensor, launch.block_start,
             STATE_DTYPE=_TL_DTYPES[state["exp_avg"].dtype], GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
             HAS_OUT=kind is not None, SPLIT=kind == "split", STOCHASTIC=seed is not None, BLOCK=_BLOCK,
-            num_warps=_NUM_WARPS)
+            num_warps=_NUM_WARPS_SPLIT if kind == "split" else _NUM_WARPS)
         return launch
 
     def before_graph_replay(self) -> None:

@@ -44,7 +44,7 @@ def main() -> None:
     print(f"{args.preset}: {n_all / 1e9:.3f} B parameters ({n_low / 1e9:.3f} B with bf16 copies)")
     masters = {p: p.detach().clone() for p in model.parameters()}
     for split, block, warps in itertools.product(args.split, args.blocks, args.warps):
-        fa._BLOCK, fa._NUM_WARPS = block, warps
+        fa._BLOCK, fa._NUM_WARPS, fa._NUM_WARPS_SPLIT = block, warps, warps
         moved = (26 if split == "yes" else 28) * n_low + 24 * (n_all - n_low)
         for p in model.parameters():
             p.data = masters[p].clone()
