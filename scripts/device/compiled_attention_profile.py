@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--residual-dtype", default="bf16", choices=["fp32", "bf16"],
                         help="the residual stream (bf16: the fast default on CUDA)")
+    parser.add_argument("--compile-scope", default="blocks", choices=["blocks", "model"])
+    parser.add_argument("--rope", default="torch", choices=["torch", "triton"])
     parser.add_argument("--out", type=Path, default=Path("profile"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -114,8 +116,8 @@ def main() -> None:
     op_costs(preset.batch_size, preset.num_heads, args.context_length, preset.d_model // preset.num_heads)
     for attention in args.attention:
         cfg = BenchConfig(preset=args.preset, context_length=args.context_length, precision="bf16", compile=True,
-                          compile_scope="blocks", attention=attention, optimizer="fused", loss="fused",
-                          residual_dtype=args.residual_dtype)
+                          compile_scope=args.compile_scope, attention=attention, optimizer="fused", loss="fused",
+                          residual_dtype=args.residual_dtype, rope=args.rope)
         phase_times(cfg, args.out, args.steps)
         torch._dynamo.reset()
 
