@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 resolve_device(args.device)
             return int(module.run(args) or 0)
         except ValueError as err:  # bad input: a clear message, not a traceback
-            print(f"cs336-systems {argv[0]}: error: {err}", file=sys.stderr)
+            # library messages name their function ("train: ..."), which the prefix already names here
+            print(f"cs336-systems {argv[0]}: error: {str(err).removeprefix(f'{argv[0]}: ')}", file=sys.stderr)
             return 2
         except OSError as err:
             # A path the user named that the file system refuses (a folder that cannot be created, no

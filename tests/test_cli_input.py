@@ -69,7 +69,7 @@ def test_a_folder_the_file_system_refuses_fails_before_training(flag, path, caps
     assert main(["train", "--preset", "tiny", "--steps", "1", flag, path]) == 2
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"cs336-systems train: error: train: {flag} {path}: /proc refuses "
+    assert len(lines) == 1 and lines[0].startswith(f"cs336-systems train: error: {flag} {path}: /proc refuses "
                                                    "new entries (")
     assert "step" not in out
 
