@@ -130,7 +130,7 @@ r)  # session 24 (FusedAdamW's split masters): GPU tests of the optimizer, check
     # step alone at xl with split and whole masters; the captured xl/2048 step with each, alternating, one process
     # per probe (step_variants.py)
   step 240 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_train.py
-  step 120 adamw python3 scripts/device/adamw_bandwidth.py --preset xl --blocks 1024 --warps 8 --split yes no
+  step 120 adamw python3 scripts/device/adamw_bandwidth.py --preset xl --blocks 1024 --warps 4 8 --split yes no
   P="python3 scripts/device/step_variants.py"
   for i in 1 2; do for v in base whole-masters; do step 150 "probe-$v-$i" $P "$v"; done; done
   grep -h '^{' "$OUT"/log-probe-*.txt | tee -a "$OUT/summary.txt"
