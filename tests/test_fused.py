@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # before the kernels are compiled: CPU runs t
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.optimizer import AdamW
-from cs336_systems.fused.adamw import FusedAdamW, join_master, low_precision_params, split_master
+from cs336_systems.fused.adamw import FusedAdamW, join_master, low_precision_params, round_bf16_stochastic, split_master
 from cs336_systems.fused.linear_cross_entropy import head_loss, linear_cross_entropy
 
 
@@ -157,6 +157,44 @@ def test_split_master_is_exact_and_rounds_to_nearest(seed):
     assert tie.sum() >= 3
     assert torch.equal(hi[~tie], x[~tie].bfloat16())  # to nearest, ties to even, everywhere else
     assert torch.equal(hi[tie].float().abs(), x[tie].abs() + x[tie].abs() - x[tie].bfloat16().float().abs())
+    # NaN stays NaN in the copy (a diverged weight must show in the forward) and when joined; infinities stay
+    special = torch.tensor([0x7FFFFFFF, 0x7FC00000, 0x7F800001, 0x7F808000, -1, 0x7F800000, 0xFF800000 - (1 << 32)],
+                           dtype=torch.int64).to(torch.int32).view(torch.float32)
+    hi, lo = split_master(special)
+    joined = join_master(hi, lo)
+    assert hi[:5].isnan().all() and joined[:5].isnan().all()
+    assert torch.equal(hi[5:].float(), special[5:]) and torch.equal(joined[5:], special[5:])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_fused_adamw_split_masters_keep_nan_visible(use_triton, device):
+    # A NaN gradient makes the master NaN; the bf16 copy the forward uses must be NaN too, not the zero that
+    # rounding's carry makes of the all-ones NaN (0x7FFFFFFF, what CUDA's arithmetic produces; the CPU paths
+    # produce 0x7FC00000, which test_split_master_is_exact_and_rounds_to_nearest covers with the others).
+    p = torch.nn.Parameter(torch.randn(300, device=device))
+    opt = FusedAdamW([p], lr=1e-2, compute_dtype=torch.bfloat16, low_precision=[p], use_triton=use_triton)
+    p.grad = torch.randn(300, device=device).bfloat16()
+    p.grad[7] = float("nan")
+    opt.step()
+    assert p[7].isnan() and opt.master_of(p)[7].isnan()
+    assert not p[torch.arange(300, device=device) != 7].isnan().any()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_fused_adamw_stochastic_rounding_keeps_nan_visible(use_triton, device):
+    # the same for bf16 parameters rounded stochastically: random low bits added to the all-ones NaN carry into
+    # the sign bit, and truncation would leave -0.0
+    nan = torch.tensor([0x7FFFFFFF, 0x7FC00000], dtype=torch.int32).view(torch.float32)
+    assert round_bf16_stochastic(nan.to(device)).isnan().all()
+    p = torch.nn.Parameter(torch.randn(300, device=device).bfloat16())
+    opt = FusedAdamW([p], lr=1e-2, stochastic_rounding=True, seed=3, use_triton=use_triton)
+    p.grad = torch.randn(300, device=device).bfloat16()
+    p.grad[7] = float("nan")
+    opt.step()
+    assert p[7].isnan() and opt.state[p]["exp_avg"][7].isnan()
+    assert not p[torch.arange(300, device=device) != 7].isnan().any()
 
 
 def test_fused_adamw_state_dict_round_trip_keeps_state_dtypes(seed):
@@ -331,7 +369,6 @@ def test_fused_adamw_keeps_bf16_state_for_bf16_params(seed):
 def test_round_bf16_stochastic_is_unbiased(seed):
     # Values strictly between two bf16 neighbours, both signs: every result is one of the two, and the mean of n
     # roundings is within 5 standard deviations (ulp * sqrt(f (1 - f) / n) <= ulp / (2 sqrt(n))) of the value.
-    from cs336_systems.fused.adamw import round_bf16_stochastic
 
     n = 20_000
     down = torch.randn(16).bfloat16().float()

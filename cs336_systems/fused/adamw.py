@@ -60,9 +60,10 @@ if triton is not None:
     @triton.jit
     def _round_bf16_stochastic(x, rand):
         """fp32 -> bf16, up with probability (x - down) / ulp: 16 random bits added below bf16's last mantissa
-        bit, then truncation (sign-magnitude, so negative values round symmetrically)."""
+        bit, then truncation (sign-magnitude, so negative values round symmetrically). NaN stays NaN (the carry
+        would make a zero of the all-ones NaN)."""
         bits = x.to(tl.uint32, bitcast=True) + (rand & 0xFFFF).to(tl.uint32)
-        return ((bits >> 16) << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
+        return tl.where(x != x, x, ((bits >> 16) << 16).to(tl.float32, bitcast=True)).to(tl.bfloat16)
 
     @triton.jit
     def _hyper(ptrs_ptr, n_tensors, i: tl.constexpr):
@@ -80,9 +81,11 @@ if triton is not None:
     @triton.jit
     def _split_master(x):
         """fp32 -> (bf16 rounded to nearest, ties away from zero; its low 16 bits as int16): ``_join_master``'s
-        inverse, exact for every finite value."""
+        inverse, exact for every value but NaN, which stays a NaN in both (its quiet bit set in the copy: the
+        rounding's carry would turn some NaNs into zeros)."""
         bits = x.to(tl.uint32, bitcast=True)
-        hi = ((bits + 0x8000) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        hi = tl.where(x != x, (bits >> 16) | 0x40, (bits + 0x8000) >> 16)
+        hi = hi.to(tl.uint16).to(tl.bfloat16, bitcast=True)
         lo = (bits & 0xFFFF).to(tl.uint16).to(tl.int16, bitcast=True)
         return hi, lo
 
@@ -221,19 +224,22 @@ class _Launch:
 
 def round_bf16_stochastic(x: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """``x`` (fp32) rounded to bf16 stochastically, as the Triton kernel does: random low 16 bits added to the
-    fp32 bit pattern, then truncated."""
+    fp32 bit pattern, then truncated (NaN stays NaN)."""
+    x = x.float().contiguous()
     noise = torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
-    bits = (x.float().contiguous().view(torch.int32) + noise).bitwise_and_(-65536)
-    return bits.view(torch.float32).to(torch.bfloat16)
+    bits = (x.view(torch.int32) + noise).bitwise_and_(-65536)
+    return torch.where(torch.isnan(x), x, bits.view(torch.float32)).to(torch.bfloat16)
 
 
 def split_master(x: Tensor) -> tuple[Tensor, Tensor]:
     """An fp32 tensor as (its bf16 copy rounded to nearest, ties away from zero; its low 16 bits as int16): 6
     bytes that hold the fp32 value exactly (``join_master``), where an fp32 master beside a bf16 copy takes 6 too
     but must be read and written whole each step. Ties go away from zero, not to even as ``.to(torch.bfloat16)``
-    rounds: with ties to even, the 16 low bits 0x8000 leave it open whether the copy was rounded up."""
-    bits = x.detach().float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    hi = ((bits + 0x8000) >> 16) & 0xFFFF
+    rounds: with ties to even, the 16 low bits 0x8000 leave it open whether the copy was rounded up. A NaN stays
+    a NaN in the copy and when joined (not bit for bit)."""
+    x = x.detach().float().contiguous()
+    bits = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    hi = torch.where(torch.isnan(x), (bits >> 16) | 0x40, ((bits + 0x8000) >> 16) & 0xFFFF)
     lo = bits & 0xFFFF
     as_int16 = lambda u: (u - ((u >= 0x8000).to(torch.int64) << 16)).to(torch.int16)
     return as_int16(hi).view(torch.bfloat16), as_int16(lo)
