@@ -14,6 +14,7 @@ if not torch.cuda.is_available():  # before the kernels are compiled: CPU runs t
 
 from cs336_basics.model import BasicsTransformerLM
 from cs336_basics.optimizer import AdamW
+from cs336_systems.fused import adamw
 from cs336_systems.fused.adamw import FusedAdamW, join_master, low_precision_params, round_bf16_stochastic, split_master
 from cs336_systems.fused.linear_cross_entropy import head_loss, linear_cross_entropy
 
@@ -140,7 +141,7 @@ def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, split, seed):
     assert all(v.dtype == torch.float32 for v in opt.master_state_dict(fused).values())
 
 
-def test_split_master_is_exact_and_rounds_to_nearest(seed):
+def test_split_master_is_exact_and_rounds_to_nearest(seed, monkeypatch):
     # random values over 60 binades, both signs, and edge cases: zeros, subnormals, the largest finite values,
     # and low halves just below, at and above the halfway point 0x8000 with even and odd upper halves
     x = torch.randn(20_000) * torch.exp2(torch.randint(-30, 30, (20_000,)).float())
@@ -149,6 +150,11 @@ def test_split_master_is_exact_and_rounds_to_nearest(seed):
                          dtype=torch.int64).to(torch.int32).view(torch.float32)
     x = torch.cat([x, edges])
     hi, lo = split_master(x)
+    monkeypatch.setattr(adamw, "_SPLIT_CHUNK", 999)  # the same in chunks that do not divide the tensor
+    chunked = split_master(x)
+    assert torch.equal(chunked[0].view(torch.int16), hi.view(torch.int16)) and torch.equal(chunked[1], lo)
+    assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))
+    monkeypatch.undo()
     assert hi.dtype == torch.bfloat16 and lo.dtype == torch.int16
     assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))  # bit for bit
     low_bits = x.view(torch.int32) & 0xFFFF

@@ -231,26 +231,52 @@ def round_bf16_stochastic(x: Tensor, generator: torch.Generator | None = None) -
     return torch.where(torch.isnan(x), x, bits.view(torch.float32)).to(torch.bfloat16)
 
 
+_SPLIT_CHUNK = 1 << 22  # elements per step of split_master / join_master: their temporaries stay about 150 MB
+
+
+def _split_chunk(x: Tensor) -> tuple[Tensor, Tensor]:
+    bits = x.view(torch.int32)
+    upper = (bits >> 16) & 0xFFFF
+    carry = ((bits & 0xFFFF) >= 0x8000).to(torch.int32)  # to nearest, ties away from zero (in magnitude)
+    hi = torch.where(torch.isnan(x), upper | 0x40, (upper + carry) & 0xFFFF)
+    to16 = lambda u: (u - ((u >= 0x8000).to(torch.int32) << 16)).to(torch.int16)  # 0..0xFFFF -> int16 bits
+    return to16(hi).view(torch.bfloat16), to16(bits & 0xFFFF)
+
+
+def _join_chunk(hi: Tensor, lo: Tensor) -> Tensor:
+    lo = lo.to(torch.int32) & 0xFFFF
+    upper = ((hi.view(torch.int16).to(torch.int32) & 0xFFFF) - (lo >= 0x8000).to(torch.int32)) & 0xFFFF
+    signed = upper - ((upper >= 0x8000).to(torch.int32) << 16)
+    return (signed * 65536 + lo).view(torch.float32)  # within int32: no overflow
+
+
 def split_master(x: Tensor) -> tuple[Tensor, Tensor]:
-    """An fp32 tensor as (its bf16 copy rounded to nearest, ties away from zero; its low 16 bits as int16): 6
-    bytes that hold the fp32 value exactly (``join_master``), where an fp32 master beside a bf16 copy takes 6 too
-    but must be read and written whole each step. Ties go away from zero, not to even as ``.to(torch.bfloat16)``
-    rounds: with ties to even, the 16 low bits 0x8000 leave it open whether the copy was rounded up. A NaN stays
-    a NaN in the copy and when joined (not bit for bit)."""
+    """An fp32 tensor as (its bf16 copy rounded to nearest, ties away from zero; its low 16 bits as int16): 4
+    bytes that hold the fp32 value exactly (``join_master``), where an fp32 master beside its bf16 copy takes 6.
+    Ties go away from zero, not to even as ``.to(torch.bfloat16)`` rounds: with ties to even, the 16 low bits
+    0x8000 leave it open whether the copy was rounded up. A NaN stays a NaN in the copy and when joined (not bit
+    for bit). Works in chunks, so that a large embedding needs no int32 temporaries of its own size."""
     x = x.detach().float().contiguous()
-    bits = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    hi = torch.where(torch.isnan(x), (bits >> 16) | 0x40, ((bits + 0x8000) >> 16) & 0xFFFF)
-    lo = bits & 0xFFFF
-    as_int16 = lambda u: (u - ((u >= 0x8000).to(torch.int64) << 16)).to(torch.int16)
-    return as_int16(hi).view(torch.bfloat16), as_int16(lo)
+    hi = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    lo = torch.empty(x.shape, dtype=torch.int16, device=x.device)
+    flat, flat_hi, flat_lo = x.view(-1), hi.view(-1), lo.view(-1)
+    for start in range(0, flat.numel(), _SPLIT_CHUNK):
+        part = slice(start, start + _SPLIT_CHUNK)
+        h, low = _split_chunk(flat[part])
+        flat_hi[part].copy_(h)
+        flat_lo[part].copy_(low)
+    return hi, lo
 
 
 def join_master(hi: Tensor, lo: Tensor) -> Tensor:
     """The fp32 tensor that ``split_master`` split into ``hi`` (bf16) and ``lo`` (int16)."""
-    hi = hi.detach().contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
-    lo = lo.to(torch.int64) & 0xFFFF
-    bits = ((hi - (lo >= 0x8000).to(torch.int64)) << 16) | lo
-    return (bits - ((bits >= 1 << 31).to(torch.int64) << 32)).to(torch.int32).view(torch.float32)
+    hi, lo = hi.detach().contiguous(), lo.contiguous()
+    out = torch.empty(hi.shape, dtype=torch.float32, device=hi.device)
+    flat_out, flat_hi, flat_lo = out.view(-1), hi.view(-1), lo.view(-1)
+    for start in range(0, flat_out.numel(), _SPLIT_CHUNK):
+        part = slice(start, start + _SPLIT_CHUNK)
+        flat_out[part].copy_(_join_chunk(flat_hi[part], flat_lo[part]))
+    return out
 
 
 def _master_kind(state: dict) -> str | None:
@@ -500,10 +526,6 @@ class FusedAdamW(torch.optim.Optimizer):
         if "master_lo" in state:
             return join_master(p.data, state["master_lo"])
         return state.get("master", p)
-
-    def has_master(self, p: nn.Parameter) -> bool:
-        """Whether ``p`` is the low-precision copy of an fp32 master this optimizer keeps."""
-        return _master_kind(self.state.get(p, {})) is not None
 
     @torch.no_grad()
     def set_master(self, p: nn.Parameter, value: Tensor) -> None:
