@@ -153,10 +153,10 @@ def test_split_master_is_exact_and_rounds_to_nearest(seed, monkeypatch):
     monkeypatch.setattr(adamw, "_SPLIT_CHUNK", 999)  # the same in chunks that do not divide the tensor
     chunked = split_master(x)
     assert torch.equal(chunked[0].view(torch.int16), hi.view(torch.int16)) and torch.equal(chunked[1], lo)
-    assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))
+    assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))  # chunked join, bit for bit
     monkeypatch.undo()
     assert hi.dtype == torch.bfloat16 and lo.dtype == torch.int16
-    assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))  # bit for bit
+    assert torch.equal(join_master(hi, lo).view(torch.int32), x.view(torch.int32))  # one chunk, bit for bit
     low_bits = x.view(torch.int32) & 0xFFFF
     upper_even = ((x.view(torch.int32) >> 16) & 1) == 0
     tie = (low_bits == 0x8000) & upper_even  # where ties to even would round toward zero
@@ -375,7 +375,6 @@ def test_fused_adamw_keeps_bf16_state_for_bf16_params(seed):
 def test_round_bf16_stochastic_is_unbiased(seed):
     # Values strictly between two bf16 neighbours, both signs: every result is one of the two, and the mean of n
     # roundings is within 5 standard deviations (ulp * sqrt(f (1 - f) / n) <= ulp / (2 sqrt(n))) of the value.
-
     n = 20_000
     down = torch.randn(16).bfloat16().float()
     frac = torch.rand(16) * 0.9 + 0.05
