@@ -128,25 +128,24 @@ if triton is not None:
         v = v * beta2 + beta2c * (g * g)
         denom = tl.div_rn(tl.sqrt_rn(v), sqrt_bc2) + eps
         p = p + step_size * tl.div_rn(m, denom)
-        if SPLIT:
-            hi, lo = _split_master(p)
-            tl.store(out_ptr + offs, hi, mask=mask)
-            tl.store(lo_ptr + offs, lo, mask=mask)
-            tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
-            tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
-        elif STOCHASTIC:
+        if STOCHASTIC:  # bf16 parameters without a master
             seed = tl.load(ptrs_ptr + 5 * n_tensors)
             r0, r1, r2, _ = tl.randint4x(seed, pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
             tl.store(master_ptr + offs, _round_bf16_stochastic(p, r0), mask=mask)
             tl.store(m_ptr + offs, _round_bf16_stochastic(m, r1), mask=mask)
             tl.store(v_ptr + offs, _round_bf16_stochastic(v, r2), mask=mask)
         else:
-            tl.store(master_ptr + offs, p.to(STATE_DTYPE), mask=mask)
+            if SPLIT:
+                hi, lo = _split_master(p)
+                tl.store(out_ptr + offs, hi, mask=mask)
+                tl.store(lo_ptr + offs, lo, mask=mask)
+            else:
+                tl.store(master_ptr + offs, p.to(STATE_DTYPE), mask=mask)
+                if HAS_OUT:
+                    out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
+                    tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
             tl.store(m_ptr + offs, m.to(STATE_DTYPE), mask=mask)
             tl.store(v_ptr + offs, v.to(STATE_DTYPE), mask=mask)
-            if HAS_OUT:
-                out_ptr = tl.load(ptrs_ptr + 5 * t + 4).to(tl.pointer_type(OUT_DTYPE))
-                tl.store(out_ptr + offs, p.to(OUT_DTYPE), mask=mask)
 
     _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -504,8 +503,7 @@ class FusedAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         # torch casts floating-point state to its parameter's dtype: bf16 parameters' fp32 moments and masters
         # would lose their low bits. Each state tensor is put back as it was saved.
-        saved = {i: state_dict["state"][i] for g in state_dict["param_groups"] for i in g["params"]
-                 if i in state_dict["state"]}
+        saved = state_dict["state"]
         order = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
         params = [p for g in self.param_groups for p in g["params"]]

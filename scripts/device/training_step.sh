@@ -126,7 +126,7 @@ q)  # session 15: small/512 and xl/512 with bench's defaults against the reduce-
   step 200 small-512-nograph $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl ours --cuda-graph no --rope torch triton --steps 30
   ;;
-r)  # session 24 (FusedAdamW's split masters): GPU tests of the optimizer, checkpoints and train; the optimizer
+r)  # session 24 (FusedAdamW's split masters): GPU tests of the optimizer and train; the optimizer
     # step alone at xl with split and whole masters; the captured xl/2048 step with each, alternating, one process
     # per probe (step_variants.py)
   step 240 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused.py tests/test_train.py
