@@ -1,0 +1,146 @@
+"""Where the captured training step's wall time goes: kernels, and the GPU's idle time between them (issue 19).
+
+Builds our step with ``bench``'s CUDA defaults (``fast_settings``; xl/2048 unless told), captures it as one CUDA
+graph, times replays with events, then profiles replays with ``torch.profiler`` and reads the GPU timeline from
+its trace: busy time (the union of kernel and memset intervals), idle time between them, the largest gaps with the
+kernels on either side, and kernel time by family. Also profiles the same step uncaptured for comparison.
+
+    python scripts/device/graph_step_profile.py [--preset xl --context-length 2048] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from cs336_systems.bench.e2e import BenchConfig, _captured_step, build_ours
+from cs336_systems.configs import get_preset
+from cs336_systems.fast import fast_settings
+
+FAMILIES = (("nvjet", "cuBLAS"), ("gemm", "cuBLAS"), ("cudnn", "cuDNN attention"), ("sdpa", "cuDNN attention"),
+            ("_adamw", "optimizer"), ("rope", "RoPE"), ("sigmoid", "SwiGLU"), ("rsqrt", "norm fwd"),
+            ("pow_sum", "norm bwd"), ("reduce_kernel", "aten reduce"), ("Memset", "memset"), ("triton", "other Triton"))
+
+
+def family(name: str) -> str:
+    for key, fam in FAMILIES:
+        if key.lower() in name.lower():
+            return fam
+    return "other"
+
+
+def gpu_timeline(prof) -> list[tuple[float, float, str]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    spans = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+             if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    return sorted(spans)
+
+
+def analyse(spans, steps: int, label: str) -> None:
+    if not spans:
+        print(f"{label}: the trace holds no GPU events")
+        return
+    busy = idle = 0.0
+    gaps = []
+    end = spans[0][0]
+    prev = ""
+    for s, e, name in spans:
+        if s > end:
+            idle += s - end
+            gaps.append((s - end, prev, name))
+        busy += max(0.0, e - max(s, end))
+        if e > end:
+            end, prev = e, name
+    wall = spans[-1][1] - spans[0][0]
+    by_family = collections.Counter()
+    count = collections.Counter()
+    for s, e, name in spans:
+        by_family[family(name)] += e - s
+        count[family(name)] += 1
+    print(f"{label}: {len(spans) / steps:.0f} GPU events a step; per step: span {wall / steps / 1e3:.2f} ms, busy "
+          f"{busy / steps / 1e3:.2f} ms, idle {idle / steps / 1e3:.2f} ms in {len(gaps) / steps:.0f} gaps")
+    sizes = [g[0] for g in gaps]
+    for lo, hi in ((0, 1), (1, 2), (2, 5), (5, 20), (20, 1e9)):
+        sel = [g for g in sizes if lo <= g < hi]
+        print(f"  gaps {lo:>3}-{hi if hi < 1e9 else 'inf'} us: {len(sel) / steps:7.1f} a step, "
+              f"{sum(sel) / steps / 1e3:6.2f} ms")
+    for fam, t in by_family.most_common():
+        print(f"  {fam:16s} {t / steps / 1e3:8.2f} ms  {count[fam] / steps:6.0f} events")
+    print("  largest gaps (us, before -> after):")
+    for g, a, b in sorted(gaps, reverse=True)[:12]:
+        print(f"    {g:8.1f}  {a[:60]} -> {b[:60]}")
+    after = collections.Counter()
+    for g, _before, b in gaps:
+        after[family(b)] += g
+    print("  idle time by the family of the kernel after the gap (ms a step): "
+          + ", ".join(f"{k} {v / steps / 1e3:.2f}" for k, v in after.most_common()))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="xl")
+    p.add_argument("--context-length", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=3, help="replays profiled")
+    p.add_argument("--out", default=None, help="folder for the captured replays' trace (gzip)")
+    a = p.parse_args()
+    device = torch.device("cuda")
+    model_cfg = get_preset(a.preset).replace(context_length=a.context_length)
+    fast = fast_settings(device, model_cfg.vocab_size)
+    print(torch.cuda.get_device_name(), torch.__version__, a.preset, a.context_length, fast.describe())
+    cfg = BenchConfig(preset=a.preset, context_length=a.context_length, precision="bf16", compile=fast.compile,
+                      compile_scope=fast.compile_scope, attention=fast.attention, optimizer=fast.optimizer,
+                      loss=fast.loss, cuda_graph=True, residual_dtype=fast.residual_dtype, rope=fast.rope,
+                      warmup=3 + a.steps)  # eager calls: two that compile, the profiled ones, then the capture
+    model, optimizer, loss_fn, _ = build_ours(cfg, model_cfg.model_kwargs(), device)
+    batch = model_cfg.batch_size
+    x = torch.randint(0, model_cfg.vocab_size, (batch, a.context_length), device=device)
+    y = torch.randint(0, model_cfg.vocab_size, (batch, a.context_length), device=device)
+    captured = _captured_step(cfg, model, optimizer, loss_fn, device)
+    for _ in range(2):
+        captured(x, y)
+    torch.cuda.synchronize()
+    # the same step uncaptured (the compiled model, autograd and the optimizer launched from the host), profiled
+    # before the capture: after it the graph's pool holds a step's activations
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(a.steps):
+            captured(x, y)
+        torch.cuda.synchronize()
+    uncaptured = gpu_timeline(prof)
+    for _ in range(3):
+        captured(x, y)
+    times = []
+    for _ in range(20):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        captured(x, y)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    assert captured.captured
+    print(f"captured step: median {statistics.median(times):.2f} ms, mean {statistics.mean(times):.2f}, "
+          f"min {min(times):.2f} (20 replays)")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(a.steps):
+            captured(x, y)
+        torch.cuda.synchronize()
+    analyse(gpu_timeline(prof), a.steps, "captured replays")
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(a.out, "graph_step_trace.json.gz"))
+    analyse(uncaptured, a.steps, "uncaptured steps")
+
+
+if __name__ == "__main__":
+    main()
