@@ -18,6 +18,7 @@ import statistics
 import tempfile
 
 import torch
+from step_variants import PATCHES
 from torch.profiler import ProfilerActivity, profile
 
 from cs336_systems.bench.e2e import BenchConfig, _captured_step, build_ours
@@ -36,9 +37,10 @@ def family(name: str) -> str:
     return "other"
 
 
-def gpu_timeline(prof) -> list[tuple[float, float, str]]:
+def gpu_timeline(prof, keep: str | None = None) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of the GPU's kernels, memsets and copies; ``keep``: also write the trace there."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
+        path = keep or os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
@@ -93,11 +95,17 @@ def main() -> None:
     p.add_argument("--context-length", type=int, default=2048)
     p.add_argument("--steps", type=int, default=3, help="replays profiled")
     p.add_argument("--out", default=None, help="folder for the captured replays' trace (gzip)")
+    p.add_argument("--variant", default="base", help="step_variants.py's PATCHES, joined with +")
+    p.add_argument("--uncaptured", action="store_true", help="also profile the step launched from the host")
     a = p.parse_args()
+    for name in a.variant.split("+"):
+        if name not in PATCHES:
+            raise SystemExit(f"unknown variant {name!r}; choose from {', '.join(PATCHES)} (joined with +)")
+        PATCHES[name]()
     device = torch.device("cuda")
     model_cfg = get_preset(a.preset).replace(context_length=a.context_length)
     fast = fast_settings(device, model_cfg.vocab_size)
-    print(torch.cuda.get_device_name(), torch.__version__, a.preset, a.context_length, fast.describe())
+    print(torch.cuda.get_device_name(), torch.__version__, a.preset, a.context_length, a.variant, fast.describe())
     cfg = BenchConfig(preset=a.preset, context_length=a.context_length, precision="bf16", compile=fast.compile,
                       compile_scope=fast.compile_scope, attention=fast.attention, optimizer=fast.optimizer,
                       loss=fast.loss, cuda_graph=True, residual_dtype=fast.residual_dtype, rope=fast.rope,
@@ -112,11 +120,13 @@ def main() -> None:
     torch.cuda.synchronize()
     # the same step uncaptured (the compiled model, autograd and the optimizer launched from the host), profiled
     # before the capture: after it the graph's pool holds a step's activations
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(a.steps):
-            captured(x, y)
-        torch.cuda.synchronize()
-    uncaptured = gpu_timeline(prof)
+    uncaptured = None
+    if a.uncaptured:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.steps):
+                captured(x, y)
+            torch.cuda.synchronize()
+        uncaptured = gpu_timeline(prof)
     for _ in range(3):
         captured(x, y)
     times = []
@@ -135,11 +145,10 @@ def main() -> None:
         for _ in range(a.steps):
             captured(x, y)
         torch.cuda.synchronize()
-    analyse(gpu_timeline(prof), a.steps, "captured replays")
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        prof.export_chrome_trace(os.path.join(a.out, "graph_step_trace.json.gz"))
-    analyse(uncaptured, a.steps, "uncaptured steps")
+    analyse(gpu_timeline(prof, a.out and os.path.join(a.out, f"trace-{a.variant}.json")), a.steps,
+            "captured replays")
+    if uncaptured is not None:
+        analyse(uncaptured, a.steps, "uncaptured steps")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 
 import torch
@@ -120,8 +121,22 @@ def _whole_masters() -> None:
     adamw.FusedAdamW.__init__ = init
 
 
+def _blas_lt() -> None:
+    """Matmuls through cuBLASLt (PyTorch's other BLAS path) instead of cuBLAS: does it leave out the memsets
+    cuBLAS issues before most of the step's GEMMs (674 a step at xl/2048, session 24)?"""
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+
+
+def _no_gemm_workspace() -> None:
+    """cuBLAS without a workspace (``CUBLAS_WORKSPACE_CONFIG=:0:0``, read when its first handle is made): only
+    algorithms that need none, and so no memsets of it."""
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":0:0"
+
+
 PATCHES = {
     "base": lambda: None,
+    "blaslt": _blas_lt,
+    "noworkspace": _no_gemm_workspace,
     "whole-masters": _whole_masters,
     "rope-swap": _rope_swap,
     # session 17: packed projections (one GEMM where there were three for q/k/v, two for w1/w3)
