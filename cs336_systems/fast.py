@@ -11,6 +11,7 @@ under bf16 is one: bf16 where the fused optimizer applies, as Megatron-LM and to
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,6 +22,11 @@ RESIDUAL_DTYPES = ("fp32", "bf16")
 # RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager), or
 # cs336_systems.fused.rope's Triton kernel (CUDA)
 ROPE_KERNELS = ("torch", "triton")
+# cuBLAS's workspace (the names of bench's and train's --cublas-workspace): PyTorch's default, or none
+# (CUBLAS_WORKSPACE_CONFIG=:0:0), where cuBLAS picks GEMM algorithms that need no workspace and issues no memset
+# of it before each call (apply_cublas_workspace)
+CUBLAS_WORKSPACES = ("default", "none")
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +39,7 @@ class FastSettings:
     cuda_graph: bool  # the whole step as one CUDA graph (cs336_systems.step_graph; needs optimizer "fused")
     residual_dtype: str  # one of RESIDUAL_DTYPES; applies under bf16 with optimizer "fused"
     rope: str  # one of ROPE_KERNELS
+    cublas_workspace: str  # one of CUBLAS_WORKSPACES (apply_cublas_workspace)
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -47,6 +54,10 @@ class FastSettings:
 # RoPE's Triton kernel: 76 us of kernels for q and k, forward and backward, at xl/2048 against Inductor's 109 (H100,
 # same process: scripts/device/rope_bench.py), about 1.5 ms of kernel time a step; whole steps within their noise
 # (xl/2048 228.3 vs 228.2 ms, std 4: results/training_step/20261124-223043-*; docs/training_step.md, session 15).
+# No cuBLAS workspace: at xl/2048 on an H100 most of the step's GEMMs came with a memset of the workspace (674 a
+# step, each with a graph node's gap before it: 1.7 ms); without one the captured step measured 223.7 against 228.0
+# ms, median of 20 replays each, same lease (scripts/device/graph_step_profile.py --variant noworkspace / base;
+# docs/training_step.md, session 25).
 # The fused LM head + loss measured slower than the compiled unfused one at vocabulary 10,000 (small/512 on an
 # H100, same run: 28.8 vs 25.8 ms per step), where the logits are small; it is what lets large vocabularies fit
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a
@@ -60,6 +71,18 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton")
+                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", cublas_workspace="none")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
-                        cuda_graph=False, residual_dtype="fp32", rope="torch")
+                        cuda_graph=False, residual_dtype="fp32", rope="torch", cublas_workspace="default")
+
+
+def apply_cublas_workspace(choice: str, *, where: str = "cublas_workspace") -> str:
+    """Make this process's cuBLAS use ``choice``'s workspace; returns the ``CUBLAS_WORKSPACE_CONFIG`` in force
+    ("" for PyTorch's default). PyTorch reads the variable once, when the process's first cuBLAS call sizes the
+    workspace, so this must run before any matmul on the GPU (child processes inherit it). A value the user set
+    is kept: "none" only fills it in where it is unset; "default" changes nothing."""
+    if choice not in CUBLAS_WORKSPACES:
+        raise ValueError(f"{where}: unknown cuBLAS workspace {choice!r}; choose from {', '.join(CUBLAS_WORKSPACES)}")
+    if choice == "none":
+        os.environ.setdefault(CUBLAS_WORKSPACE_ENV, ":0:0")
+    return os.environ.get(CUBLAS_WORKSPACE_ENV, "")

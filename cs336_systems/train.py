@@ -48,7 +48,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, ow
 from cs336_systems.bench.e2e import autocast_context, compute_dtype
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import RESIDUAL_DTYPES, ROPE_KERNELS, fast_settings
+from cs336_systems.fast import CUBLAS_WORKSPACES, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace, fast_settings
 from cs336_systems.fused.linear_cross_entropy import defer_lm_head, head_loss, linear_cross_entropy
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
@@ -61,7 +61,7 @@ LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fu
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
 # None in TrainConfig: fast_settings picks
 FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype",
-               "rope")
+               "rope", "cublas_workspace")
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -96,6 +96,7 @@ class TrainConfig:
     cuda_graph: bool | None = None  # the whole step captured once and replayed (CUDA, optimizer fused, no parallel)
     residual_dtype: str | None = None  # "bf16": the token embedding a bf16 copy too (bf16, optimizer fused); "fp32"
     rope: str | None = None  # "torch" (the model's code) or "triton" (cs336_systems.fused.rope, CUDA)
+    cublas_workspace: str | None = None  # "default" or "none" (cs336_systems.fast.apply_cublas_workspace)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
     attention_window: int | None = None  # sliding window: keys per query, itself included; None: the preset's
@@ -176,7 +177,8 @@ class TrainConfig:
                 raise ValueError(f"train: --attention {self.attention} takes no window= / doc_ids= (grouped-query "
                                  "heads, --attention-window, --eos-id); use one that does, e.g. sdpa or reference")
         for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES),
-                              ("residual_dtype", RESIDUAL_DTYPES), ("rope", ROPE_KERNELS)):
+                              ("residual_dtype", RESIDUAL_DTYPES), ("rope", ROPE_KERNELS),
+                              ("cublas_workspace", CUBLAS_WORKSPACES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
@@ -559,6 +561,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     last checkpoint went, and the signal that stopped the run early, if any). Speed settings left at None are
     picked by :func:`resolve_settings` (the summary's ``config`` holds what was used)."""
     cfg, settings_line = resolve_settings(cfg, _planned_device(cfg, info))
+    apply_cublas_workspace(cfg.cublas_workspace, where="train")  # before the process's first matmul
     preflight(cfg, info)
     distributed = info is not None or under_torchrun() or needs_process_group(cfg.parallel)
     if distributed and info is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from cs336_systems.bench.e2e import BenchConfig, model_flops_per_step, run_bench
 from cs336_systems.cli import main
 from cs336_systems.commands.bench import configs_from_args
 from cs336_systems.profiling.saved_tensors import saved_tensor_bytes
+from cs336_systems.train import TrainConfig
 
 TINY = dict(preset="tiny", context_length=32, device="cpu")
 
@@ -304,6 +306,7 @@ def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatc
     assert cuda.optimizer == "fused" and cuda.compile and cuda.loss == "unfused"
     assert (cpu.residual_dtype, cuda.residual_dtype) == ("fp32", "bf16")
     assert (cpu.rope, cuda.rope) == ("torch", "triton")
+    assert (cpu.cublas_workspace, cuda.cublas_workspace) == ("default", "none")
     assert fast_settings("cuda", vocab_size=151_936).loss == "fused"  # the 8b vocabulary
     said = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -313,6 +316,29 @@ def test_fast_settings_on_cpu_are_the_reference_and_bench_prints_them(monkeypatc
     assert not any("optimizer=" in line for line in said)  # only what it picked is printed
 
 
+def test_cublas_workspace_fills_the_variable_only_where_unset(monkeypatch):
+    """"none" sets CUBLAS_WORKSPACE_CONFIG=:0:0 where the user set nothing and keeps what they set (e.g. ":4096:8"
+    for deterministic algorithms); "default" changes nothing; the value in force is what records carry."""
+    from cs336_systems.fast import CUBLAS_WORKSPACE_ENV, apply_cublas_workspace
+
+    monkeypatch.delenv(CUBLAS_WORKSPACE_ENV, raising=False)
+    assert apply_cublas_workspace("default") == "" and CUBLAS_WORKSPACE_ENV not in os.environ
+    assert apply_cublas_workspace("none") == ":0:0" and os.environ[CUBLAS_WORKSPACE_ENV] == ":0:0"
+    monkeypatch.setenv(CUBLAS_WORKSPACE_ENV, ":4096:8")
+    assert apply_cublas_workspace("none") == ":4096:8" and os.environ[CUBLAS_WORKSPACE_ENV] == ":4096:8"
+    with pytest.raises(ValueError, match="choose from default, none"):
+        apply_cublas_workspace("off")
+    with pytest.raises(ValueError, match="unknown cuBLAS workspace 'off'"):
+        BenchConfig(preset="tiny", cublas_workspace="off")
+    with pytest.raises(ValueError, match="--cublas-workspace 'off'; choose from default, none"):
+        TrainConfig(cublas_workspace="off")
+    # bench gives every configuration the run's setting, peers included (a setting of the process)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    configs = configs_from_args(_bench_args(["--preset", "tiny", "--impl", "peer", "ours", "--cublas-workspace",
+                                             "none"]))
+    assert {(c.impl, c.cublas_workspace) for c in configs} == {("peer", "none"), ("ours", "none")}
+
+
 def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     """The fast default's bf16 residual stream goes to our bf16 train steps with the fused optimizer only; an
     explicit one elsewhere is refused, naming what it needs; a bf16 one trains on the CPU."""
@@ -320,7 +346,8 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     from cs336_systems.fast import FastSettings
 
     cuda_like = FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="fused",
-                             loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch")
+                             loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch",
+                             cublas_workspace="default")
     monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: cuda_like)
     said = []
     args = _bench_args(["--preset", "tiny", "--device", "cpu", "--precision", "fp32", "bf16", "--optimizer",

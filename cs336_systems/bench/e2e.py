@@ -29,7 +29,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import RESIDUAL_DTYPES, ROPE_KERNELS
+from cs336_systems.fast import CUBLAS_WORKSPACES, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -65,6 +65,9 @@ class BenchConfig:
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
     rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
+    # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, so peers take the
+    # run's too; it applies where the configuration runs in a fresh process (isolated), or is the process's first
+    cublas_workspace: str = "default"
     # the MFU denominator (TFLOP/s), measured once by the caller for every configuration of a run; None: measured in
     # this process after its steps
     peak_tflops: float | None = None
@@ -103,6 +106,9 @@ class BenchConfig:
         if self.rope == "triton" and (self.impl != "ours" or self.torch_device.type != "cuda"):
             raise ValueError(f"benchmarking_script: --rope triton runs our model on a CUDA device (got impl "
                              f"{self.impl}, device {self.torch_device})")
+        if self.cublas_workspace not in CUBLAS_WORKSPACES:
+            raise ValueError(f"benchmarking_script: unknown cuBLAS workspace {self.cublas_workspace!r}; choose from "
+                             f"{', '.join(CUBLAS_WORKSPACES)}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ValueError(f"benchmarking_script: peak_tflops must be > 0 or None, got {self.peak_tflops}")
         if self.device is not None:
@@ -237,7 +243,8 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     model_cfg = get_preset(cfg.preset)
     batch = cfg.batch_size or model_cfg.batch_size
     model_cfg = model_cfg.replace(context_length=cfg.context_length, batch_size=batch)
-    record = {**asdict(cfg), "batch_size": batch, "device": str(device)}
+    record = {**asdict(cfg), "batch_size": batch, "device": str(device),
+              "cublas_workspace_config": apply_cublas_workspace(cfg.cublas_workspace)}
     if record["peak_tflops"] is None:  # measured below, after the steps
         del record["peak_tflops"]
     model = optimizer = step_model = None

@@ -46,7 +46,13 @@ from cs336_systems.bench.harness import markdown_table
 from cs336_systems.bench.recording import RecordWriter
 from cs336_systems.configs import HANDOUT_PRESETS, get_preset
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import RESIDUAL_DTYPES, ROPE_KERNELS, fast_settings
+from cs336_systems.fast import (
+    CUBLAS_WORKSPACES,
+    RESIDUAL_DTYPES,
+    ROPE_KERNELS,
+    apply_cublas_workspace,
+    fast_settings,
+)
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
@@ -92,6 +98,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rope", nargs="+", choices=ROPE_KERNELS, default=None,
                    help="RoPE's kernel in our model: torch (the model's code, compiled with it) or triton "
                         "(cs336_systems.fused.rope, CUDA); default: the fast settings' (triton on CUDA)")
+    p.add_argument("--cublas-workspace", choices=CUBLAS_WORKSPACES, default=None,
+                   help="cuBLAS's workspace for every configuration of the run, peers included (a setting of the "
+                        "process): PyTorch's default, or none (no workspace memsets before GEMMs); a "
+                        "CUBLAS_WORKSPACE_CONFIG already set is kept; default: the fast settings' (none on CUDA)")
     p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
                    help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run; peer-graphs: "
                         "the same compiled with mode='reduce-overhead' (CUDA graphs); ratios are against the faster")
@@ -129,7 +139,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     fast = fast_settings(device)
     chosen = {name: getattr(args, name, None)
               for name in ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph",
-                           "residual_dtype", "rope")}
+                           "residual_dtype", "rope", "cublas_workspace")}
     picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
@@ -148,6 +158,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     # the same for the residual dtype: the fast default where it applies (bf16, fused, train-step), else fp32
     residuals = chosen["residual_dtype"] or [None]
     ropes = chosen["rope"] or [fast.rope]
+    workspace = chosen["cublas_workspace"] or fast.cublas_workspace
 
     def residual(r: str | None, precision: str, optimizer: str, mode: str) -> str:
         applies = precision == "bf16" and optimizer == "fused" and mode == "train-step"
@@ -159,7 +170,8 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
             grid = itertools.product(presets, contexts, args.mode, args.precision, warmups)
             configs += [BenchConfig(impl=impl, preset=p, context_length=c, batch_size=args.batch_size, mode=m,
                                     precision=pr, compile=device.type == "cuda", attention="sdpa",
-                                    optimizer="torch-fused", warmup=w, steps=args.steps, device=args.device)
+                                    optimizer="torch-fused", warmup=w, steps=args.steps, device=args.device,
+                                    cublas_workspace=workspace)
                         for p, c, m, pr, w in grid]
             continue
         grid = [(p, c, m, pr, co, a, ck, o, lo, w) for p, c, m, pr, co, a, ck, o, w in itertools.product(
@@ -169,7 +181,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
                                 loss=lo, warmup=w, steps=args.steps, device=args.device,
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
-                                residual_dtype=residual(r, pr, o, m), rope=rp)
+                                residual_dtype=residual(r, pr, o, m), rope=rp, cublas_workspace=workspace)
                     for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
@@ -216,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
     if isolate and not (args.isolate or args.warmup_study):
         print("bench: ours against a peer on CUDA: each configuration in a fresh process (peak memory and "
               "warm state its own)")
+    # before this process's first matmul (the peak below): cuBLAS reads its workspace setting once
+    apply_cublas_workspace(configs[0].cublas_workspace)
     if configs[0].torch_device.type == "cuda":
         # one MFU denominator per precision for the whole run, measured before any configuration heats the GPU: each
         # process's own measurement after its steps differed by a few % within one run

@@ -19,6 +19,7 @@
 #      and small/512 without the CUDA graph with both RoPE kernels (host cost per call)
 #   r (session 24): GPU tests, the optimizer step with split and whole fp32 masters, captured xl/2048 probes of
 #      each; s xl/2048 against the peer with bench's defaults
+#   t (session 25: no cuBLAS workspace, the peer's too): xl/2048 against the peer; GPU tests of bench and train
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -139,7 +140,13 @@ s)  # session 24: xl/2048 against the peer with bench's defaults (split masters)
   step 540 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl peer ours --preset xl --context-length 2048 --steps 10
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s"; exit 2;;
+t)  # session 25: xl/2048 against the peer with bench's defaults (no cuBLAS workspace, for the peer too), then
+    # the GPU tests of bench and train
+  step 420 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl peer ours --preset xl --context-length 2048 --steps 10
+  step 150 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py tests/test_train.py
+  ;;
+*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s|t"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
