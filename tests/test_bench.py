@@ -332,11 +332,18 @@ def test_cublas_workspace_fills_the_variable_only_where_unset(monkeypatch):
         BenchConfig(preset="tiny", cublas_workspace="off")
     with pytest.raises(ValueError, match="--cublas-workspace 'off'; choose from default, none"):
         TrainConfig(cublas_workspace="off")
-    # bench gives every configuration the run's setting, peers included (a setting of the process)
+    # bench: a setting given applies to peers too; the fast default to ours only (a peer runs as a plain script)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    configs = configs_from_args(_bench_args(["--preset", "tiny", "--impl", "peer", "ours", "--cublas-workspace",
-                                             "none"]))
+    args = ["--preset", "tiny", "--impl", "peer", "ours"]
+    configs = configs_from_args(_bench_args([*args, "--cublas-workspace", "none"]))
     assert {(c.impl, c.cublas_workspace) for c in configs} == {("peer", "none"), ("ours", "none")}
+    import cs336_systems.commands.bench as bench_cmd
+    from cs336_systems.fast import fast_settings
+
+    monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: fast_settings("cuda", vocab_size))
+    configs = configs_from_args(_bench_args([*args, "--compile", "no", "--cuda-graph", "no", "--attention",
+                                             "reference", "--rope", "torch"]))
+    assert {(c.impl, c.cublas_workspace) for c in configs} == {("peer", "default"), ("ours", "none")}
 
 
 def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):

@@ -65,8 +65,8 @@ class BenchConfig:
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
     rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
-    # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, so peers take the
-    # run's too; it applies where the configuration runs in a fresh process (isolated), or is the process's first
+    # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, read at its first
+    # matmul, so it holds where the configuration runs in a fresh process (isolated) or is the process's first
     cublas_workspace: str = "default"
     # the MFU denominator (TFLOP/s), measured once by the caller for every configuration of a run; None: measured in
     # this process after its steps

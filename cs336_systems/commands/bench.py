@@ -99,9 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="RoPE's kernel in our model: torch (the model's code, compiled with it) or triton "
                         "(cs336_systems.fused.rope, CUDA); default: the fast settings' (triton on CUDA)")
     p.add_argument("--cublas-workspace", choices=CUBLAS_WORKSPACES, default=None,
-                   help="cuBLAS's workspace for every configuration of the run, peers included (a setting of the "
-                        "process): PyTorch's default, or none (no workspace memsets before GEMMs); a "
-                        "CUBLAS_WORKSPACE_CONFIG already set is kept; default: the fast settings' (none on CUDA)")
+                   help="cuBLAS's workspace: PyTorch's default, or none (no workspace memsets before GEMMs); a "
+                        "CUBLAS_WORKSPACE_CONFIG already set is kept. Given, it applies to peers too; not given, ours "
+                        "take the fast settings' (none on CUDA) and peers PyTorch's default, as a plain script runs")
     p.add_argument("--impl", nargs="+", choices=IMPLS, default=["ours"],
                    help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run; peer-graphs: "
                         "the same compiled with mode='reduce-overhead' (CUDA graphs); ratios are against the faster")
@@ -159,6 +159,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     residuals = chosen["residual_dtype"] or [None]
     ropes = chosen["rope"] or [fast.rope]
     workspace = chosen["cublas_workspace"] or fast.cublas_workspace
+    # a peer runs as a plain script does (PyTorch's default) unless the user asked for a workspace setting; the
+    # setting is per process, so it holds where configurations run isolated (bench's default for ours vs peers)
+    peer_workspace = chosen["cublas_workspace"] or "default"
 
     def residual(r: str | None, precision: str, optimizer: str, mode: str) -> str:
         applies = precision == "bf16" and optimizer == "fused" and mode == "train-step"
@@ -171,7 +174,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
             configs += [BenchConfig(impl=impl, preset=p, context_length=c, batch_size=args.batch_size, mode=m,
                                     precision=pr, compile=device.type == "cuda", attention="sdpa",
                                     optimizer="torch-fused", warmup=w, steps=args.steps, device=args.device,
-                                    cublas_workspace=workspace)
+                                    cublas_workspace=peer_workspace)
                         for p, c, m, pr, w in grid]
             continue
         grid = [(p, c, m, pr, co, a, ck, o, lo, w) for p, c, m, pr, co, a, ck, o, w in itertools.product(
@@ -228,8 +231,11 @@ def run(args: argparse.Namespace) -> int:
     if isolate and not (args.isolate or args.warmup_study):
         print("bench: ours against a peer on CUDA: each configuration in a fresh process (peak memory and "
               "warm state its own)")
-    # before this process's first matmul (the peak below): cuBLAS reads its workspace setting once
-    apply_cublas_workspace(configs[0].cublas_workspace)
+    # before this process's first matmul (the peak below): cuBLAS reads its workspace setting once; compared runs
+    # spawn each configuration, which applies its own (so only a setting every configuration shares is set here)
+    shared = {c.cublas_workspace for c in configs}
+    if len(shared) == 1:
+        apply_cublas_workspace(shared.pop())
     if configs[0].torch_device.type == "cuda":
         # one MFU denominator per precision for the whole run, measured before any configuration heats the GPU: each
         # process's own measurement after its steps differed by a few % within one run
