@@ -80,9 +80,10 @@ def apply_cublas_workspace(choice: str, *, where: str = "cublas_workspace") -> s
     """Make this process's cuBLAS use ``choice``'s workspace; returns the ``CUBLAS_WORKSPACE_CONFIG`` in force
     ("" for PyTorch's default). PyTorch reads the variable once, when the process's first cuBLAS call sizes the
     workspace, so this must run before any matmul on the GPU (child processes inherit it). A value the user set
-    is kept: "none" only fills it in where it is unset; "default" changes nothing."""
+    is kept: "none" only fills it in where it is unset, and not under ``torch.use_deterministic_algorithms(True)``
+    (whose cuBLAS check accepts only ":4096:8" and ":16:8"); "default" changes nothing."""
     if choice not in CUBLAS_WORKSPACES:
         raise ValueError(f"{where}: unknown cuBLAS workspace {choice!r}; choose from {', '.join(CUBLAS_WORKSPACES)}")
-    if choice == "none":
+    if choice == "none" and not torch.are_deterministic_algorithms_enabled():
         os.environ.setdefault(CUBLAS_WORKSPACE_ENV, ":0:0")
     return os.environ.get(CUBLAS_WORKSPACE_ENV, "")

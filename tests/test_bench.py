@@ -324,6 +324,10 @@ def test_cublas_workspace_fills_the_variable_only_where_unset(monkeypatch):
     monkeypatch.delenv(CUBLAS_WORKSPACE_ENV, raising=False)
     assert apply_cublas_workspace("default") == "" and CUBLAS_WORKSPACE_ENV not in os.environ
     assert apply_cublas_workspace("none") == ":0:0" and os.environ[CUBLAS_WORKSPACE_ENV] == ":0:0"
+    monkeypatch.delenv(CUBLAS_WORKSPACE_ENV)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert apply_cublas_workspace("none") == ""  # deterministic algorithms need one of cuBLAS's fixed workspaces
+    monkeypatch.undo()
     monkeypatch.setenv(CUBLAS_WORKSPACE_ENV, ":4096:8")
     assert apply_cublas_workspace("none") == ":4096:8" and os.environ[CUBLAS_WORKSPACE_ENV] == ":4096:8"
     with pytest.raises(ValueError, match="choose from default, none"):
