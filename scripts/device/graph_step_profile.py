@@ -3,9 +3,10 @@
 Builds our step with ``bench``'s CUDA defaults (``fast_settings``; xl/2048 unless told), captures it as one CUDA
 graph, times replays with events, then profiles replays with ``torch.profiler`` and reads the GPU timeline from
 its trace: busy time (the union of kernel and memset intervals), idle time between them, the largest gaps with the
-kernels on either side, and kernel time by family. Also profiles the same step uncaptured for comparison.
+kernels on either side, and kernel time by family. ``--variant`` applies ``step_variants.py``'s patches first (one
+process per variant); ``--uncaptured`` also profiles the step launched from the host, before the capture.
 
-    python scripts/device/graph_step_profile.py [--preset xl --context-length 2048] [--out DIR]
+    python scripts/device/graph_step_profile.py [--preset xl --context-length 2048] [--variant V] [--out DIR]
 """
 
 from __future__ import annotations
