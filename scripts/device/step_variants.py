@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
 import torch
@@ -128,9 +127,11 @@ def _blas_lt() -> None:
 
 
 def _no_gemm_workspace() -> None:
-    """cuBLAS without a workspace (``CUBLAS_WORKSPACE_CONFIG=:0:0``, read when its first handle is made): only
+    """cuBLAS without a workspace (``bench --cublas-workspace none``, before the process's first matmul): only
     algorithms that need none, and so no memsets of it."""
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":0:0"
+    from cs336_systems.fast import apply_cublas_workspace
+
+    apply_cublas_workspace("none")
 
 
 PATCHES = {
