@@ -20,6 +20,9 @@
 #   r (session 24): GPU tests, the optimizer step with split and whole fp32 masters, captured xl/2048 probes of
 #      each; s xl/2048 against the peer with bench's defaults
 #   t (session 25: no cuBLAS workspace, the peer's too): xl/2048 against the peer; GPU tests of bench and train
+#   u (session 26): attention's kernel time by q/k/v/dO layout; the matmul peak cold, sustained and hot; small/512
+#      and xl/512 (ours, bench's defaults) with and without cuBLAS's workspace, one process each
+#   w (session 26): ours with flash_triton against sdpa at xl/512 and xl/2048 (bench's defaults otherwise)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -146,7 +149,19 @@ t)  # session 25: xl/2048 against the peer with bench's defaults (no cuBLAS work
     --impl peer ours --preset xl --context-length 2048 --steps 10
   step 150 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py tests/test_train.py
   ;;
-*) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s|t"; exit 2;;
+u)
+  step 150 layout python3 scripts/device/attention_layout_probe.py
+  step 90 peak-states python3 scripts/device/matmul_peak_states.py
+  for ws in default none; do for size in "small 512" "xl 512"; do set -- $size
+    step 200 "$1-$2-ws-$ws" $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+      --impl ours --preset "$1" --context-length "$2" --cublas-workspace "$ws" --steps 15
+  done; done
+  ;;
+w)
+  step 560 attention $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
+    --impl ours --preset xl --context-length 512 2048 --attention flash_triton sdpa --steps 10
+  ;;
+*) echo "usage: $0 a|b|...|u|w (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
