@@ -262,6 +262,52 @@ def test_kernel_forms_match_fp64_reference(tma, backward, lead, n_q, n_k, d, cau
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def _grouped_reference(q, k, v, do, causal):
+    """fp64 (O, L, dQ, dK, dV) with each key/value head repeated for its group of query heads."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = (t.detach().double().repeat_interleave(group, dim=1).requires_grad_() for t in (k, v))
+    qq = q.detach().double().requires_grad_()
+    o, lse = reference(qq, kk, vv, causal)
+    o.backward(do.double())
+    dk, dv = (g.unflatten(1, (k.shape[1], group)).sum(2) for g in (kk.grad, vv.grad))
+    return o.detach(), lse.detach(), qq.grad, dk, dv
+
+
+def _heads_last(b, n, h, d, packed: int = 1):
+    """(B, H, N, d) views of (B, N, H, d) storage, as a model's projections give them (``packed`` > 1: one of
+    ``packed`` tensors interleaved per row, as a fused q/k/v projection would)."""
+    return torch.randn(b, n, packed, h, d)[:, :, 0].transpose(1, 2)
+
+
+@pytest.mark.parametrize("backward", ["atomic", "deterministic", "single"])
+@pytest.mark.parametrize(("tma", "d", "packed", "do_layout"), [(False, 48, 1, "same"), (True, 16, 3, "contiguous"),
+                                                              (True, 64, 1, "same")])
+def test_heads_last_layouts_are_addressed_in_place(backward, tma, d, packed, do_layout, seed):
+    """(B, H, N, d) views of (B, N, H, d) storage (no single batch-head stride) run without copies: the kernels
+    take batch and head apart (``_head``'s FOLD), O and the gradients come back in the inputs' layout (so the
+    model's merge of heads is a view), grouped-query heads included; a dO in another layout is copied in. Against
+    fp64, in the interpreter with small tiles (diagonal and boundary tiles occur)."""
+    from cs336_systems.attention._tuning import FlashConfig, KernelConfig
+    from cs336_systems.attention.flash_triton import _fold, _plan_forward, flash_backward, flash_forward
+
+    if DEVICE == "cuda":
+        pytest.skip("the GPU tests run these layouts through the model")
+    b, hq, hkv, n = 2, 4, 2, 37
+    q, k, v = _heads_last(b, n, hq, d, packed), _heads_last(b, n, hkv, d, packed), _heads_last(b, n, hkv, d)
+    do = _heads_last(b, n, hq, d) if do_layout == "same" else torch.randn(b, hq, n, d)
+    assert (_fold(q), _fold(k), _fold(v)) == (hq, hkv, hkv)
+    kc, kn = KernelConfig(32, 16, 1, 1, tma=tma), KernelConfig(16, 32, 1, 1, tma=tma)
+    cfg = FlashConfig(kc, kn, kn, kc, single_max_programs=1 << 20 if backward == "single" else 0)
+    assert _plan_forward(q, k, v, cfg, None, 0, False)[2] is False, "a heads-last layout must not be copied"
+    o, lse = flash_forward(q, k, v, True, config=cfg)
+    grads = flash_backward(q, k, v, o, lse, do, True, config=cfg, deterministic=backward == "deterministic")
+    for t, like in zip((o, *grads), (q, q, k, v), strict=True):
+        assert t.transpose(1, 2).is_contiguous() and t.shape == like.shape, "outputs in the inputs' layout"
+    ref = _grouped_reference(q, k, v, do, True)
+    for name, a, r in zip(("O", "L", "dQ", "dK", "dV"), (o, lse, *grads), ref):
+        torch.testing.assert_close(a.double(), r, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_deterministic_backward_is_bitwise_reproducible(seed):
     """Two deterministic backwards of the same inputs agree bit for bit (here in the interpreter; the GPU
     test repeats this at a size where atomics would reorder)."""
@@ -607,6 +653,52 @@ def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, ca
         o, lse = flash_forward(q, k, v, causal, config=cfg)
         ours = (o, lse, *flash_backward(q, k, v, o, lse, do, causal, config=base))
         _assert_within_twice_naive(ours, ref, naive, dtype, what=f"{tile.short()}: ")
+
+
+HEADS_LAST_GPU_GRID = [  # (batch, query heads, key/value heads, N, d, causal)
+    (4, 25, 25, 1000, 64, True), (2, 8, 2, 777, 128, True), (3, 16, 16, 1100, 128, False), (2, 4, 1, 300, 64, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), HEADS_LAST_GPU_GRID)
+def test_gpu_heads_last_layouts_within_twice_naive_error(b, hq, hkv, n, d, causal, seed):
+    """(B, H, N, d) views of (B, N, H, d) storage, as the model passes them, through the Gluon forwards (every tile
+    form, persistent ones included) and the default backward, grouped-query heads included: no copies, outputs in
+    the inputs' layout, and the 2x-naive rule against fp32."""
+    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention._tuning import KernelConfig, config_for
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels need sm_90 (warpgroup MMAs)")
+    dtype, group = torch.bfloat16, hq // hkv
+
+    def heads_last(h):
+        return torch.randn(b, n, h, d, device="cuda", dtype=dtype).transpose(1, 2)
+
+    q, k, v, do = heads_last(hq), heads_last(hkv), heads_last(hkv), heads_last(hq)
+    kk, vv = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    ref = run_reference(q, kk, vv, do, causal, dtype=torch.float32)
+    qn, kn, vn = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    on = _naive(qn, kn.repeat_interleave(group, dim=1), vn.repeat_interleave(group, dim=1), causal)
+    on.backward(do)
+    naive = (on.detach(), None, qn.grad, kn.grad, vn.grad)
+    ref = (*ref[:3], *(g.unflatten(1, (hkv, group)).sum(2) for g in ref[3:]))
+    base = config_for(q.device, n, d, dtype)
+    right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    plan = ft._plan_forward(q, k, v, None, None, right, False)
+    assert plan[0].kernel.__name__.startswith("_hopper_fwd") and plan[2] is False, "Gluon, no copies"
+    tiles = [None, KernelConfig(64, 64, 4, 3, True, persistent=True), KernelConfig(64, 128, 4, 3, True),
+             KernelConfig(128, 128, 4, 2, True, warp_specialize=True),
+             KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=True)]
+    for tile in tiles:
+        cfg = base if tile is None else dataclasses.replace(base, hopper_fwd=tile)
+        o, lse = ft._forward(q, k, v, cfg, None, right, None, None, scale)
+        grads = ft._backward(q, k, v, o, lse, do, base, False, None, right, None, None, scale)
+        for t in (o, *grads):
+            assert t.transpose(1, 2).is_contiguous(), "outputs in the inputs' (B, N, H, d) layout"
+        _assert_within_twice_naive((o, lse, *grads), ref, naive, dtype, what=f"{tile and tile.short()}: ")
+    o = ft.flash_attention(q, k, v, causal)  # the public entry point, grouped heads, the same layout
+    assert o.transpose(1, 2).is_contiguous()
 
 
 @pytest.mark.gpu

@@ -59,15 +59,28 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
 
 
 @gluon.jit
+def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Batch-head ``x`` as the first and last coordinates of a tile in a ``_head_tiles`` descriptor: (x, 0), or with
+    FOLD heads side by side in each row (``flash_triton._folded``) its batch and its head's first column."""
+    if FOLD:
+        return x // FOLD, (x % FOLD) * HEAD_DIM
+    else:
+        return x, 0
+
+
+@gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
+             STAGES: gl.constexpr, base, kv_head, HEAD3: gl.constexpr, FOLD: gl.constexpr = 0,
+             HEAD_DIM: gl.constexpr = 0):
     """Start the TMA loads of key/value tile ``tile`` into its ring stage (nothing past the last tile); ``base``:
     tiles through the ring before this query tile's first. HEAD3: 3-D descriptors over all heads (key/value head
-    ``kv_head``) and ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM)."""
+    ``kv_head``) and ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM); FOLD, HEAD_DIM: as in
+    ``_fold_head``."""
     stage = (base + tile) % STAGES
     pred = tile < n_tiles
     if HEAD3:
-        coord = [kv_head, tile * BLOCK_N, 0]
+        outer, col = _fold_head(kv_head, FOLD, HEAD_DIM)
+        coord = [outer, tile * BLOCK_N, col]
     else:
         coord = [tile * BLOCK_N, 0]
     mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes, pred=pred)
@@ -89,7 +102,8 @@ def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD
 def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, p, alpha, acc, l_i, m_i,
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
+                 WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
+                 FOLD: gl.constexpr = 0):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -134,20 +148,21 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
             gl.thread_barrier()
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
-                 kv_head, HEAD3)
+                 kv_head, HEAD3, FOLD, HEAD_DIM)
     return p, alpha, acc, l_i, m_i
 
 
 @gluon.jit
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr):
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
+            FOLD: gl.constexpr = 0):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. ``base``,
-    ``kv_head``, HEAD3: as in ``_load_kv``.
+    ``kv_head``, HEAD3, FOLD: as in ``_load_kv``.
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -184,7 +199,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, HEAD3)
+                                                   RELEASE, base, kv_head, HEAD3, FOLD)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(p.to(dtype), p_layout)
@@ -192,12 +207,12 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, HEAD3)
+                                                   RELEASE, base, kv_head, HEAD3, FOLD)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, HEAD3)
+                                                   RELEASE, base, kv_head, HEAD3, FOLD)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -235,17 +250,18 @@ def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False):
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False, FOLD: gl.constexpr = 0):
     """O = acc / l through Q's buffer (free: every MMA that read it has completed) and a TMA store that clips
     rows past N_Q; L = m + log2(l) in natural log. HEAD3: a (1, rows, HEAD_DIM) buffer and a 3-D descriptor over
-    all heads (head ``bh``)."""
+    all heads (head ``bh``; FOLD as in ``_fold_head``)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
     gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
     if HEAD3:
         q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [bh, row0, 0], q)
+        outer, col = _fold_head(bh, FOLD, acc.shape[1])
+        tma.async_copy_shared_to_global(o_desc, [outer, row0, col], q)
     else:
         q.store(acc.to(q.dtype))
         fence_async_shared()
@@ -256,21 +272,25 @@ def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.conste
 @gluon.jit
 def _program_tiles(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om,
                    N_Q, N_K, GROUP, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, Q_ROWS: gl.constexpr,
-                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, smem: gl.constexpr):
+                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, smem: gl.constexpr, FOLD_Q: gl.constexpr = 0,
+                   FOLD_KV: gl.constexpr = 0):
     """This program's batch-head, first query row (causal: the last query tiles, which see the most keys, launch
-    first) and its TMA descriptors: Q and O tiles of ``Q_ROWS`` rows, K and V tiles of key/value head bh // GROUP."""
+    first) and its TMA descriptors: Q and O tiles of ``Q_ROWS`` rows, K and V tiles of key/value head bh // GROUP.
+    FOLD_Q, FOLD_KV: the sides' layout (``_fold_head``)."""
     pid_m = gl.program_id(0)
     if CAUSAL:
         pid_m = gl.num_programs(0) - 1 - pid_m
     bh = gl.program_id(1).to(gl.int64)
     bkv = bh // GROUP
-    q_desc = tma.make_tensor_descriptor(Q + bh * stride_qb, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
+    qb, qc = _fold_head(bh, FOLD_Q, HEAD_DIM)
+    kb, kc = _fold_head(bkv, FOLD_KV, HEAD_DIM)
+    q_desc = tma.make_tensor_descriptor(Q + qb * stride_qb + qc, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
                                         block_shape=[Q_ROWS, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K + bkv * stride_kb, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
+    k_desc = tma.make_tensor_descriptor(K + kb * stride_kb + kc, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
                                         block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V + bkv * stride_vb, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
+    v_desc = tma.make_tensor_descriptor(V + kb * stride_vb + kc, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
                                         block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O + bh * stride_ob, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
+    o_desc = tma.make_tensor_descriptor(O + qb * stride_ob + qc, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
                                         block_shape=[Q_ROWS, HEAD_DIM], layout=smem)
     return bh, pid_m * BLOCK_M, q_desc, k_desc, v_desc, o_desc
 
@@ -279,15 +299,16 @@ def _program_tiles(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, strid
 def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                        stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                        LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP. DOC, SPAN,
-    HEADS, LEFT, RIGHT and the d strides (1) are ``_flash_fwd_kernel``'s arguments, unused here."""
+    HEADS, LEFT, RIGHT and the d strides (1) are ``_flash_fwd_kernel``'s arguments, unused here; FOLD_Q, FOLD_KV
+    its too."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
         Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
-        GROUP, HEAD_DIM, BLOCK_M, BLOCK_M, BLOCK_N, CAUSAL, smem)
+        GROUP, HEAD_DIM, BLOCK_M, BLOCK_M, BLOCK_N, CAUSAL, smem, FOLD_Q, FOLD_KV)
 
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
@@ -330,30 +351,39 @@ def _item_coords(w, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 
 
 @gluon.jit
-def _head_tiles(T, heads, rows, stride_h, stride_r, HEAD_DIM: gl.constexpr, TILE: gl.constexpr, layout: gl.constexpr):
+def _head_tiles(T, heads, rows, stride_h, stride_r, HEAD_DIM: gl.constexpr, TILE: gl.constexpr, layout: gl.constexpr,
+                FOLD: gl.constexpr = 0):
     """A TMA descriptor of ``T`` as 3-D (heads, rows, HEAD_DIM), unit stride along d: a tile is ``TILE`` rows of one
-    head; rows past ``rows`` read as zero and are clipped on stores."""
-    return tma.make_tensor_descriptor(T, shape=[heads, rows, HEAD_DIM], strides=[stride_h, stride_r, 1],
-                                      block_shape=[1, TILE, HEAD_DIM], layout=layout)
+    head; rows past ``rows`` read as zero and are clipped on stores. FOLD heads side by side in each row: 3-D
+    (batches, rows, FOLD x HEAD_DIM), ``stride_h`` the batch stride, a tile at ``_fold_head``'s coordinates."""
+    if FOLD:
+        return tma.make_tensor_descriptor(T, shape=[heads // FOLD, rows, FOLD * HEAD_DIM],
+                                          strides=[stride_h, stride_r, 1], block_shape=[1, TILE, HEAD_DIM],
+                                          layout=layout)
+    else:
+        return tma.make_tensor_descriptor(T, shape=[heads, rows, HEAD_DIM], strides=[stride_h, stride_r, 1],
+                                          block_shape=[1, TILE, HEAD_DIM], layout=layout)
 
 
 @gluon.jit
 def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob,
                       stride_om, N_Q, N_K, GROUP, HEADS, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr,
-                      BLOCK_N: gl.constexpr, smem: gl.constexpr):
+                      BLOCK_N: gl.constexpr, smem: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """The persistent kernels' TMA descriptors, built once: Q and O tiles of ``Q_ROWS`` rows of one of ``HEADS`` query
-    heads, K and V tiles of ``BLOCK_N`` rows of one of ``HEADS // GROUP`` key/value heads."""
-    return (_head_tiles(Q, HEADS, N_Q, stride_qb, stride_qm, HEAD_DIM, Q_ROWS, smem),
-            _head_tiles(K, HEADS // GROUP, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, smem),
-            _head_tiles(V, HEADS // GROUP, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, smem),
-            _head_tiles(O, HEADS, N_Q, stride_ob, stride_om, HEAD_DIM, Q_ROWS, smem))
+    heads, K and V tiles of ``BLOCK_N`` rows of one of ``HEADS // GROUP`` key/value heads (FOLD_Q, FOLD_KV: the
+    sides' layout)."""
+    return (_head_tiles(Q, HEADS, N_Q, stride_qb, stride_qm, HEAD_DIM, Q_ROWS, smem, FOLD_Q),
+            _head_tiles(K, HEADS // GROUP, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, smem, FOLD_KV),
+            _head_tiles(V, HEADS // GROUP, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, smem, FOLD_KV),
+            _head_tiles(O, HEADS, N_Q, stride_ob, stride_om, HEAD_DIM, Q_ROWS, smem, FOLD_Q))
 
 
 @gluon.jit
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                                  FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
     built once, the (query tile, batch x head) items taken from a counter, heads in order and, causal, each head's
     longest tiles first; the K/V ring's stages and phases run on across items. HEADS here is the number of batch x
@@ -365,7 +395,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
     q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
                                                        stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
-                                                       HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem)
+                                                       HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem, FOLD_Q, FOLD_KV)
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
     q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
@@ -383,17 +413,19 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
         n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)[1]
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bh, start_m, 0], q_bar, q_smem)
+        qb, qc = _fold_head(bh, FOLD_Q, HEAD_DIM)
+        tma.async_copy_global_to_shared(q_desc, [qb, start_m, qc], q_bar, q_smem)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True,
+                     FOLD_KV, HEAD_DIM)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                base, bkv, True)
+                                base, bkv, True, FOLD_KV)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
-        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True)
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True, FOLD_Q)
         gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1
@@ -473,7 +505,8 @@ def _ws_barriers(STAGES: gl.constexpr):
 def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                           stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
                           LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0,
+                          FOLD_KV: gl.constexpr = 0):
     """``_hopper_fwd_kernel``'s arguments; BLOCK_M = 128 rows, 64 per consumer warpgroup (launch with 4 warps: the
     default partition is the first consumer, the workers the second consumer and the producer)."""
     ROWS: gl.constexpr = BLOCK_M // 2
@@ -481,7 +514,7 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
         Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
-        GROUP, HEAD_DIM, BLOCK_M, ROWS, BLOCK_N, CAUSAL, smem)
+        GROUP, HEAD_DIM, BLOCK_M, ROWS, BLOCK_N, CAUSAL, smem, FOLD_Q, FOLD_KV)
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
@@ -508,7 +541,8 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
 @gluon.jit
 def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                   empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, FOLD_Q: gl.constexpr,
+                  FOLD_KV: gl.constexpr):
     """One warp: per item, once both consumers are done with their Q rows, the item's number into ``item_buf`` and
     the two Q halves (the barrier's arrival publishes the number), then the item's K and V tiles through the ring;
     after the last item, the number ``n_items`` and a plain arrival, which ends the consumers."""
@@ -523,12 +557,14 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
             mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
         item_buf.store(gl.full([32], w, gl.int32, vec))
         gl.thread_barrier()  # every lane's store precedes the arrivals (made by one lane)
+        qb, qc = _fold_head(bh, FOLD_Q, HEAD_DIM)
+        kb, kc = _fold_head(bkv, FOLD_KV, HEAD_DIM)
         for h in gl.static_range(2):
             mbarrier.expect(q_bars.index(h), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [bh, start_m + h * ROWS, 0], q_bars.index(h), q_smem.index(h))
+            tma.async_copy_global_to_shared(q_desc, [qb, start_m + h * ROWS, qc], q_bars.index(h), q_smem.index(h))
         for t in range(base, base + n_tiles):
             stage = t % STAGES
-            coord = [bkv, (t - base) * BLOCK_N, 0]
+            coord = [kb, (t - base) * BLOCK_N, kc]
             mbarrier.wait(empty_bars.index(stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # K's half
             mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage))
@@ -549,7 +585,8 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
 @gluon.jit
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
                   n_items, n_mt, N_Q, N_K, GROUP, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                  FOLD_Q: gl.constexpr):
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first)."""
@@ -582,7 +619,8 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         tma.store_wait(pendings=0)  # the previous item's O has left the buffer
         o.reshape([ROWS, HEAD_DIM]).store(acc.to(o.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [bh, row0, 0], o)
+        ob, oc = _fold_head(bh, FOLD_Q, HEAD_DIM)
+        tma.async_copy_shared_to_global(o_desc, [ob, row0, oc], o)
         base += n_tiles
         i += 1
         mbarrier.wait(q_bars.index(WG), i & 1)
@@ -595,7 +633,7 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q,
                                      N_K, GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                                     STAGES: gl.constexpr):
+                                     STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
     program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
     ROWS: gl.constexpr = BLOCK_M // 2
@@ -603,7 +641,7 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
     q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
                                                        stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
-                                                       HEADS, HEAD_DIM, ROWS, BLOCK_N, smem)
+                                                       HEADS, HEAD_DIM, ROWS, BLOCK_N, smem, FOLD_Q, FOLD_KV)
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     o_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
@@ -620,12 +658,13 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     gl.warp_specialize([
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                         STAGES)),
+                         STAGES, FOLD_Q)),
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                         STAGES)),
+                         STAGES, FOLD_Q)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
-                         v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                         v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, HEAD_DIM,
+                         FOLD_Q, FOLD_KV)),
     ], [4, 1], [240, 24])
     # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
     if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_hopper import _head_tiles
+from cs336_systems.attention.flash_hopper import _fold_head, _head_tiles
 
 LOG2E = 1.4426950408889634
 
@@ -84,16 +84,18 @@ def _mma_layout(m, n, num_warps):
 
 @gluon.jit
 def _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, slot, idx, n_iter, n_tiles, lo, h0,
-               BLOCK_M: gl.constexpr, tile_bytes: gl.constexpr):
+               BLOCK_M: gl.constexpr, tile_bytes: gl.constexpr, FOLD: gl.constexpr = 0, HEAD_DIM: gl.constexpr = 0):
     """Start the TMA loads of the Q and dO tiles of iteration ``idx`` (query head ``h0 + idx // n_tiles``, then the
-    query tile) into ring slot ``slot``, each completing on its slot's barrier; nothing past ``n_iter``."""
+    query tile) into ring slot ``slot``, each completing on its slot's barrier; nothing past ``n_iter``. FOLD,
+    HEAD_DIM: the query side's layout (``_fold_head``)."""
     pred = idx < n_iter
     g = idx // gl.maximum(n_tiles, 1)
     start = lo + (idx - g * n_tiles) * BLOCK_M
+    hb, hc = _fold_head(h0 + g, FOLD, HEAD_DIM)
     mbarrier.expect(q_bar.index(slot), tile_bytes, pred=pred)
-    tma.async_copy_global_to_shared(q_desc, [h0 + g, start, 0], q_bar.index(slot), q_buf.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [hb, start, hc], q_bar.index(slot), q_buf.index(slot), pred=pred)
     mbarrier.expect(do_bar.index(slot), tile_bytes, pred=pred)
-    tma.async_copy_global_to_shared(do_desc, [h0 + g, start, 0], do_bar.index(slot), do_buf.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(do_desc, [hb, start, hc], do_bar.index(slot), do_buf.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -109,16 +111,18 @@ def _load_stats(L, Delta, bh, start_m, N_Q, offs, pred):
 def _descriptors(Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob,
                  stride_dom, stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_ROWS: gl.constexpr,
-                 kv_smem: gl.constexpr, out_smem: gl.constexpr, q_smem: gl.constexpr):
+                 kv_smem: gl.constexpr, out_smem: gl.constexpr, q_smem: gl.constexpr, FOLD_Q: gl.constexpr = 0,
+                 FOLD_KV: gl.constexpr = 0):
     """TMA descriptors of K, V (``BLOCK_N``-row tiles), dK, dV (``OUT_ROWS``-row tiles), Q and dO (``BLOCK_M``-row
     tiles of the ``GROUP`` query heads of each key/value head): every tensor as 3-D (batch x heads, rows,
-    HEAD_DIM), a tile being one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores."""
-    k_desc = _head_tiles(K, BKV, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, kv_smem)
-    v_desc = _head_tiles(V, BKV, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, kv_smem)
-    dk_desc = _head_tiles(DK, BKV, N_K, stride_dkb, stride_dkn, HEAD_DIM, OUT_ROWS, out_smem)
-    dv_desc = _head_tiles(DV, BKV, N_K, stride_dvb, stride_dvn, HEAD_DIM, OUT_ROWS, out_smem)
-    q_desc = _head_tiles(Q, BKV * GROUP, N_Q, stride_qb, stride_qm, HEAD_DIM, BLOCK_M, q_smem)
-    do_desc = _head_tiles(DO, BKV * GROUP, N_Q, stride_dob, stride_dom, HEAD_DIM, BLOCK_M, q_smem)
+    HEAD_DIM), a tile being one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores.
+    FOLD_Q, FOLD_KV: the sides' layout (``_head_tiles``)."""
+    k_desc = _head_tiles(K, BKV, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
+    v_desc = _head_tiles(V, BKV, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
+    dk_desc = _head_tiles(DK, BKV, N_K, stride_dkb, stride_dkn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
+    dv_desc = _head_tiles(DV, BKV, N_K, stride_dvb, stride_dvn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
+    q_desc = _head_tiles(Q, BKV * GROUP, N_Q, stride_qb, stride_qm, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
+    do_desc = _head_tiles(DO, BKV * GROUP, N_Q, stride_dob, stride_dom, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
     return k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc
 
 
@@ -130,7 +134,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            PERSISTENT: gl.constexpr):
+                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
     program per item (grid: key tiles x BKV); see the module docstring."""
     dtype: gl.constexpr = Q.dtype.element_ty
@@ -155,7 +159,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(
         Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
         stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N,
-        kv_smem, kv_smem, q_smem)
+        kv_smem, kv_smem, q_smem, FOLD_Q, FOLD_KV)
 
     # ---- shared memory and barriers
     k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
@@ -225,11 +229,12 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         keys_edge = start_n + BLOCK_N > N_K
 
         mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_DIM * dtype.primitive_bitwidth // 8)
-        tma.async_copy_global_to_shared(k_desc, [head, start_n, 0], kv_bar, k_buf)
-        tma.async_copy_global_to_shared(v_desc, [head, start_n, 0], kv_bar, v_buf)
+        kb, kc = _fold_head(head, FOLD_KV, HEAD_DIM)
+        tma.async_copy_global_to_shared(k_desc, [kb, start_n, kc], kv_bar, k_buf)
+        tma.async_copy_global_to_shared(v_desc, [kb, start_n, kc], kv_bar, v_buf)
         for i in gl.static_range(STAGES):  # prologue: the item's first STAGES tiles
             _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, (done + i) % STAGES, i, n_iter, n_tiles, lo,
-                       h0, BLOCK_M, tile_bytes)
+                       h0, BLOCK_M, tile_bytes, FOLD_Q, HEAD_DIM)
         lse_next, delta_next = _load_stats(L, Delta, bkv * GROUP, lo, N_Q, stats_offs, n_iter > 0)
         lse_smem.store(lse_next * 1.4426950408889634)
         delta_smem.store(delta_next)
@@ -305,8 +310,8 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         v_t.store(dv.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
-        tma.async_copy_shared_to_global(dk_desc, [head, start_n, 0], k_buf)
-        tma.async_copy_shared_to_global(dv_desc, [head, start_n, 0], v_buf)
+        tma.async_copy_shared_to_global(dk_desc, [kb, start_n, kc], k_buf)
+        tma.async_copy_shared_to_global(dv_desc, [kb, start_n, kc], v_buf)
         tma.store_wait(pendings=0)
         gl.thread_barrier()
         done += n_iter
@@ -341,14 +346,16 @@ def _dq_split(head_dim, block_m):
 @gluon.jit
 def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
                      kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
-                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, HEAD_DIM: gl.constexpr, FOLD_Q: gl.constexpr,
+                     FOLD_KV: gl.constexpr):
     """One warp: K and V of the key tile, then per query tile (query head ``bq0 + idx // n_tiles``) Q and dO by TMA
     and L (log2 units) and Delta by plain loads into the ring stage, once both consumers have released it. Q's
     barrier counts the stats' store as its second arrival."""
     vec: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [head, start_n, 0], kv_bar, k_buf)
-    tma.async_copy_global_to_shared(v_desc, [head, start_n, 0], kv_bar, v_buf)
+    kb, kc = _fold_head(head, FOLD_KV, HEAD_DIM)
+    tma.async_copy_global_to_shared(k_desc, [kb, start_n, kc], kv_bar, k_buf)
+    tma.async_copy_global_to_shared(v_desc, [kb, start_n, kc], kv_bar, v_buf)
     offs = gl.arange(0, BLOCK_M, layout=vec)
     for it in range(n_iter):
         s = it % STAGES
@@ -359,10 +366,11 @@ def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k
         lse = gl.load(L + row_ptr, mask=rows < N_Q, other=0.0)  # in flight while the stage drains
         delta = gl.load(Delta + row_ptr, mask=rows < N_Q, other=0.0)
         mbarrier.wait(empty_bars.index(s), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+        qb, qc = _fold_head(bq0 + g, FOLD_Q, HEAD_DIM)
         mbarrier.expect(q_bars.index(s), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bq0 + g, start_m, 0], q_bars.index(s), q_buf.index(s))
+        tma.async_copy_global_to_shared(q_desc, [qb, start_m, qc], q_bars.index(s), q_buf.index(s))
         mbarrier.expect(do_bars.index(s), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [bq0 + g, start_m, 0], do_bars.index(s), do_buf.index(s))
+        tma.async_copy_global_to_shared(do_desc, [qb, start_m, qc], do_bars.index(s), do_buf.index(s))
         lse_buf.index(s).store(lse * 1.4426950408889634)
         delta_buf.index(s).store(delta)
         mbarrier.arrive(q_bars.index(s))
@@ -372,7 +380,7 @@ def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k
 def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                      kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles, n_iter,
                      N_Q, N_K, sm_scale, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                     CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_KV: gl.constexpr):
     """Key rows ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's
     half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included)."""
     dtype: gl.constexpr = q_buf.dtype
@@ -464,13 +472,14 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
     v_t.store(dv.to(dtype))
     fence_async_shared()
     gl.thread_barrier()
-    tma.async_copy_shared_to_global(dv_desc, [head, k0, 0], v_buf.slice(WG * ROWS, ROWS, dim=1))
+    kb, kc = _fold_head(head, FOLD_KV, HEAD_DIM)
+    tma.async_copy_shared_to_global(dv_desc, [kb, k0, kc], v_buf.slice(WG * ROWS, ROWS, dim=1))
     mbarrier.arrive(epi_bar)
     mbarrier.wait(epi_bar, 0)
     k_t.store((dk * sm_scale).to(dtype))
     fence_async_shared()
     gl.thread_barrier()
-    tma.async_copy_shared_to_global(dk_desc, [head, k0, 0], k_buf.slice(WG * ROWS, ROWS, dim=1))
+    tma.async_copy_shared_to_global(dk_desc, [kb, k0, kc], k_buf.slice(WG * ROWS, ROWS, dim=1))
     tma.store_wait(pendings=0)
 
 
@@ -482,7 +491,7 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                           N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                          PERSISTENT: gl.constexpr):
+                          PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
     the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
     and PERSISTENT are accepted for the shared launcher (always TMA, a program per item)."""
@@ -502,7 +511,7 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(  # dK, dV leave by halves
         Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
         stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, ROWS,
-        kv_smem, half_smem, q_smem)
+        kv_smem, half_smem, q_smem, FOLD_Q, FOLD_KV)
     dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
                                          strides=[N_Q * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, DQ[1], DQ[0]],
                                          layout=dq_smem)
@@ -540,13 +549,13 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     gl.warp_specialize([
         (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                             kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
-                            n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES)),
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV)),
         (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                             kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
-                            n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES)),
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV)),
         (_ws_bwd_producer, (q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
                             kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
-                            BLOCK_M, STAGES)),
+                            BLOCK_M, STAGES, HEAD_DIM, FOLD_Q, FOLD_KV)),
     ], [4, 1], [240, 24])
 
 

@@ -102,6 +102,17 @@ def _tile_src(base, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr, BLOCK:
 
 
 @triton.jit
+def _head(bh, stride_b, FOLD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Element offset of batch-head ``bh``: ``bh * stride_b`` where one stride walks the batch-heads (FOLD 0), or,
+    for a (B, H, N, d) view whose H = FOLD heads lie side by side in each row (a (B, N, H, d) tensor transposed:
+    head stride d, ``stride_b`` the batch stride), batch ``bh // FOLD`` and head ``bh % FOLD``."""
+    if FOLD:
+        return (bh // FOLD) * stride_b + (bh % FOLD) * HEAD_DIM
+    else:
+        return bh * stride_b
+
+
+@triton.jit
 def _load_rows(src, start, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr, TMA: tl.constexpr):
     """The block of rows [start, start + BLOCK), zero past the matrix (descriptors always clip; block
     pointers check only the dimensions that can run past it)."""
@@ -289,17 +300,21 @@ def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd,
                       HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr,
                       EVEN_D: tl.constexpr, TMA: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                      INTERPRET: tl.constexpr):
-    """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP."""
+                      INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr = 0, FOLD_KV: tl.constexpr = 0):
+    """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP. FOLD_Q, FOLD_KV:
+    the query (Q, O) and key/value (K, V) sides' layout (``_head``)."""
     pid_m = tl.program_id(0)
     if LIMIT_RIGHT and not LIMIT_LEFT:  # causal: the last query tiles see the most keys, launch them first
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1).to(tl.int64)
     bkv = bh // GROUP
     start_m = pid_m * BLOCK_M
-    q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    q_src = _tile_src(Q + _head(bh, stride_qb, FOLD_Q, HEAD_DIM), N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD,
+                      TMA)
+    k_src = _tile_src(K + _head(bkv, stride_kb, FOLD_KV, HEAD_DIM), N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N,
+                      D_PAD, TMA)
+    v_src = _tile_src(V + _head(bkv, stride_vb, FOLD_KV, HEAD_DIM), N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N,
+                      D_PAD, TMA)
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -321,7 +336,8 @@ def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd,
     # Algorithm 1 lines 15-16; a row that sees no key (possible with a window when Nq > Nk) gets O = 0, L = -inf
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back to natural log
-    o_dst = _tile_src(O + bh * stride_ob, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    o_dst = _tile_src(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM), N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD,
+                      TMA)
     _store_rows(o_dst, start_m, acc.to(O.dtype.element_ty), TMA)
     tl.store(L + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
@@ -330,16 +346,17 @@ def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd,
 @triton.jit
 def _flash_bwd_preprocess(O, DO, Delta, DQ_ACC, stride_ob, stride_om, stride_od, stride_dob, stride_dom,
                           stride_dod, N_Q, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                          ZERO_DQ: tl.constexpr):
+                          ZERO_DQ: tl.constexpr, FOLD_Q: tl.constexpr = 0):
     """D = rowsum(O * dO) in fp32 ``(BH, Nq)``; with ZERO_DQ also zeroes the fp32 dQ accumulator
     ``(BH, Nq, D_PAD)`` (one launch instead of a memset)."""
     bh = tl.program_id(1).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     mask = (offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + bh * stride_ob + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask,
+    rows, cols = offs_m[:, None], offs_d[None, :]
+    o = tl.load(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM) + rows * stride_om + cols * stride_od, mask=mask,
                 other=0.0)
-    do = tl.load(DO + bh * stride_dob + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod, mask=mask,
+    do = tl.load(DO + _head(bh, stride_dob, FOLD_Q, HEAD_DIM) + rows * stride_dom + cols * stride_dod, mask=mask,
                  other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta + bh * N_Q + offs_m, delta, mask=offs_m < N_Q)
@@ -445,14 +462,17 @@ def _dkdv_head(dk, dv, k, v, Q, DO, O, L, Delta, DQ_ACC, bh, stride_qb, stride_q
                N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                EVEN_D: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr,
                TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               INTERPRET: tl.constexpr):
+               INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr):
     """The query tiles of one query head (batch-head bh) that see this key tile."""
     L += bh * N_Q
     Delta += bh * N_Q
-    q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    do_src = _tile_src(DO + bh * stride_dob, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    q_src = _tile_src(Q + _head(bh, stride_qb, FOLD_Q, HEAD_DIM), N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD,
+                      TMA)
+    do_src = _tile_src(DO + _head(bh, stride_dob, FOLD_Q, HEAD_DIM), N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M,
+                       D_PAD, TMA)
     if DELTA_FROM_O:
-        o_src = _tile_src(O + bh * stride_ob, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+        o_src = _tile_src(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM), N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M,
+                          D_PAD, TMA)
     else:
         o_src = do_src  # not read
     if ATOMIC_DQ and TMA and not INTERPRET:
@@ -482,12 +502,14 @@ def _dkdv_tile(Q, K, V, DO, O, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, bkv, start_n
                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr,
                TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-               INTERPRET: tl.constexpr):
+               INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr, FOLD_KV: tl.constexpr):
     """dK, dV of the key tile [start_n, start_n + BLOCK_N) of key/value head bkv (HEADS of them per batch),
     summed over the GROUP query heads that read it (no atomics); with ATOMIC_DQ also every dQ contribution of
     those pairs."""
-    k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    k_src = _tile_src(K + _head(bkv, stride_kb, FOLD_KV, HEAD_DIM), N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N,
+                      D_PAD, TMA)
+    v_src = _tile_src(V + _head(bkv, stride_vb, FOLD_KV, HEAD_DIM), N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N,
+                      D_PAD, TMA)
     # Key rows past N_K are zero and their dK/dV rows are never stored: no key mask is needed here.
     k = _load_rows(k_src, start_n, True, not EVEN_D, TMA)
     v = _load_rows(v_src, start_n, True, not EVEN_D, TMA)
@@ -505,7 +527,7 @@ def _dkdv_tile(Q, K, V, DO, O, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, bkv, start_n
                                 stride_qd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, offs_n,
                                 k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD,
                                 BLOCK_M, EVEN_D, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O,
-                                INPUT_PRECISION, INTERPRET)
+                                INPUT_PRECISION, INTERPRET, FOLD_Q)
             g += 1
     else:
         for g in range(GROUP):  # GROUP == 1 is a compile-time constant (Triton specialises 1): no loop
@@ -513,9 +535,11 @@ def _dkdv_tile(Q, K, V, DO, O, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, bkv, start_n
                                 stride_qd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, offs_n,
                                 k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD,
                                 BLOCK_M, EVEN_D, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O,
-                                INPUT_PRECISION, INTERPRET)
-    dk_dst = _tile_src(DK + bkv * stride_dkb, N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    dv_dst = _tile_src(DV + bkv * stride_dvb, N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+                                INPUT_PRECISION, INTERPRET, FOLD_Q)
+    dk_dst = _tile_src(DK + _head(bkv, stride_dkb, FOLD_KV, HEAD_DIM), N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N,
+                       D_PAD, TMA)
+    dv_dst = _tile_src(DV + _head(bkv, stride_dvb, FOLD_KV, HEAD_DIM), N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N,
+                       D_PAD, TMA)
     _store_rows(dk_dst, start_n, (dk * sm_scale).to(DK.dtype.element_ty), TMA)
     _store_rows(dv_dst, start_n, dv.to(DV.dtype.element_ty), TMA)
 
@@ -529,7 +553,8 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                            HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
                            HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                           INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                           INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr = 0,
+                           FOLD_KV: tl.constexpr = 0):
     """A program per (key tile, batch x key/value head): ``_dkdv_tile`` with D from the preprocessing kernel.
     Causal: the first key tiles, seen by the most queries, go first."""
     _dkdv_tile(Q, K, V, DO, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, tl.program_id(1).to(tl.int64),
@@ -537,19 +562,20 @@ def _flash_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod, stride_dob, stride_dom, stride_dod,
                stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT,
                RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D,
-               TMA, ATOMIC_DQ, False, INPUT_PRECISION, INTERPRET)
+               TMA, ATOMIC_DQ, False, INPUT_PRECISION, INTERPRET, FOLD_Q, FOLD_KV)
 
 
 @triton.jit
 def _flash_bwd_dq_postprocess(DQ_ACC, DQ, stride_dqb, stride_dqm, stride_dqd, N_Q, sm_scale,
-                              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+                              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                              FOLD_Q: tl.constexpr = 0):
     """dQ = sm_scale * accumulator, cast to the input dtype."""
     bh = tl.program_id(1).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     acc = tl.load(DQ_ACC + (bh * N_Q + offs_m[:, None]) * D_PAD + offs_d[None, :], mask=offs_m[:, None] < N_Q,
                   other=0.0)
-    tl.store(DQ + bh * stride_dqb + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+    tl.store(DQ + _head(bh, stride_dqb, FOLD_Q, HEAD_DIM) + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              (acc * sm_scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -597,19 +623,25 @@ def _dq_tile(Q, K, V, DO, O, L, Delta, DQ, DOC, SPAN, bh, bkv, batch, start_m,
              N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale,
              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr,
-             TMA: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+             TMA: tl.constexpr, DELTA_FROM_O: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+             FOLD_Q: tl.constexpr, FOLD_KV: tl.constexpr):
     """dQ of the query tile [start_m, start_m + BLOCK_M) of batch-head bh (key/value head bkv, sequence batch):
     walks its key tiles and writes its dQ rows once (no atomics). DELTA_FROM_O: D from the O and dO tiles."""
-    q_src = _tile_src(Q + bh * stride_qb, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    do_src = _tile_src(DO + bh * stride_dob, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
-    k_src = _tile_src(K + bkv * stride_kb, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
-    v_src = _tile_src(V + bkv * stride_vb, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    q_src = _tile_src(Q + _head(bh, stride_qb, FOLD_Q, HEAD_DIM), N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD,
+                      TMA)
+    do_src = _tile_src(DO + _head(bh, stride_dob, FOLD_Q, HEAD_DIM), N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M,
+                       D_PAD, TMA)
+    k_src = _tile_src(K + _head(bkv, stride_kb, FOLD_KV, HEAD_DIM), N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N,
+                      D_PAD, TMA)
+    v_src = _tile_src(V + _head(bkv, stride_vb, FOLD_KV, HEAD_DIM), N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N,
+                      D_PAD, TMA)
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     do = _load_rows(do_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     if DELTA_FROM_O:
         lse2 = _row_lse2(L + bh * N_Q, offs_m, N_Q, True)
-        o_src = _tile_src(O + bh * stride_ob, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+        o_src = _tile_src(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM), N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M,
+                          D_PAD, TMA)
         o = _load_rows(o_src, start_m, True, not EVEN_D, TMA)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     else:
@@ -625,7 +657,8 @@ def _dq_tile(Q, K, V, DO, O, L, Delta, DQ, DOC, SPAN, bh, bkv, batch, start_m,
                   qk_scale, BLOCK_N, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
     dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, full_hi, hi, N_K, LEFT, RIGHT,
                   qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
-    dq_dst = _tile_src(DQ + bh * stride_dqb, N_Q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    dq_dst = _tile_src(DQ + _head(bh, stride_dqb, FOLD_Q, HEAD_DIM), N_Q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_M,
+                       D_PAD, TMA)
     _store_rows(dq_dst, start_m, (dq * sm_scale).to(DQ.dtype.element_ty), TMA)
 
 
@@ -637,7 +670,8 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
                          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
                          HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                         INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr = 0,
+                         FOLD_KV: tl.constexpr = 0):
     """Deterministic mode: a program per (query tile, batch x query head), ``_dq_tile`` with D from the
     preprocessing kernel; causal launches the last (heaviest) query tiles first."""
     pid_m = tl.program_id(0)
@@ -648,7 +682,7 @@ def _flash_bwd_dq_kernel(Q, K, V, DO, L, Delta, DQ, DOC, SPAN,
              stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd,
              stride_dob, stride_dom, stride_dod, stride_dob, stride_dom, stride_dod, stride_dqb, stride_dqm,
              stride_dqd, N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, LIMIT_LEFT,
-             LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, INPUT_PRECISION, INTERPRET)
+             LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, INPUT_PRECISION, INTERPRET, FOLD_Q, FOLD_KV)
 
 
 @triton.jit
@@ -661,7 +695,8 @@ def _flash_bwd_single_kernel(Q, K, V, O, DO, L, DQ, DK, DV, DOC, SPAN,
                              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
                              HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
-                             INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                             INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr = 0,
+                             FOLD_KV: tl.constexpr = 0):
     """The whole backward in one launch, for short sequences (where launches, not arithmetic, are the cost):
     program i of key/value head bkv (HEADS per batch) computes dK, dV of key tile i and then dQ of query tile i of
     each of the GROUP query heads, taking D from the O and dO tiles it loads (no preprocessing, no dQ accumulator,
@@ -675,7 +710,7 @@ def _flash_bwd_single_kernel(Q, K, V, O, DO, L, DQ, DK, DV, DOC, SPAN,
                    stride_dod, stride_ob, stride_om, stride_od, stride_dkb, stride_dkn, stride_dkd, stride_dvb,
                    stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD,
                    BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, True, INPUT_PRECISION,
-                   INTERPRET)
+                   INTERPRET, FOLD_Q, FOLD_KV)
     if pid * BLOCK_M < N_Q:
         g = 0
         while g < GROUP:
@@ -683,7 +718,8 @@ def _flash_bwd_single_kernel(Q, K, V, O, DO, L, DQ, DK, DV, DOC, SPAN,
                      stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
                      stride_vd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, stride_dqb,
                      stride_dqm, stride_dqd, N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M,
-                     BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, True, INPUT_PRECISION, INTERPRET)
+                     BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, True, INPUT_PRECISION, INTERPRET, FOLD_Q,
+                     FOLD_KV)
             g += 1
 
 
@@ -736,6 +772,40 @@ def _rows(t: Tensor) -> tuple[Tensor, tuple[int, int, int]]:
         t = t.contiguous()
         bh = _bh_stride(t)
     return t, (bh, t.stride(-2), t.stride(-1))
+
+
+def _folded(t: Tensor) -> bool:
+    """A (B, H, N, d) view whose H heads lie side by side in each row (head stride d, unit stride along d: a
+    (B, N, H, d) tensor transposed, as a projection's output viewed as heads is) and whose batch-heads no single
+    stride walks. The kernels address such tensors in place (``_head``'s FOLD) instead of copying them."""
+    return (t.ndim == 4 and t.stride(3) == 1 and t.stride(1) == t.shape[3] and t.shape[1] > 1
+            and _bh_stride(t) is None)
+
+
+def _fold(t: Tensor) -> int:
+    """The kernels' FOLD for ``t`` (its heads when ``_folded``, else 0)."""
+    return t.shape[1] if _folded(t) else 0
+
+
+def _side_rows(t: Tensor, fold: int) -> tuple[Tensor, tuple[int, int, int]]:
+    """``_rows`` for one side (query or key/value) of a call: with ``fold`` the side's tensors are addressed
+    folded, (batch, row, column) strides, and one not in that layout is copied into it."""
+    if not fold:
+        return _rows(t)
+    if not _folded(t):
+        t = _folded_empty(t.shape, t).copy_(t)
+    return t, (t.stride(0), t.stride(2), 1)
+
+
+def _folded_empty(shape: torch.Size, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """An uninitialised (B, H, N, d) tensor laid out as (B, N, H, d) transposed (``_folded``)."""
+    b, h, n, d = shape
+    return like.new_empty((b, n, h, d), dtype=dtype).transpose(1, 2)
+
+
+def _side_empty(like: Tensor, fold: int) -> Tensor:
+    """An output like ``like`` (O like Q, dQ like Q, dK like K, ...): folded where its side is, else contiguous."""
+    return _folded_empty(like.shape, like) if fold else like.new_empty(like.shape)
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -1056,14 +1126,15 @@ def _attention_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Te
 
 def _launch_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, doc_span: Tensor | None,
                     scale: float) -> tuple[Tensor, Tensor]:
-    """A call allocates O and L and launches (everything else is in the plan)."""
-    o = torch.empty(Q.shape, device=Q.device, dtype=Q.dtype)
+    """A call allocates O (in Q's layout where the kernels address Q folded) and L, and launches (everything else is
+    in the plan)."""
+    launch, grid, copy, scalars, (fq, fkv) = plan.fwd
+    o = _side_empty(Q, fq)
     lse = torch.empty(Q.shape[:-1], device=Q.device, dtype=torch.float32)
-    launch, grid, copy, scalars = plan.fwd
     if launch is None:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
         return o, lse
     if copy:
-        Q, K, V = (_rows(t)[0] for t in (Q, K, V))
+        Q, K, V = _side_rows(Q, fq)[0], _side_rows(K, fkv)[0], _side_rows(V, fkv)[0]
     doc, span = _doc_args(doc_ids, doc_span, lse)
     if launch.cfg.persistent:  # the Gluon forward's work counter in the documents' slot (it takes none)
         doc = _work_counter(Q.device)
@@ -1081,19 +1152,24 @@ def _in_hopper_scope(Q: Tensor, left: int | None, right: int | None, has_docs: b
 
 def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, left: int | None, right: int | None,
                   has_docs: bool) -> tuple:
-    """(launch, grid, whether the inputs need a contiguous copy, the launch's integer arguments)."""
-    (q, sq), (k, sk), (v, sv) = _rows(Q), _rows(K), _rows(V)
+    """(launch, grid, whether the inputs need a copy, the launch's integer arguments, the sides' FOLD (query,
+    key/value): Q, K, V addressed in place where folded, ``_folded``)."""
+    fq, fkv = _fold(Q), _fold(K) if _folded(V) else 0
+    (q, sq), (k, sk), (v, sv) = _side_rows(Q, fq), _side_rows(K, fkv), _side_rows(V, fkv)
     copy = q is not Q or k is not K or v is not V
     n_q, d = Q.shape[-2:]
     n_k = K.shape[-2]
     bh = Q.numel() // (n_q * d)
     bh_kv = K.numel() // (n_k * d)
     if bh == 0:
-        return None, None, copy, ()
+        return None, None, copy, (), (fq, fkv)
     d_pad = _d_pad(d)
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
-    so = (n_q * d, d, 1)
-    fits = _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0), (sq, sk, sv, so))
+    so = (n_q * d * fq, d * fq, 1) if fq else (n_q * d, d, 1)
+    # folded, a head's rows start d elements after the previous head's: TMA needs that 16-byte aligned too
+    fits = _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0), (sq, sk, sv, so)) and (
+        not (fq or fkv) or d * Q.element_size() % 16 == 0)
+    folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
     cfg = cfgs.hopper_fwd
@@ -1106,16 +1182,17 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                   (False, True): flash_hopper._hopper_fwd_persistent_kernel,
                   (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages), cfg)
+                                      STAGES=cfg.num_stages, **folds), cfg)
         if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads
-            return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, (*scalars[:-3], bh, *scalars[-2:])
-        return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars
+            return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, (*scalars[:-3], bh, *scalars[-2:]), (fq, fkv)
+        return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars, (fq, fkv)
     cfg = cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                              LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
                                              EVEN_D=d == d_pad, TMA=cfg.tma and fits,
-                                             INPUT_PRECISION=_input_precision(Q.dtype), INTERPRET=_INTERPRETED), cfg)
-    return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars
+                                             INPUT_PRECISION=_input_precision(Q.dtype), INTERPRET=_INTERPRETED,
+                                             **folds), cfg)
+    return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars, (fq, fkv)
 
 
 def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, is_causal: bool = False,
@@ -1173,14 +1250,13 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
                      doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches."""
     dev = Q.device
-    dq = torch.empty(Q.shape, device=dev, dtype=Q.dtype)
-    dk = torch.empty(K.shape, device=dev, dtype=K.dtype)
-    dv = torch.empty(V.shape, device=dev, dtype=V.dtype)
-    mode, copy, launches, bh, n_q, d_pad = plan
+    mode, copy, launches, bh, n_q, d_pad, (fq, fkv) = plan
+    dq, dk, dv = _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
     if mode is None:
         return dq, dk, dv
     if copy:
-        Q, K, V, O, dO = (_rows(t)[0] for t in (Q, K, V, O, dO))
+        Q, O, dO = (_side_rows(t, fq)[0] for t in (Q, O, dO))
+        K, V = (_side_rows(t, fkv)[0] for t in (K, V))
     if not L.is_contiguous():
         L = L.contiguous()
     sides = (scale, scale * LOG2E)
@@ -1208,7 +1284,8 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
     copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim)."""
     check_grad_output(dO, O)
-    rows = [_rows(t) for t in (Q, K, V, O, dO)]
+    fq, fkv = _fold(Q), _fold(K) if _folded(V) else 0
+    rows = [_side_rows(t, f) for t, f in ((Q, fq), (K, fkv), (V, fkv), (O, fq), (dO, fq))]
     copy = any(r[0] is not t for r, t in zip(rows, (Q, K, V, O, dO), strict=True))
     sq, sk, sv, so, sdo = (r[1] for r in rows)
     n_q, d = Q.shape[-2:]
@@ -1216,23 +1293,26 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     bh = Q.numel() // (n_q * d)
     bh_kv = K.numel() // (n_k * d)
     d_pad = _d_pad(d)
+    folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
     if bh == 0:
-        return None, copy, (), bh, n_q, d_pad
+        return None, copy, (), bh, n_q, d_pad, (fq, fkv)
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     prec = _input_precision(Q.dtype)
     common = dict(HEAD_DIM=d, D_PAD=d_pad, LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
-                  EVEN_D=d == d_pad, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED)
+                  EVEN_D=d == d_pad, INPUT_PRECISION=prec, INTERPRET=_INTERPRETED, **folds)
     sides = (left or 0, right or 0)
-    sg = (n_q * d, d, 1)  # dQ, dK, dV: contiguous
-    skv = (n_k * d, d, 1)
+    sg = (n_q * d * fq, d * fq, 1) if fq else (n_q * d, d, 1)  # dQ like Q, dK and dV like K and V (_side_empty)
+    skv = (n_k * d * fkv, d * fkv, 1) if fkv else (n_k * d, d, 1)
+    head_aligned = not (fq or fkv) or d * Q.element_size() % 16 == 0  # see _plan_forward
     ptr = dict(zip("QKVOd", (r[0].data_ptr() for r in rows), strict=True))
     stride = dict(Q=sq, K=sk, V=sv, O=so, d=sdo)
 
     def tma_for(cfg: KernelConfig, inputs: str, outputs: tuple) -> bool:
         """Descriptors for every input the kernel reads (by letter; d is dO) and its fresh outputs."""
-        return cfg.tma and _tma_fits(Q.device, Q.element_size(), (*(ptr[c] for c in inputs), *(0,) * len(outputs)),
-                                     (*(stride[c] for c in inputs), *outputs))
+        return cfg.tma and head_aligned and _tma_fits(Q.device, Q.element_size(),
+                                                      (*(ptr[c] for c in inputs), *(0,) * len(outputs)),
+                                                      (*(stride[c] for c in inputs), *outputs))
 
     cfg = cfgs.dkdv
     grid = (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)), bh_kv, 1)
@@ -1241,9 +1321,9 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
                          cfg)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
-        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad
+        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv)
     hopper = cfgs.hopper_bwd
-    hopper = (hopper is not None and not deterministic and _in_hopper_scope(Q, left, right, has_docs)
+    hopper = (hopper is not None and not deterministic and _in_hopper_scope(Q, left, right, has_docs) and head_aligned
               and _tma_fits(Q.device, Q.element_size(), (ptr["Q"], ptr["K"], ptr["V"], ptr["d"], 0),
                             (sq, sk, sv, sdo, skv)))
     # the atomic-free kernels where they are faster than Triton's atomic dQ (not than the Gluon kernel's)
@@ -1252,7 +1332,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     rows_cfg = KernelConfig(row_block, row_block, 4, 1)
     row_grid = (_cdiv(n_q, row_block), bh, 1)
     pre = (_Launch(_flash_bwd_preprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block,
-                                               ZERO_DQ=not deterministic), rows_cfg),
+                                               ZERO_DQ=not deterministic, FOLD_Q=fq), rows_cfg),
            row_grid, (*so, *sdo, n_q))
     # a program per key tile and key/value head: the heads per batch on that axis are the key/value heads
     dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, heads // group, *sides)
@@ -1264,7 +1344,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds), cfg)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
         # the heads per batch; persistent programs take the items from a counter
         dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, bh_kv, *sides)
@@ -1282,9 +1362,9 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         last = (_Launch(_flash_bwd_dq_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common), cfg),
                 (_cdiv(n_q, cfg.block_m), bh, 1), (*sq, *sk, *sv, *sdo, *sg, n_q, n_k, group, heads, *sides))
     else:
-        last = (_Launch(_flash_bwd_dq_postprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block), rows_cfg),
-                row_grid, (*sg, n_q))
-    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad
+        last = (_Launch(_flash_bwd_dq_postprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, FOLD_Q=fq),
+                        rows_cfg), row_grid, (*sg, n_q))
+    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad, (fq, fkv)
 
 
 # ------------------------------------------------------------- custom ops (opaque to torch.compile)
@@ -1299,8 +1379,8 @@ def _flash_fwd_op(Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tensor | None, doc_s
 
 
 @_flash_fwd_op.register_fake
-def _(Q, K, V, doc_ids, doc_span, left, right, scale):
-    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:-1], dtype=torch.float32)
+def _(Q, K, V, doc_ids, doc_span, left, right, scale):  # O in the layout _launch_forward gives it
+    return _side_empty(Q, _fold(Q)), Q.new_empty(Q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("cs336_systems::flash_bwd", mutates_args=())
@@ -1312,8 +1392,9 @@ def _flash_bwd_op(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Ten
 
 
 @_flash_bwd_op.register_fake
-def _(Q, K, V, O, L, dO, doc_ids, doc_span, left, right, scale, deterministic):
-    return Q.new_empty(Q.shape), K.new_empty(K.shape), V.new_empty(V.shape)
+def _(Q, K, V, O, L, dO, doc_ids, doc_span, left, right, scale, deterministic):  # as _launch_backward allocates
+    fkv = _fold(K) if _folded(V) else 0
+    return _side_empty(Q, _fold(Q)), _side_empty(K, fkv), _side_empty(V, fkv)
 
 
 def _side(limit: int | None) -> int | None:
