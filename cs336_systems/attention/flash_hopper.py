@@ -70,8 +70,8 @@ def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, base, kv_head, HEAD3: gl.constexpr, FOLD: gl.constexpr = 0,
-             HEAD_DIM: gl.constexpr = 0):
+             STAGES: gl.constexpr, base, kv_head, HEAD3: gl.constexpr, FOLD: gl.constexpr,
+             HEAD_DIM: gl.constexpr):
     """Start the TMA loads of key/value tile ``tile`` into its ring stage (nothing past the last tile); ``base``:
     tiles through the ring before this query tile's first. HEAD3: 3-D descriptors over all heads (key/value head
     ``kv_head``) and ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM); FOLD, HEAD_DIM: as in
@@ -103,7 +103,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                  WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
-                 FOLD: gl.constexpr = 0):
+                 FOLD: gl.constexpr):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -156,7 +156,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
-            FOLD: gl.constexpr = 0):
+            FOLD: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
@@ -321,13 +321,14 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, 0, 0, False)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, 0, 0, False, 0,
+                 HEAD_DIM)
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                                       instr_shape=[16, BLOCK_N, 16]))
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
     mbarrier.wait(q_bar, 0)
     acc, l_i, m_i = _attend(q_smem, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False, 0, 0, False)
+                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False, 0, 0, False, 0)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -478,7 +479,7 @@ def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empt
     offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
     mbarrier.wait(q_bars.index(WG), 0)
     acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, 0, 0, False)
+                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, 0, 0, False, 0)
     _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q)  # only this warpgroup read its Q rows
 
 
@@ -612,7 +613,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, base, bkv,
-                                True)
+                                True, 0)  # the producer loads: the ring's coordinates are its
         mbarrier.arrive(q_empty.index(WG))  # every matmul that read Q has completed
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)

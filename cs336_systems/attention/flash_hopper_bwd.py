@@ -84,7 +84,7 @@ def _mma_layout(m, n, num_warps):
 
 @gluon.jit
 def _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, slot, idx, n_iter, n_tiles, lo, h0,
-               BLOCK_M: gl.constexpr, tile_bytes: gl.constexpr, FOLD: gl.constexpr = 0, HEAD_DIM: gl.constexpr = 0):
+               BLOCK_M: gl.constexpr, tile_bytes: gl.constexpr, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Start the TMA loads of the Q and dO tiles of iteration ``idx`` (query head ``h0 + idx // n_tiles``, then the
     query tile) into ring slot ``slot``, each completing on its slot's barrier; nothing past ``n_iter``. FOLD,
     HEAD_DIM: the query side's layout (``_fold_head``)."""
@@ -289,7 +289,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
 
             # refill buffer s with the item's tile STAGES ahead
             _load_q_do(q_desc, do_desc, q_buf, do_buf, q_bar, do_bar, s, it + STAGES, n_iter, n_tiles, lo, h0,
-                       BLOCK_M, tile_bytes)
+                       BLOCK_M, tile_bytes, FOLD_Q, HEAD_DIM)
 
             if DQ_TMA:
                 tma.store_wait(pendings=0)  # the previous tile's reduce has read dq_buf
