@@ -240,6 +240,20 @@ def test_training_step_target_needs_the_median_ratio_too(tmp_path):
     assert "270.00 ms: 0.841x its time, 0.862x by median steps; target <= 0.85x (mean and median): missed" in section
 
 
+def test_training_step_compares_our_attention_kernel_with_sdpa_in_the_same_run(tmp_path):
+    """Issue 18: ours with flash_triton against ours with sdpa, every other setting equal, in one run; met only where
+    the mean and median steps both are no slower."""
+    res = tmp_path / "results"
+    sdpa = {**_step_row("ours", 2048, 225.0), "step_median_ms": 222.0}
+    flash = {**_step_row("ours", 2048, 224.0), "attention": "flash_triton", "step_median_ms": 225.0}
+    other = {**_step_row("ours", 2048, 200.0), "attention": "flash_triton", "optimizer": "torch-fused"}  # no pair
+    write_records("training_step", [sdpa, flash, other], res, device="cpu")
+    section = build_report(res, tmp_path / "REPORT.md").read_text().split("## training_step\n")[1].split("\n## ")[0]
+    assert ("`flash_triton` 224.00 ms per step, with `sdpa` 225.00 ms: 0.996x, 1.014x by median steps; target "
+            "(issue 18): flash_triton no slower: missed") in section
+    assert section.count("Attention backends") == 1
+
+
 def test_training_step_mfu_target_names_the_run_s_highest_peak(tmp_path):
     """xl/2048's MFU verdict uses the row's own MFU and says what it is against the run's highest matmul peak
     (each process measures its own)."""

@@ -111,6 +111,35 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
     if answers:
         ctx.answer("training_step", "ours / the fastest compiled PyTorch peer of the same run, bf16 unless noted: "
                    + "; ".join(answers))
+    return parts + _attention_backends(ctx, runs)
+
+
+def _attention_backends(ctx, runs: dict[str, list[dict]]) -> list[str]:
+    """Issue 18: our step with ``--attention flash_triton`` against the same step with ``sdpa`` in one run (every
+    other setting equal), the newest run of each size: the target is flash_triton no slower (mean and median)."""
+    newest: dict[tuple, tuple] = {}
+    for date, run in sorted(runs.items()):
+        ours = [r for r in run if r["impl"] == "ours"]
+        for r in (r for r in ours if r["attention"] == "flash_triton"):
+            others = {k: r.get(k) for k in SETTINGS if k != "attention"}
+            sdpa = [s for s in ours if s["attention"] == "sdpa" and all(s.get(k) == v for k, v in others.items())]
+            if sdpa:
+                newest[(r["preset"], r["context_length"], r["precision"])] = (date, r, sdpa[0])
+    parts = []
+    for (preset, context, precision), (_, r, s) in sorted(newest.items()):
+        mean = r["step_mean_ms"] / s["step_mean_ms"]
+        median = (r["step_median_ms"] / s["step_median_ms"]
+                  if r.get("step_median_ms") and s.get("step_median_ms") else None)
+        met = mean <= 1 and (median is None or median <= 1)
+        what = f"{preset}, context {context}, {precision}, {r['provenance']['device']}"
+        median_text = f", {median:.3f}x by median steps" if median is not None else ""
+        parts.append(f"Attention backends, {what} (newest run, {r['provenance']['date']}, commit "
+                     f"{r['provenance'].get('git_commit')}): ours with `flash_triton` {r['step_mean_ms']:.2f} ms per "
+                     f"step, with `sdpa` {s['step_mean_ms']:.2f} ms: {mean:.3f}x{median_text}; target (issue 18): "
+                     f"flash_triton no slower: {'met' if met else 'missed'}.\n")
+        ctx.versus("training_step", f"training step with our attention kernel, {what}",
+                   f"flash_triton {r['step_mean_ms']:.2f} ms" + (f" (by median steps {median:.3f}x)" if median else ""),
+                   f"sdpa {s['step_mean_ms']:.2f} ms", mean, "no slower than sdpa (issue 18)")
     return parts
 
 
