@@ -19,7 +19,8 @@
 #      and small/512 without the CUDA graph with both RoPE kernels (host cost per call)
 #   r (session 24): GPU tests, the optimizer step with split and whole fp32 masters, captured xl/2048 probes of
 #      each; s xl/2048 against the peer with bench's defaults
-#   t (session 25: no cuBLAS workspace, the peer's too): xl/2048 against the peer; GPU tests of bench and train
+#   t (session 25: ours without cuBLAS's workspace, the peer with PyTorch's default unless --cublas-workspace is
+#      given): xl/2048 against the peer; GPU tests of bench and train
 #   u (session 26): attention's kernel time by q/k/v/dO layout; the matmul peak cold, sustained and hot; small/512
 #      and xl/512 (ours, bench's defaults) with and without cuBLAS's workspace, one process each
 #   w (session 26): ours with flash_triton against sdpa at xl/512 and xl/2048 (bench's defaults otherwise)
@@ -143,8 +144,8 @@ s)  # session 24: xl/2048 against the peer with bench's defaults (split masters)
   step 540 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl peer ours --preset xl --context-length 2048 --steps 10
   ;;
-t)  # session 25: xl/2048 against the peer with bench's defaults (no cuBLAS workspace, for the peer too), then
-    # the GPU tests of bench and train
+t)  # session 25: xl/2048 against the peer with bench's defaults (ours without cuBLAS's workspace, the peer with
+    # PyTorch's default), then the GPU tests of bench and train
   step 420 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl peer ours --preset xl --context-length 2048 --steps 10
   step 150 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py tests/test_train.py
