@@ -787,25 +787,35 @@ def _fold(t: Tensor) -> int:
     return t.shape[1] if _folded(t) else 0
 
 
+def _folds(Q: Tensor, K: Tensor, V: Tensor) -> tuple[int, int]:
+    """The query and key/value sides' FOLD (the key/value side is folded only where K and V both are)."""
+    return _fold(Q), _fold(K) if _folded(V) else 0
+
+
+def _heads_aligned(folds: tuple[int, int], d: int, elem_size: int) -> bool:
+    """Whether TMA can address a folded side: its heads' rows start d elements apart, which must be 16 bytes."""
+    return not any(folds) or d * elem_size % 16 == 0
+
+
 def _side_rows(t: Tensor, fold: int) -> tuple[Tensor, tuple[int, int, int]]:
     """``_rows`` for one side (query or key/value) of a call: with ``fold`` the side's tensors are addressed
     folded, (batch, row, column) strides, and one not in that layout is copied into it."""
     if not fold:
         return _rows(t)
     if not _folded(t):
-        t = _folded_empty(t.shape, t).copy_(t)
+        t = _folded_empty(t).copy_(t)
     return t, (t.stride(0), t.stride(2), 1)
 
 
-def _folded_empty(shape: torch.Size, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """An uninitialised (B, H, N, d) tensor laid out as (B, N, H, d) transposed (``_folded``)."""
-    b, h, n, d = shape
-    return like.new_empty((b, n, h, d), dtype=dtype).transpose(1, 2)
+def _folded_empty(like: Tensor) -> Tensor:
+    """An uninitialised tensor of ``like``'s (B, H, N, d) shape laid out as (B, N, H, d) transposed (``_folded``)."""
+    b, h, n, d = like.shape
+    return like.new_empty((b, n, h, d)).transpose(1, 2)
 
 
 def _side_empty(like: Tensor, fold: int) -> Tensor:
     """An output like ``like`` (O like Q, dQ like Q, dK like K, ...): folded where its side is, else contiguous."""
-    return _folded_empty(like.shape, like) if fold else like.new_empty(like.shape)
+    return _folded_empty(like) if fold else like.new_empty(like.shape)
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -1154,7 +1164,7 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                   has_docs: bool) -> tuple:
     """(launch, grid, whether the inputs need a copy, the launch's integer arguments, the sides' FOLD (query,
     key/value): Q, K, V addressed in place where folded, ``_folded``)."""
-    fq, fkv = _fold(Q), _fold(K) if _folded(V) else 0
+    fq, fkv = _folds(Q, K, V)
     (q, sq), (k, sk), (v, sv) = _side_rows(Q, fq), _side_rows(K, fkv), _side_rows(V, fkv)
     copy = q is not Q or k is not K or v is not V
     n_q, d = Q.shape[-2:]
@@ -1166,9 +1176,8 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     d_pad = _d_pad(d)
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     so = (n_q * d * fq, d * fq, 1) if fq else (n_q * d, d, 1)
-    # folded, a head's rows start d elements after the previous head's: TMA needs that 16-byte aligned too
-    fits = _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0), (sq, sk, sv, so)) and (
-        not (fq or fkv) or d * Q.element_size() % 16 == 0)
+    fits = _tma_fits(Q.device, Q.element_size(), (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0),
+                     (sq, sk, sv, so)) and _heads_aligned((fq, fkv), d, Q.element_size())
     folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
@@ -1284,7 +1293,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
     copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim)."""
     check_grad_output(dO, O)
-    fq, fkv = _fold(Q), _fold(K) if _folded(V) else 0
+    fq, fkv = _folds(Q, K, V)
     rows = [_side_rows(t, f) for t, f in ((Q, fq), (K, fkv), (V, fkv), (O, fq), (dO, fq))]
     copy = any(r[0] is not t for r, t in zip(rows, (Q, K, V, O, dO), strict=True))
     sq, sk, sv, so, sdo = (r[1] for r in rows)
@@ -1304,7 +1313,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     sides = (left or 0, right or 0)
     sg = (n_q * d * fq, d * fq, 1) if fq else (n_q * d, d, 1)  # dQ like Q, dK and dV like K and V (_side_empty)
     skv = (n_k * d * fkv, d * fkv, 1) if fkv else (n_k * d, d, 1)
-    head_aligned = not (fq or fkv) or d * Q.element_size() % 16 == 0  # see _plan_forward
+    head_aligned = _heads_aligned((fq, fkv), d, Q.element_size())
     ptr = dict(zip("QKVOd", (r[0].data_ptr() for r in rows), strict=True))
     stride = dict(Q=sq, K=sk, V=sv, O=so, d=sdo)
 
@@ -1393,8 +1402,8 @@ def _flash_bwd_op(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Ten
 
 @_flash_bwd_op.register_fake
 def _(Q, K, V, O, L, dO, doc_ids, doc_span, left, right, scale, deterministic):  # as _launch_backward allocates
-    fkv = _fold(K) if _folded(V) else 0
-    return _side_empty(Q, _fold(Q)), _side_empty(K, fkv), _side_empty(V, fkv)
+    fq, fkv = _folds(Q, K, V)
+    return _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
 
 
 def _side(limit: int | None) -> int | None:
