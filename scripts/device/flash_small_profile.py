@@ -5,7 +5,10 @@ forward+backward in interleaved rounds (the spread between rounds is the host's)
 trace of a few iterations, from which it prints the GPU time of each kernel per call and the busy fraction of
 the GPU over the iterations' wall time: kernel time against host time, per implementation.
 
-    python scripts/device/flash_small_profile.py [--shapes small_512 xl_512 floor] [--out DIR]
+    python scripts/device/flash_small_profile.py [--shapes small_512 xl_512 floor] [--layout bhtd model] [--out DIR]
+
+``--layout model``: q, k, v and dO as the model passes them, (B, H, T, d) views of (B, T, H, d) tensors (the
+default ``bhtd``: contiguous (B, H, T, d), what ``flash-bench`` times).
 """
 
 from __future__ import annotations
@@ -46,16 +49,22 @@ def _wall_ms(run, n: int, inputs) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["small_512", "xl_512", "floor"])
+    p.add_argument("--layout", nargs="*", choices=["bhtd", "model"], default=["bhtd"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     dev = torch.device("cuda")
     rows = []
-    for name in args.shapes:
+    for name, layout in ((n, lay) for n in args.shapes for lay in args.layout):
         s = MODEL_SHAPES[name]
-        q, k, v = (torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device=dev, dtype=torch.bfloat16,
-                               requires_grad=True) for _ in range(3))
-        do = torch.randn_like(q)
+        shape = (s.batch, s.heads, s.seq_len, s.head_dim)
+        if layout == "model":
+            q, k, v, do = (torch.randn(s.batch, s.seq_len, s.heads, s.head_dim, device=dev, dtype=torch.bfloat16)
+                           .transpose(1, 2) for _ in range(4))
+        else:
+            q, k, v, do = (torch.randn(*shape, device=dev, dtype=torch.bfloat16) for _ in range(4))
+        for t in (q, k, v):
+            t.requires_grad_(True)
         impls = {"triton": attention_fn("triton", s, dev, False), "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
                  "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
 
@@ -82,12 +91,12 @@ def main() -> None:
                     kernels[e.name] += e.device_time / n / 1e3
             wall_plain = _wall_ms(run, n, (q, k, v))
             gpu = sum(kernels.values())
-            row = dict(shape=name, impl=impl, do_bench_rounds_ms=times[impl],
+            row = dict(shape=name, layout=layout, impl=impl, do_bench_rounds_ms=times[impl],
                        do_bench_median_ms=sorted(times[impl])[len(times[impl]) // 2], wall_ms_per_call=wall_plain,
                        wall_ms_profiled=wall, gpu_kernel_ms_per_call=gpu,
                        kernels_ms={k2: round(v2, 5) for k2, v2 in sorted(kernels.items(), key=lambda kv: -kv[1])})
             rows.append(row)
-            print(f"{name:<10} {impl:<11} do_bench {' '.join(f'{t:.4f}' for t in times[impl])}  wall/call "
+            print(f"{name:<10} {layout:<6} {impl:<11} do_bench {' '.join(f'{t:.4f}' for t in times[impl])}  wall/call "
                   f"{wall_plain:.4f} ms  kernels/call {gpu:.4f} ms", flush=True)
             for kname, ms in list(row["kernels_ms"].items())[:8]:
                 print(f"      {ms:.5f}  {kname[:110]}", flush=True)
