@@ -134,9 +134,11 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
+                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
+                            INTERLEAVE: gl.constexpr = 1):
     """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
-    program per item (grid: key tiles x BKV); see the module docstring."""
+    program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE > 1: items in groups of that many
+    heads, key tile by key tile across the group's heads."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
 
@@ -209,10 +211,19 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     else:
         w = gl.program_id(1) * n_kt + gl.program_id(0)
     while w < n_items:
-        head = w // n_kt
+        if INTERLEAVE > 1:
+            grp = w // (n_kt * INTERLEAVE)
+            first = grp * INTERLEAVE
+            size = gl.minimum(BKV - first, INTERLEAVE)
+            r = w - grp * (n_kt * INTERLEAVE)
+            kt = r // size
+            head = first + (r - kt * size)
+        else:
+            head = w // n_kt
+            kt = w - head * n_kt
         bkv = head.to(gl.int64)
         h0 = head * GROUP
-        start_n = (w - head * n_kt) * BLOCK_N
+        start_n = kt * BLOCK_N
 
         # ---- the query tiles that see this key tile: causal, from the tile holding query start_n on
         if CAUSAL:
