@@ -39,12 +39,17 @@ class KernelConfig:
     # Gluon kernels: as many programs as the GPU holds, taking the work items (query or key tiles of a head) from a
     # counter (flash_hopper, flash_hopper_bwd without warp specialisation); False: a program per item
     persistent: bool = False
+    # persistent Gluon kernels (not the warp-specialised backward): work items in groups of this many heads, tile by
+    # tile across a group's heads (``flash_hopper._item_head``); 1: a head's tiles in a row
+    interleave: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        if not isinstance(self.interleave, int) or self.interleave < 1:
+            raise ValueError(f"interleave must be an int >= 1, got {self.interleave!r}")
         if self.warp_specialize and (self.num_warps != 4 or 128 not in (self.block_m, self.block_n)):
             raise ValueError("warp_specialize needs num_warps=4 and 128-row tiles on the side that two consumer "
                              "warpgroups split (block_m=128 forward, block_n=128 backward), got "
@@ -54,7 +59,8 @@ class KernelConfig:
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}/{'tma' if self.tma else 'ptr'}"
-                f"{'/ws' if self.warp_specialize else ''}{'/p' if self.persistent else ''}")
+                f"{'/ws' if self.warp_specialize else ''}{'/p' if self.persistent else ''}"
+                f"{f'/i{self.interleave}' if self.interleave > 1 else ''}")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_hopper import _fold_head, _head_tiles
+from cs336_systems.attention.flash_hopper import _fold_head, _head_tiles, _item_head
 
 LOG2E = 1.4426950408889634
 
@@ -137,8 +137,8 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                             INTERLEAVE: gl.constexpr = 1):
     """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
-    program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE > 1: items in groups of that many
-    heads, key tile by key tile across the group's heads."""
+    program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE: the persistent items' order
+    (``flash_hopper._item_head``)."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
 
@@ -211,16 +211,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     else:
         w = gl.program_id(1) * n_kt + gl.program_id(0)
     while w < n_items:
-        if INTERLEAVE > 1:
-            grp = w // (n_kt * INTERLEAVE)
-            first = grp * INTERLEAVE
-            size = gl.minimum(BKV - first, INTERLEAVE)
-            r = w - grp * (n_kt * INTERLEAVE)
-            kt = r // size
-            head = first + (r - kt * size)
-        else:
-            head = w // n_kt
-            kt = w - head * n_kt
+        head, kt = _item_head(w, n_kt, BKV, INTERLEAVE)
         bkv = head.to(gl.int64)
         h0 = head * GROUP
         start_n = kt * BLOCK_N

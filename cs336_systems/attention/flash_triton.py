@@ -1190,8 +1190,9 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                   (True, False): flash_hopper._hopper_fwd_ws_kernel,
                   (False, True): flash_hopper._hopper_fwd_persistent_kernel,
                   (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
+        order = dict(INTERLEAVE=min(cfg.interleave, bh)) if cfg.persistent else {}
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages, **folds), cfg)
+                                      STAGES=cfg.num_stages, **folds, **order), cfg)
         if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads
             return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, (*scalars[:-3], bh, *scalars[-2:]), (fq, fkv)
         return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars, (fq, fkv)
@@ -1353,7 +1354,8 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds,
+                              **({} if cfg.warp_specialize else dict(INTERLEAVE=min(cfg.interleave, bh_kv)))), cfg)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
         # the heads per batch; persistent programs take the items from a counter
         dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, bh_kv, *sides)
