@@ -339,28 +339,24 @@ def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd
 
 
 @gluon.jit
-def _item_head(w, n_tiles, HEADS, INTERLEAVE: gl.constexpr):
+def _item_head(w, n_tiles, HEADS, interleave):
     """The head and tile of persistent work item ``w`` of ``HEADS`` heads with ``n_tiles`` tiles each: heads in groups
-    of INTERLEAVE, a group's items tile by tile across its heads (the last group takes the heads left); INTERLEAVE 1:
-    each head's tiles in a row. The group's heads' inputs are what stays in L2 while its items run."""
-    if INTERLEAVE > 1:
-        grp = w // (n_tiles * INTERLEAVE)
-        first = grp * INTERLEAVE
-        size = gl.minimum(HEADS - first, INTERLEAVE)
-        r = w - grp * (n_tiles * INTERLEAVE)
-        tile = r // size
-        return first + (r - tile * size), tile
-    else:
-        head = w // n_tiles
-        return head, w - head * n_tiles
+    of ``interleave`` (the last group takes the heads left), a group's items tile by tile across its heads; 1: each
+    head's tiles in a row. The heads of the groups in flight are what the running items share in L2."""
+    grp = w // (n_tiles * interleave)
+    first = grp * interleave
+    size = gl.minimum(HEADS - first, interleave)
+    r = w - grp * (n_tiles * interleave)
+    tile = r // size
+    return first + (r - tile * size), tile
 
 
 @gluon.jit
-def _item_coords(w, n_mt, N_K, GROUP, HEADS, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 INTERLEAVE: gl.constexpr):
+def _item_coords(w, n_mt, N_K, GROUP, HEADS, interleave, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr):
     """Item ``w``'s batch x head, key/value head, first query row and key tiles: heads in groups (``_item_head``;
     their K and V stay in L2 while their tiles run) and, causal, the longest tiles first."""
-    bh, pid_m = _item_head(w, n_mt, HEADS, INTERLEAVE)
+    bh, pid_m = _item_head(w, n_mt, HEADS, interleave)
     if CAUSAL:
         pid_m = n_mt - 1 - pid_m
     start_m = pid_m * BLOCK_M
@@ -399,15 +395,16 @@ def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, st
 @gluon.jit
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
-                                  GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                                  BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                                  FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0, INTERLEAVE: gl.constexpr = 1):
+                                  GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
+                                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                                  STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
-    built once, the (query tile, batch x head) items taken from a counter in ``_item_coords``' order (INTERLEAVE);
-    the K/V ring's stages and phases run on across items. HEADS here is the number of batch x query heads; DOC the
-    counter's int32 pair (next item, finished programs), zero at launch: the last program to finish zeroes it again,
-    so the next launch on the stream finds it zero (no memset per call). SPAN, LEFT, RIGHT and the d strides (1) are
-    unused."""
+    built once, the (query tile, batch x head) items taken from a counter in ``_item_coords``' order; the K/V ring's
+    stages and phases run on across items. HEADS here is the number of batch x query heads; INTERLEAVE (the window's
+    left side in the Triton kernel, which this one has no use for) the heads a group of items spans (``_item_head``;
+    0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero at launch: the last program to
+    finish zeroes it again, so the next launch on the stream finds it zero (no memset per call). SPAN, RIGHT and the
+    d strides (1) are unused."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype.element_ty
     smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
@@ -423,12 +420,13 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                                                       instr_shape=[16, BLOCK_N, 16]))
     n_mt = gl.cdiv(N_Q, BLOCK_M)
     n_items = HEADS * n_mt
+    interleave = gl.maximum(INTERLEAVE, 1)
     counter = DOC.to(gl.pointer_type(gl.int32))
     base = 0  # key/value tiles through the ring before this item's
     item = 0
     w = gl.atomic_add(counter, 1, sem="relaxed")
     while w < n_items:
-        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, HEADS, BLOCK_M, BLOCK_N, CAUSAL, INTERLEAVE)
+        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, HEADS, interleave, BLOCK_M, BLOCK_N, CAUSAL)
         n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)[1]
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         qb, qc = _fold_head(bh, FOLD_Q, HEAD_DIM)
@@ -558,9 +556,9 @@ def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride
 # key tiles arrive while the consumers finish the current one (its O leaves through a buffer of its own).
 @gluon.jit
 def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                  empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, FOLD_Q: gl.constexpr,
-                  FOLD_KV: gl.constexpr, INTERLEAVE: gl.constexpr):
+                  FOLD_KV: gl.constexpr):
     """One warp: per item, once both consumers are done with their Q rows, the item's number into ``item_buf`` and
     the two Q halves (the barrier's arrival publishes the number), then the item's K and V tiles through the ring;
     after the last item, the number ``n_items`` and a plain arrival, which ends the consumers."""
@@ -570,8 +568,8 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
     i = 0
     w = gl.atomic_add(counter, 1, sem="relaxed")
     while w < n_items:
-        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, n_items // n_mt, BLOCK_M, BLOCK_N, CAUSAL,
-                                                 INTERLEAVE)
+        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, n_items // n_mt, interleave, BLOCK_M,
+                                                 BLOCK_N, CAUSAL)
         for h in gl.static_range(2):
             mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
         item_buf.store(gl.full([32], w, gl.int32, vec))
@@ -603,9 +601,9 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
 
 @gluon.jit
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
-                  n_items, n_mt, N_Q, N_K, GROUP, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                  FOLD_Q: gl.constexpr, INTERLEAVE: gl.constexpr):
+                  FOLD_Q: gl.constexpr):
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first)."""
@@ -622,8 +620,8 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
     mbarrier.wait(q_bars.index(WG), 0)
     w = gl.max(item_buf.load(vec), 0)
     while w < n_items:
-        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, n_items // n_mt, BLOCK_M, BLOCK_N, CAUSAL,
-                                                 INTERLEAVE)
+        bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, n_items // n_mt, interleave, BLOCK_M,
+                                                 BLOCK_N, CAUSAL)
         row0 = start_m + WG * ROWS
         if CAUSAL:
             n_full = gl.minimum(row0 + 1, N_K) // BLOCK_N
@@ -651,10 +649,9 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
 @gluon.jit
 def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                      stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q,
-                                     N_K, GROUP, HEADS, LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
+                                     N_K, GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                                     STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                     INTERLEAVE: gl.constexpr = 1):
+                                     STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
     program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
     ROWS: gl.constexpr = BLOCK_M // 2
@@ -675,17 +672,18 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
         mbarrier.init(q_empty.index(i), count=1)
     n_mt = gl.cdiv(N_Q, BLOCK_M)
     n_items = HEADS * n_mt
+    interleave = gl.maximum(INTERLEAVE, 1)
     counter = DOC.to(gl.pointer_type(gl.int32))
     gl.warp_specialize([
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                         STAGES, FOLD_Q, INTERLEAVE)),
+                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 0, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q)),
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
-                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
-                         STAGES, FOLD_Q, INTERLEAVE)),
+                         empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 1, HEAD_DIM, BLOCK_M,
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
-                         v_bars, empty_bars, n_items, n_mt, N_K, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, HEAD_DIM,
-                         FOLD_Q, FOLD_KV, INTERLEAVE)),
+                         v_bars, empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                         HEAD_DIM, FOLD_Q, FOLD_KV)),
     ], [4, 1], [240, 24])
     # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
     if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:

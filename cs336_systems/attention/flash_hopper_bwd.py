@@ -35,8 +35,8 @@ barrier in the loop. The default at head dim 128 (where one warpgroup had to run
 Inputs (the dispatcher's guarantee, not checked here): bf16 or fp16, head dim 64 or 128 (``HEAD_DIM``),
 unit stride along d, 16-byte aligned bases and strides; L the natural-log logsumexp and Delta = rowsum(O dO),
 both fp32 ``(B * Hq, Nq)``; DQ_ACC fp32 ``(B * Hq, Nq, HEAD_DIM)`` contiguous and zeroed. No windows or
-documents (LEFT, RIGHT, DOC, SPAN are accepted and ignored). Needs ``triton.set_allocator`` (descriptors are
-built in global scratch).
+documents (RIGHT, DOC, SPAN are accepted and ignored; the middle kernel takes its INTERLEAVE in LEFT's slot). Needs
+``triton.set_allocator`` (descriptors are built in global scratch).
 """
 
 from __future__ import annotations
@@ -131,14 +131,13 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                             stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
                             stride_dkb, stride_dkn, stride_dkd, stride_dvb, stride_dvn, stride_dvd,
-                            N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
+                            N_Q, N_K, GROUP, BKV, INTERLEAVE, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                            INTERLEAVE: gl.constexpr = 1):
+                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
-    program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE: the persistent items' order
-    (``flash_hopper._item_head``)."""
+    program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE (the Triton kernel's window left
+    side, unused here): the heads a group of items spans (``flash_hopper._item_head``; 0 reads as 1)."""
     dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
 
@@ -198,20 +197,23 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     n_items = BKV * n_kt
     done = 0  # query tiles this program has processed: the ring's slot and phase continue across work items
     item = 0
-    # work item w: key tile w % n_kt of head w // n_kt. Persistent programs take items from a counter in the int32
-    # past Delta's end (zeroed by the preprocess kernel), in that order, so that the items in flight at once share a
-    # few heads' Q, dO and dQ in L2 (head-minor order measured 1.4-2.8x slower): whichever program finishes first
+    # work items (key tile, key/value head) in groups of ``interleave`` heads, a group's items key tile by key tile
+    # across its heads (``_item_head``; 1: a head's key tiles in a row). Persistent programs take items from a counter
+    # in the int32 past Delta's end (zeroed by the preprocess kernel), in that order, so that the items in flight at
+    # once share a group's Q, dO and dQ in L2 (all heads at once measured 1.4-2.8x slower at long shapes, where they
+    # overflow it; the planner sizes the groups to fit, ``_tuning.interleave_for``): whichever program finishes first
     # takes the next, as the hardware's block scheduler would (a fixed round-robin lost 23-30% at long causal
     # shapes). A program draws its next ticket when it has finished an item: drawn when it starts one (to hide
     # the atomic's latency), twice as many items are in flight and their heads' Q, dO and dQ overflow L2 (2x slower
     # with grouped heads at 2 x 32/8 x 8,192 x 128, 3% at 1 x 16 x 16,384 x 64; H100, session 18).
     counter = (Delta + BKV * GROUP * N_Q).to(gl.pointer_type(gl.int32))
+    interleave = gl.maximum(INTERLEAVE, 1)
     if PERSISTENT:
         w = gl.atomic_add(counter, 1, sem="relaxed")
     else:
         w = gl.program_id(1) * n_kt + gl.program_id(0)
     while w < n_items:
-        head, kt = _item_head(w, n_kt, BKV, INTERLEAVE)
+        head, kt = _item_head(w, n_kt, BKV, interleave)
         bkv = head.to(gl.int64)
         h0 = head * GROUP
         start_n = kt * BLOCK_N

@@ -950,6 +950,12 @@ class _Launch:
                                                         for n in names))
 
 
+@functools.cache
+def _l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 cache size (50 MiB on an H100 SXM)."""
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 def _resident_programs(compiled, device: torch.device) -> int:
     """How many programs of a compiled kernel the GPU runs at once: per SM, the fewest that its registers
     (allocated per warp in units of 256), shared memory (plus the 1 KiB the hardware reserves per block) and
@@ -1190,11 +1196,14 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                   (True, False): flash_hopper._hopper_fwd_ws_kernel,
                   (False, True): flash_hopper._hopper_fwd_persistent_kernel,
                   (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
-        order = dict(INTERLEAVE=min(cfg.interleave, bh)) if cfg.persistent else {}
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages, **folds, **order), cfg)
-        if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads
-            return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, (*scalars[:-3], bh, *scalars[-2:]), (fq, fkv)
+                                      STAGES=cfg.num_stages, **folds), cfg)
+        if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads, the left side's
+            # (no window here) how many heads a group of items spans: K and V of a head, shared by its query group
+            order = _tuning.interleave_for(cfg, "fwd", right == 0, bh, 2 * n_k * d * Q.element_size() // group,
+                                           _l2_bytes(Q.device))
+            scalars = (*scalars[:-3], bh, order, scalars[-1])
+            return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, scalars, (fq, fkv)
         return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars, (fq, fkv)
     cfg = cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -1354,11 +1363,13 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds,
-                              **({} if cfg.warp_specialize else dict(INTERLEAVE=min(cfg.interleave, bh_kv)))), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds), cfg)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
-        # the heads per batch; persistent programs take the items from a counter
-        dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, bh_kv, *sides)
+        # the heads per batch; persistent programs take the items from a counter, in groups of heads whose Q, dO and
+        # dQ accumulator rows fit the cache (the left side's slot: no window here)
+        order = _tuning.interleave_for(cfg, "bwd", right == 0, bh_kv, group * n_q * d * (2 * Q.element_size() + 4),
+                                       _l2_bytes(Q.device)) if cfg.persistent else 1
+        dkdv_scalars = (*sq, *sk, *sv, *sdo, *skv, *skv, n_q, n_k, group, bh_kv, order, sides[1])
         grid = (_cdiv(n_k, cfg.block_n) * bh_kv, 1, 1) if cfg.persistent else (_cdiv(n_k, cfg.block_n), bh_kv, 1)
         dkdv = (launch, grid, dkdv_scalars)
     else:

@@ -31,11 +31,11 @@ from cs336_systems.bench.flash import kernel_ms
 K = _tuning.KernelConfig
 SHAPES = {"xl_2048": (4, 25, 2048, 64, True), "xl_512": (4, 25, 512, 64, True), "small_512": (8, 12, 512, 64, True),
           "lb2025": (1, 16, 16384, 64, True), "d128_4k": (1, 16, 4096, 128, True),
-          "noncausal_2k": (8, 16, 2048, 128, False)}
+          "noncausal_2k": (8, 16, 2048, 128, False), "d64_full_2k": (8, 16, 2048, 64, False)}
 # per shape, the interleave values timed with the default tiles (session 27's first run, 39d980e, timed other tiles:
 # none faster with either layout)
-INTERLEAVE = {"xl_2048": (1, 5, 25, 50, 100), "xl_512": (1, 25, 100), "small_512": (1, 12, 48, 96),
-              "lb2025": (1, 2, 4, 8, 16), "d128_4k": (1, 4, 16), "noncausal_2k": (1, 16, 64, 128)}
+INTERLEAVE = {"xl_2048": (1, 25, 0), "xl_512": (1, 25, 100, 0), "small_512": (1, 96, 0), "lb2025": (1, 2, 0),
+              "d128_4k": (1, 4, 0), "noncausal_2k": (1, 0), "d64_full_2k": (1, 16, 0)}  # 0: the planner's choice
 
 
 def tensors(layout: str, b: int, h: int, n: int, d: int, g: torch.Generator):
@@ -113,7 +113,8 @@ def main() -> None:
                     rows.append(dict(shape=name, layout=layout, kind=kind, tile=tile.short(), interleave=order,
                                      kernel_ms=ms, errors=errs, sdpa_errors=peer, ok=ok,
                                      sdpa_fwd_bwd_kernel_ms=peer_ms, sdpa_fwd_kernel_ms=peer_fwd_ms))
-                    print(f"{name:<12} {layout:<6} {kind} {tile.short():<28} kernels {ms:.4f} ms  "
+                    label = tile.short() + ("/auto" if not order else "")
+                    print(f"{name:<12} {layout:<6} {kind} {label:<28} kernels {ms:.4f} ms  "
                           f"{'ok' if ok else 'FAIL'} err {' '.join(f'{e:.2e}' for e in errs)}", flush=True)
             del ref
             torch.cuda.empty_cache()
