@@ -351,6 +351,27 @@ def test_kernel_config_rejects_bad_tiles():
     with pytest.raises(ValueError, match="warp_specialize needs tma=True"):
         KernelConfig(128, 64, 4, 2, False, warp_specialize=True)
     assert KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=True).short() == "128x128/w4/s2/tma/ws/p"
+    with pytest.raises(ValueError, match="interleave must be an int >= 0"):
+        KernelConfig(64, 64, 4, 3, True, persistent=True, interleave=-1)
+
+
+def test_persistent_work_groups_are_divisors_of_the_heads_that_fit_the_cache():
+    """``interleave_for``: a pinned group size wins (clipped to the heads); without a mask 1; causal, the largest
+    divisor of the heads whose inputs fit the kernel's share of L2 (10% over allowed)."""
+    from cs336_systems.attention._tuning import L2_SHARE, KernelConfig, interleave_for
+
+    auto, l2 = KernelConfig(64, 64, 4, 3, True, persistent=True), 50 * 2**20
+    assert interleave_for(KernelConfig(64, 64, interleave=7), "fwd", True, 5, 1, l2) == 5
+    assert interleave_for(KernelConfig(64, 64, interleave=3), "bwd", False, 100, 2**30, l2) == 3
+    assert interleave_for(auto, "fwd", False, 100, 1, l2) == 1
+    per_group = l2 * L2_SHARE["fwd"]
+    assert interleave_for(auto, "fwd", True, 100, int(per_group // 25), l2) == 25  # xl: 100 heads, K and V 512 KiB
+    assert interleave_for(auto, "fwd", True, 100, int(per_group // 24), l2) == 25  # 25 is within the 10%
+    assert interleave_for(auto, "fwd", True, 100, int(per_group // 20), l2) == 20  # 25 is not: the next divisor
+    assert interleave_for(auto, "fwd", True, 16, int(per_group / 3.1), l2) == 2  # 3 and 4 split 16 unevenly / too big
+    assert interleave_for(auto, "bwd", True, 97, int(l2 * L2_SHARE["bwd"] / 50), l2) == 1  # a prime count of heads
+    assert interleave_for(auto, "bwd", True, 96, 1, l2) == 96
+    assert interleave_for(auto, "fwd", True, 16, 10 * l2, l2) == 1  # one head overflows the share: a head at a time
 
 
 def test_pinned_json_is_used_on_its_capability_only(tmp_path):

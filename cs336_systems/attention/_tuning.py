@@ -125,23 +125,26 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
 
 # Share of the L2 cache that the heads of one group of persistent work items fill: K and V forward, Q, dO and the dQ
 # accumulator backward (H100, session 27, scripts/device/layout_variant_ab.py; forward / backward kernel ms, causal,
-# heads in a row -> grouped): xl_2048 0.157 -> 0.152 (25 heads) / 0.444 -> 0.431 (25), with the model's heads-last
-# inputs 0.162 -> 0.152 / 0.475 -> 0.458; small_512 0.0259 -> 0.0241 (96) / 0.0635 -> 0.0595 (96); d128_4k forward
-# 0.140 -> 0.118 (4 heads). Groups past the share lose: xl_2048 backward with 50 heads 0.472, all 100 0.649.
+# a head's items in a row -> grouped): xl_2048 0.157 -> 0.152 (25 heads) / 0.444 -> 0.431 (25), with the model's
+# heads-last inputs 0.162 -> 0.152 / 0.475 -> 0.458; small_512 0.0259 -> 0.0241 (96) / 0.0635 -> 0.0595 (96);
+# d128_4k forward 0.140 -> 0.118 (4 of 16 heads); lb2025 forward 1.20 either way. Groups past the share lose
+# (xl_2048 backward: 0.472 with 50 heads, 0.649 with all 100), and so did groups that leave a smaller last one
+# (d128_4k forward 0.131 with 6 heads, lb2025 1.245 with 3): the group is a divisor of the heads.
 L2_SHARE = {"fwd": 0.25, "bwd": 0.5}
 
 
 def interleave_for(cfg: KernelConfig, kernel: str, causal: bool, heads: int, head_bytes: int, l2_bytes: int) -> int:
     """How many heads a group of a persistent Gluon kernel's work items spans (``flash_hopper._item_head``): the
-    config's ``interleave`` if set; else, causal, as many heads as fit ``L2_SHARE[kernel]`` of the L2 cache at
-    ``head_bytes`` each (a group's items run longest first across its heads, so the programs end together, and
-    read what the cache holds); without a mask, 1 (items of equal length gain nothing from the order: 8 x 16 x
-    2,048 x 128's forward ran 2% slower with 16-head groups, 18% with 64)."""
+    config's ``interleave`` if set; else, causal, the largest divisor of ``heads`` that fits ``L2_SHARE[kernel]`` of
+    the L2 cache at ``head_bytes`` a head, 10% over allowed (a group's items run longest first across its heads, so
+    the programs end together, and read what the cache holds); without a mask, 1 (items of equal length gain nothing
+    from the order: 8 x 16 x 2,048 x 128's forward ran 2% slower with 16-head groups, 18% with 64)."""
     if cfg.interleave:
         return min(cfg.interleave, heads)
     if not causal:
         return 1
-    return max(1, min(heads, int(l2_bytes * L2_SHARE[kernel]) // max(head_bytes, 1)))
+    cap = 1.1 * l2_bytes * L2_SHARE[kernel] / max(head_bytes, 1)
+    return max(g for g in range(1, heads + 1) if heads % g == 0 and (g <= cap or g == 1))
 
 
 def seq_bucket(n: int) -> int:
