@@ -7,8 +7,8 @@ pays) on one GPU model. A call on a CUDA GPU of that model looks up the nearest 
 shape (same head dim, dtype and causality; nearest in sequence length, then in batch x heads, on a log scale)
 and runs what was fastest there: our kernel, or SDPA with that backend first in its priority order (cuDNN,
 flash or memory-efficient). SDPA's own dispatch varies with the torch version and GPU (torch 2.11 on an H100
-already picks cuDNN, the fastest there at every model shape, ``results/flash_leaderboard/``, although the
-priority order it reports puts flash first), so the measured choice is pinned rather than assumed.
+already picks cuDNN, the fastest of its backends there at every model shape, ``results/flash_leaderboard/``,
+although the priority order it reports puts flash first), so the measured choice is pinned rather than assumed.
 Without a measurement (CPU, another GPU, Nq != Nk, a table without backends) it calls
 ``F.scaled_dot_product_attention`` as PyTorch dispatches it. Decisions are
 cached per (shape, dtype, causality, device) and are constants to ``torch.compile`` (no graph break). Windows
