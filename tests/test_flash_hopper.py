@@ -207,3 +207,35 @@ def test_gpu_warp_specialised_backward_refuses_persistent_tiles():
     bad = dataclasses.replace(base, hopper_bwd=_tuning.KernelConfig(128, 128, 4, 2, True, True, True))
     with pytest.raises(ValueError, match="needs persistent=False"):
         ft.flash_backward(q, k, v, o, lse, do, True, bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_work_item_order_does_not_change_the_results(seed, causal):
+    """The persistent kernels' items in groups of heads (``KernelConfig.interleave``: 1, uneven groups of 4 and 7 of
+    10 heads, all heads, the planner's pick): each item is computed as before, only when differs, so O, L, dK and dV
+    are bitwise those of a head at a time, and dQ (added up by atomics in another order) within fp32 rounding."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+
+    q = torch.randn(2, 10, 1000, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 5, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    base = _tuning.config_for(q.device, 1000, 64, q.dtype)
+    assert base.hopper_fwd.persistent and base.hopper_bwd.persistent
+
+    def config(order: int):
+        return dataclasses.replace(base, hopper_fwd=dataclasses.replace(base.hopper_fwd, interleave=order),
+                                   hopper_bwd=dataclasses.replace(base.hopper_bwd, interleave=order))
+
+    o, lse = ft.flash_forward(q, k, v, causal, config(1))
+    grads = ft.flash_backward(q, k, v, o, lse, do, causal, config(1))
+    for order in (4, 7, 20, 0):
+        o2, lse2 = ft.flash_forward(q, k, v, causal, config(order))
+        assert torch.equal(o2, o) and torch.equal(lse2, lse), order
+        dq, dk, dv = ft.flash_backward(q, k, v, o, lse, do, causal, config(order))
+        assert torch.equal(dk, grads[1]) and torch.equal(dv, grads[2]), order
+        torch.testing.assert_close(dq, grads[0], rtol=1e-2, atol=1e-3)  # a bf16 step either way
