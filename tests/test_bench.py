@@ -197,6 +197,7 @@ def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss(attention)
         rec = run_benchmark(cfg)
         assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
         assert rec["step_mean_ms"] > 0
+        assert ("attention_choice" in rec) == (attention == "flash_auto")
         left.append(run_benchmark(probe)["memory_before_gib"])
     # nothing of a configuration (graph pool, compiled blocks, ~2 GiB of weights and optimizer state) is left for
     # the next one, beyond the libraries' workspaces: made on first use (the second run may still add one), then
@@ -278,6 +279,17 @@ def test_peer_is_timed_in_the_same_run_and_records_carry_the_ratio(tmp_path, cap
         assert r["n_params"] == peer[0]["n_params"]  # same sizes, parameter for parameter
         assert r["step_ratio_vs_peer"] == pytest.approx(r["step_mean_ms"] / peer[0]["step_mean_ms"])
         assert r["peer_sdpa"] == peer[0]["peer_sdpa"] == "sdpa"  # no measured table for a CPU: PyTorch's dispatch
+
+
+def test_flash_auto_runs_record_what_it_ran():
+    """``attention_choice``: the kernels flash_auto ran at the model's shape (its table changes as kernels improve,
+    so the name alone does not say); only for flash_auto runs (on a CPU, no table: SDPA)."""
+    auto = run_benchmark(BenchConfig(preset="tiny", context_length=32, attention="flash_auto", warmup=1, steps=1,
+                                     device="cpu"))
+    plain = run_benchmark(BenchConfig(preset="tiny", context_length=32, attention="sdpa", warmup=1, steps=1,
+                                      device="cpu"))
+    assert auto["status"] == plain["status"] == "ok"
+    assert auto["attention_choice"] == "sdpa" and "attention_choice" not in plain
 
 
 def test_peer_with_a_pinned_sdpa_backend_computes_the_same_loss():

@@ -240,6 +240,15 @@ def test_training_step_target_needs_the_median_ratio_too(tmp_path):
     assert "270.00 ms: 0.841x its time, 0.862x by median steps; target <= 0.85x (mean and median): missed" in section
 
 
+def test_training_step_names_what_flash_auto_ran(tmp_path):
+    """A flash_auto run says which kernels its table picked at the model's shape (records from session 27 on)."""
+    res = tmp_path / "results"
+    ours = {**_step_row("ours", 2048, 227.0, "flash_auto"), "attention_choice": "flash_triton"}
+    write_records("training_step", [_step_row("peer", 2048, 270.0), ours], res, device="cpu")
+    section = build_report(res, tmp_path / "REPORT.md").read_text().split("## training_step\n")[1].split("\n## ")[0]
+    assert "ours 227.00 ms per step (flash_auto (flash_triton at this shape), optimizer fused" in section
+
+
 def test_training_step_compares_our_attention_kernel_with_sdpa_in_the_same_run(tmp_path):
     """Issue 18: ours with flash_triton against ours with sdpa, every other setting equal, in one run; met only where
     the mean and median steps both are no slower."""

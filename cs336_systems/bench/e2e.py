@@ -227,14 +227,14 @@ def _captured_step(cfg: BenchConfig, model, optimizer, loss_fn, device: torch.de
     return CapturedStep(step, optimizer=optimizer, warmup=cfg.warmup - 1)
 
 
-def _peer_sdpa(cfg: BenchConfig, model_cfg, batch: int, device: torch.device) -> str:
-    """The SDPA backend measured fastest at the model's attention shape on this GPU (``flash_auto``'s table,
-    SDPA's backends only): the peer's best user pins it."""
+def _attention_choice(cfg: BenchConfig, model_cfg, batch: int, device: torch.device, sdpa_only: bool) -> str:
+    """What ``flash_auto``'s table runs at the model's attention shape on this GPU: ``flash_triton`` or an SDPA
+    backend (``sdpa_only``: the SDPA backend measured fastest, which the peer's best user pins)."""
     if device.type != "cuda":
         return "sdpa"
     dtype = compute_dtype(cfg.precision)
     return choose(batch * model_cfg.num_heads, cfg.context_length, model_cfg.d_model // model_cfg.num_heads, dtype,
-                  True, torch.cuda.get_device_name(device), sdpa_only=True)
+                  True, torch.cuda.get_device_name(device), sdpa_only=sdpa_only)
 
 
 def run_benchmark(cfg: BenchConfig) -> dict:
@@ -260,7 +260,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         if cfg.impl != "ours":
             from cs336_systems.bench.peer import build_peer
 
-            sdpa = _peer_sdpa(cfg, model_cfg, batch, device)
+            sdpa = _attention_choice(cfg, model_cfg, batch, device, sdpa_only=True)
             model, optimizer, loss_fn = build_peer(model_cfg.model_kwargs(), device, compile=device.type == "cuda",
                                                    mode="reduce-overhead" if cfg.impl == "peer-graphs" else None,
                                                    sdpa_backends=sdpa_priority(sdpa))
@@ -270,6 +270,8 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                 optimizer = None
         else:
             model, optimizer, loss_fn, step_model = build_ours(cfg, model_cfg.model_kwargs(), device)
+            if cfg.attention == "flash_auto":  # which kernels ran: the table changes as the kernels improve
+                record["attention_choice"] = _attention_choice(cfg, model_cfg, batch, device, sdpa_only=False)
         x = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         y = torch.randint(0, model_cfg.vocab_size, (batch, cfg.context_length), device=device)
         timer = PhaseTimer(device)

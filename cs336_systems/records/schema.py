@@ -173,8 +173,9 @@ _STEP_MEASURED = {**_f("loss impl residual_dtype rope cublas_workspace cublas_wo
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
                   **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
-                  # bench --impl ours peer: the peer's step beside ours (peer_sdpa: the SDPA backend it ran first)
-                  **_f("compile_scope error peer_impl peer_sdpa", STR),
+                  # bench --impl ours peer: the peer's step beside ours (peer_sdpa: the SDPA backend it ran first);
+                  # attention_choice: what flash_auto ran at the model's shape (flash_triton or an SDPA backend)
+                  **_f("compile_scope error peer_impl peer_sdpa attention_choice", STR),
                   **_f("peer_step_mean_ms peer_peak_memory_gib step_ratio_vs_peer memory_ratio_vs_peer", NUM)}
 
 _PRECISION_ROWS = {  # cs336-systems precision: accumulation loops and the autocast dtype table

@@ -82,7 +82,9 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
             memory = f", peak {r['peak_memory_gib']:.2f} vs {peer['peak_memory_gib']:.2f} GiB"
             memory_target = ("; peak memory no higher than the peer's: "
                              + ("met" if r["peak_memory_gib"] <= peer["peak_memory_gib"] else "missed"))
-        settings = (f"{r['attention']}, optimizer {r['optimizer']}, loss {r['loss']}, compiled {r['compile_scope']}"
+        choice = f" ({r['attention_choice']} at this shape)" if r.get("attention_choice") else ""
+        settings = (f"{r['attention']}{choice}, optimizer {r['optimizer']}, loss {r['loss']}, compiled "
+                    f"{r['compile_scope']}"
                     + (", CUDA graph" if r.get("cuda_graph") else "")
                     + (", bf16 residual stream" if r.get("residual_dtype") == "bf16" else "")
                     + (", Triton RoPE" if r.get("rope") == "triton" else "")
