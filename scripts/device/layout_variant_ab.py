@@ -28,7 +28,6 @@ from cs336_systems.attention import _tuning
 from cs336_systems.attention import flash_triton as ft
 from cs336_systems.bench.flash import kernel_ms
 
-K = _tuning.KernelConfig
 SHAPES = {"xl_2048": (4, 25, 2048, 64, True), "xl_512": (4, 25, 512, 64, True), "small_512": (8, 12, 512, 64, True),
           "lb2025": (1, 16, 16384, 64, True), "d128_4k": (1, 16, 4096, 128, True),
           "noncausal_2k": (8, 16, 2048, 128, False), "d64_full_2k": (8, 16, 2048, 64, False)}
