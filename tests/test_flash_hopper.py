@@ -213,25 +213,30 @@ def test_gpu_warp_specialised_backward_refuses_persistent_tiles():
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_gpu_work_item_order_does_not_change_the_results(seed, causal):
-    """The persistent kernels' items in groups of heads (``KernelConfig.interleave``: 1, uneven groups of 4 and 7 of
-    10 heads, all heads, the planner's pick): each item is computed as before, only when differs, so O, L, dK and dV
-    are bitwise those of a head at a time, and dQ (added up by atomics in another order) within fp32 rounding."""
+    """The persistent kernels' items in groups of heads (``KernelConfig.interleave``: 1, 4, uneven groups of 7 and
+    20, the planner's pick): each item is computed as before, only when differs, so O, L, dK and dV are bitwise those
+    of a head at a time, and dQ (added up by atomics in another order) within fp32 rounding."""
     import dataclasses
 
     from cs336_systems.attention import _tuning
     from cs336_systems.attention import flash_triton as ft
 
-    q = torch.randn(2, 10, 1000, 64, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(2, 5, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    # 96 query heads over 48 key/value heads: 16 tiles each, more than the single-kernel backward takes (512)
+    q = torch.randn(4, 24, 1000, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(4, 12, 1000, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     do = torch.randn_like(q)
     base = _tuning.config_for(q.device, 1000, 64, q.dtype)
-    assert base.hopper_fwd.persistent and base.hopper_bwd.persistent
 
     def config(order: int):
         return dataclasses.replace(base, hopper_fwd=dataclasses.replace(base.hopper_fwd, interleave=order),
                                    hopper_bwd=dataclasses.replace(base.hopper_bwd, interleave=order))
 
+    right = 0 if causal else None
+    fwd = ft._plan_forward(q, k, v, config(7), None, right, False)  # the persistent kernels, the group in LEFT's slot
+    assert fwd[0].kernel is ft.flash_hopper._hopper_fwd_persistent_kernel and fwd[3][-2] == 7
     o, lse = ft.flash_forward(q, k, v, causal, config(1))
+    mode, _, launches = ft._plan_backward(q, k, v, o, lse, do, config(7), False, None, right, False)[:3]
+    assert mode == "atomic" and launches[1][0].kernel is hb._hopper_bwd_dkdv_kernel and launches[1][2][-2] == 7
     grads = ft.flash_backward(q, k, v, o, lse, do, causal, config(1))
     for order in (4, 7, 20, 0):
         o2, lse2 = ft.flash_forward(q, k, v, causal, config(order))
