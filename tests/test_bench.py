@@ -281,6 +281,18 @@ def test_peer_is_timed_in_the_same_run_and_records_carry_the_ratio(tmp_path, cap
         assert r["peer_sdpa"] == peer[0]["peer_sdpa"] == "sdpa"  # no measured table for a CPU: PyTorch's dispatch
 
 
+def test_captured_step_warms_up_on_replays():
+    """At most two eager warm-up steps before the capture; the rest of the warm-up replays the graph, so that the timed
+    replays follow replays (the GPU's power state settles on the timed work)."""
+    class Optimizer:  # what CapturedStep asks of an optimizer; nothing is captured on a CPU
+        def before_graph_replay(self):
+            pass
+
+    for warmup, eager in ((2, 1), (3, 2), (5, 2), (12, 2)):
+        cfg = BenchConfig(preset="tiny", context_length=16, warmup=warmup, steps=1, device="cpu")
+        assert e2e._captured_step(cfg, None, Optimizer(), None, torch.device("cpu")).warmup == eager
+
+
 def test_flash_auto_runs_record_what_it_ran():
     """``attention_choice``: the kernels flash_auto ran at the model's shape (its table changes as kernels improve,
     so the name alone does not say); only for flash_auto runs (on a CPU, no table: SDPA)."""

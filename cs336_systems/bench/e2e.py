@@ -212,8 +212,11 @@ def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
 
 
 def _captured_step(cfg: BenchConfig, model, optimizer, loss_fn, device: torch.device):
-    """The train step as a CUDA graph, captured at the last warm-up step (``CapturedStep``'s requirements: gradients
-    set to None inside the step, autocast without its cast cache)."""
+    """The train step as a CUDA graph (``CapturedStep``'s requirements: gradients set to None inside the step,
+    autocast without its cast cache), captured after at most two eager warm-up steps (they compile and initialise)
+    so that the rest of the warm-up replays it: the GPU's clock and power then settle on the work that is timed. An
+    H100 at its power cap runs the first replays after the capture's idle gap up to 7% off their steady time
+    (docs/training_step.md, session 28)."""
     from cs336_systems.step_graph import CapturedStep
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -224,7 +227,7 @@ def _captured_step(cfg: BenchConfig, model, optimizer, loss_fn, device: torch.de
         optimizer.step()
         return loss.detach()
 
-    return CapturedStep(step, optimizer=optimizer, warmup=cfg.warmup - 1)
+    return CapturedStep(step, optimizer=optimizer, warmup=min(cfg.warmup - 1, 2))
 
 
 def _attention_choice(cfg: BenchConfig, model_cfg, batch: int, device: torch.device, sdpa_only: bool) -> str:

@@ -24,6 +24,8 @@
 #   u (session 26): attention's kernel time by q/k/v/dO layout; the matmul peak cold, sustained and hot; small/512
 #      and xl/512 (ours, bench's defaults) with and without cuBLAS's workspace, one process each
 #   w (session 26): ours with flash_triton against sdpa at xl/512 and xl/2048 (bench's defaults otherwise)
+#   x (session 28): xl/2048 against the peer in the GPU's steady state: 12 warm-up steps (ours: two eager, the
+#      capture, then replays), 20 timed; nvidia-smi samples SM clock and power every 100 ms ($OUT/power.csv)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -162,7 +164,15 @@ w)
   step 560 attention $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 3 \
     --impl ours --preset xl --context-length 512 2048 --attention flash_triton sdpa --steps 10
   ;;
-*) echo "usage: $0 a|b|...|u|w (see the header)"; exit 2;;
+x)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 \
+    > "$OUT/power.csv" &
+  smi=$!
+  step 560 xl-2048-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --steps 20
+  kill $smi
+  ;;
+*) echo "usage: $0 a|b|...|w|x (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
