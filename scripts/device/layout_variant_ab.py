@@ -7,7 +7,9 @@ time under ``torch.profiler``, L2 flushed: ``bench.flash.kernel_ms``) beside SDP
 checks each variant's outputs against an fp64 reference with the 2x-SDPA rule (where it fits in memory; else
 against the first variant's).
 
-    python scripts/device/layout_variant_ab.py [--shapes xl_2048 xl_512] [--layouts model bhtd] [--out DIR]
+    python scripts/device/layout_variant_ab.py [--shapes xl_2048 xl_512] [--layouts model bhtd] [--tiles] [--out DIR]
+
+``--tiles`` also times the kernels in ``TILES`` (the planner's work order), after the default tiles' orders.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ SHAPES = {"xl_2048": (4, 25, 2048, 64, True), "xl_512": (4, 25, 512, 64, True), 
 # none faster with either layout)
 INTERLEAVE = {"xl_2048": (1, 25, 0), "xl_512": (1, 25, 100, 0), "small_512": (1, 96, 0), "lb2025": (1, 2, 0),
               "d128_4k": (1, 4, 0), "noncausal_2k": (1, 0), "d64_full_2k": (1, 16, 0)}  # 0: the planner's choice
+
+_KC = _tuning.KernelConfig
+# --tiles: other forward tiles (session 28: the warp-specialised 128 x 128 and the one-warpgroup 64 x 128 forward,
+# persistent, with the grouped work order that session 27 gave the default one)
+TILES = {"fwd": (_KC(128, 128, 4, 3, tma=True, warp_specialize=True, persistent=True),
+                 _KC(64, 128, 4, 3, tma=True, persistent=True), _KC(64, 64, 4, 4, tma=True, persistent=True)),
+         "bwd": ()}
 
 
 def tensors(layout: str, b: int, h: int, n: int, d: int, g: torch.Generator):
@@ -71,6 +80,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["xl_2048", "xl_512"])
     p.add_argument("--layouts", nargs="*", default=["model", "bhtd"])
+    p.add_argument("--tiles", action="store_true", help="also time the kernels in TILES")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     rows = []
@@ -93,8 +103,11 @@ def main() -> None:
                 first = None
                 tile0 = getattr(base, f"hopper_{kind}")
                 # the warp-specialised backward runs a program per item: no order to choose
-                for order in INTERLEAVE[name] if tile0.persistent else (1,):
-                    tile = dataclasses.replace(tile0, interleave=order)
+                orders = [(tile0, o) for o in (INTERLEAVE[name] if tile0.persistent else (1,))]
+                if args.tiles:
+                    orders += [(t, 0) for t in TILES[kind] if t != tile0 and t.block_m <= n]
+                for t0, order in orders:
+                    tile = dataclasses.replace(t0, interleave=order)
                     cfg = dataclasses.replace(base, **{f"hopper_{kind}": tile})
                     fn = (functools.partial(ft.flash_forward, q, k, v, causal, cfg) if kind == "fwd" else
                           functools.partial(ft.flash_backward, q, k, v, o_def, lse_def, do, causal, cfg))
