@@ -25,7 +25,8 @@
 #      and xl/512 (ours, bench's defaults) with and without cuBLAS's workspace, one process each
 #   w (session 26): ours with flash_triton against sdpa at xl/512 and xl/2048 (bench's defaults otherwise)
 #   x (session 28): xl/2048 against the peer in the GPU's steady state: 12 warm-up steps (ours: two eager, the
-#      capture, then replays), 20 timed; nvidia-smi samples SM clock and power every 100 ms ($OUT/power.csv)
+#      capture, then replays), 20 timed; nvidia-smi samples SM clock and power every 100 ms ($OUT/power.csv);
+#   y (session 28): w's comparison at xl/2048 in the steady state (12 warm-up steps, 20 timed, sdpa first)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -172,7 +173,11 @@ x)
     --impl peer ours --preset xl --context-length 2048 --steps 20
   kill $smi
   ;;
-*) echo "usage: $0 a|b|...|w|x (see the header)"; exit 2;;
+y)
+  step 560 attention-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl ours --preset xl --context-length 2048 --attention sdpa flash_triton --steps 20
+  ;;
+*) echo "usage: $0 a|b|...|x|y (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
