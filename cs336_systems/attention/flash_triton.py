@@ -88,10 +88,12 @@ LOG2E = 1.4426950408889634
 
 # ----------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _tile_src(base, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-              D_PAD: tl.constexpr, TMA: tl.constexpr):
-    """Rows of one batch-head's ``(n_rows, HEAD_DIM)`` matrix, ``BLOCK`` at a time: a tensor descriptor
-    (TMA) or a block pointer at row 0. Blocks are ``D_PAD`` wide; columns past HEAD_DIM read as zero."""
+def _tile_src(X, bh, stride_b, FOLD: tl.constexpr, n_rows, stride_row, stride_d, HEAD_DIM: tl.constexpr,
+              BLOCK: tl.constexpr, D_PAD: tl.constexpr, TMA: tl.constexpr):
+    """Rows of batch-head ``bh``'s ``(n_rows, HEAD_DIM)`` matrix in ``X`` (its offset: ``_head``), ``BLOCK`` at a
+    time: a tensor descriptor (TMA) or a block pointer at row 0. Blocks are ``D_PAD`` wide; columns past HEAD_DIM
+    read as zero."""
+    base = X + _head(bh, stride_b, FOLD, HEAD_DIM)
     if TMA:
         src = tl.make_tensor_descriptor(base, shape=[n_rows, HEAD_DIM], strides=[stride_row, 1],
                                         block_shape=[BLOCK, D_PAD])
@@ -309,12 +311,9 @@ def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd,
     bh = tl.program_id(1).to(tl.int64)
     bkv = bh // GROUP
     start_m = pid_m * BLOCK_M
-    q_src = _tile_src(Q + _head(bh, stride_qb, FOLD_Q, HEAD_DIM), N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD,
-                      TMA)
-    k_src = _tile_src(K + _head(bkv, stride_kb, FOLD_KV, HEAD_DIM), N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N,
-                      D_PAD, TMA)
-    v_src = _tile_src(V + _head(bkv, stride_vb, FOLD_KV, HEAD_DIM), N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N,
-                      D_PAD, TMA)
+    q_src = _tile_src(Q, bh, stride_qb, FOLD_Q, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    k_src = _tile_src(K, bkv, stride_kb, FOLD_KV, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    v_src = _tile_src(V, bkv, stride_vb, FOLD_KV, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -336,8 +335,7 @@ def _flash_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd,
     # Algorithm 1 lines 15-16; a row that sees no key (possible with a window when Nq > Nk) gets O = 0, L = -inf
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back to natural log
-    o_dst = _tile_src(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM), N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD,
-                      TMA)
+    o_dst = _tile_src(O, bh, stride_ob, FOLD_Q, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     _store_rows(o_dst, start_m, acc.to(O.dtype.element_ty), TMA)
     tl.store(L + bh * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
@@ -466,13 +464,10 @@ def _dkdv_head(dk, dv, k, v, Q, DO, O, L, Delta, DQ_ACC, bh, stride_qb, stride_q
     """The query tiles of one query head (batch-head bh) that see this key tile."""
     L += bh * N_Q
     Delta += bh * N_Q
-    q_src = _tile_src(Q + _head(bh, stride_qb, FOLD_Q, HEAD_DIM), N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD,
-                      TMA)
-    do_src = _tile_src(DO + _head(bh, stride_dob, FOLD_Q, HEAD_DIM), N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M,
-                       D_PAD, TMA)
+    q_src = _tile_src(Q, bh, stride_qb, FOLD_Q, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    do_src = _tile_src(DO, bh, stride_dob, FOLD_Q, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     if DELTA_FROM_O:
-        o_src = _tile_src(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM), N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M,
-                          D_PAD, TMA)
+        o_src = _tile_src(O, bh, stride_ob, FOLD_Q, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     else:
         o_src = do_src  # not read
     if ATOMIC_DQ and TMA and not INTERPRET:
@@ -506,10 +501,8 @@ def _dkdv_tile(Q, K, V, DO, O, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, bkv, start_n
     """dK, dV of the key tile [start_n, start_n + BLOCK_N) of key/value head bkv (HEADS of them per batch),
     summed over the GROUP query heads that read it (no atomics); with ATOMIC_DQ also every dQ contribution of
     those pairs."""
-    k_src = _tile_src(K + _head(bkv, stride_kb, FOLD_KV, HEAD_DIM), N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N,
-                      D_PAD, TMA)
-    v_src = _tile_src(V + _head(bkv, stride_vb, FOLD_KV, HEAD_DIM), N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N,
-                      D_PAD, TMA)
+    k_src = _tile_src(K, bkv, stride_kb, FOLD_KV, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    v_src = _tile_src(V, bkv, stride_vb, FOLD_KV, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     # Key rows past N_K are zero and their dK/dV rows are never stored: no key mask is needed here.
     k = _load_rows(k_src, start_n, True, not EVEN_D, TMA)
     v = _load_rows(v_src, start_n, True, not EVEN_D, TMA)
@@ -536,10 +529,8 @@ def _dkdv_tile(Q, K, V, DO, O, L, Delta, DK, DV, DQ_ACC, DOC, SPAN, bkv, start_n
                                 k_doc, doc, lo, full_lo, full_hi, hi, N_Q, LEFT, RIGHT, qk_scale, HEAD_DIM, D_PAD,
                                 BLOCK_M, EVEN_D, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, ATOMIC_DQ, DELTA_FROM_O,
                                 INPUT_PRECISION, INTERPRET, FOLD_Q)
-    dk_dst = _tile_src(DK + _head(bkv, stride_dkb, FOLD_KV, HEAD_DIM), N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N,
-                       D_PAD, TMA)
-    dv_dst = _tile_src(DV + _head(bkv, stride_dvb, FOLD_KV, HEAD_DIM), N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N,
-                       D_PAD, TMA)
+    dk_dst = _tile_src(DK, bkv, stride_dkb, FOLD_KV, N_K, stride_dkn, stride_dkd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    dv_dst = _tile_src(DV, bkv, stride_dvb, FOLD_KV, N_K, stride_dvn, stride_dvd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     _store_rows(dk_dst, start_n, (dk * sm_scale).to(DK.dtype.element_ty), TMA)
     _store_rows(dv_dst, start_n, dv.to(DV.dtype.element_ty), TMA)
 
@@ -627,21 +618,16 @@ def _dq_tile(Q, K, V, DO, O, L, Delta, DQ, DOC, SPAN, bh, bkv, batch, start_m,
              FOLD_Q: tl.constexpr, FOLD_KV: tl.constexpr):
     """dQ of the query tile [start_m, start_m + BLOCK_M) of batch-head bh (key/value head bkv, sequence batch):
     walks its key tiles and writes its dQ rows once (no atomics). DELTA_FROM_O: D from the O and dO tiles."""
-    q_src = _tile_src(Q + _head(bh, stride_qb, FOLD_Q, HEAD_DIM), N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD,
-                      TMA)
-    do_src = _tile_src(DO + _head(bh, stride_dob, FOLD_Q, HEAD_DIM), N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M,
-                       D_PAD, TMA)
-    k_src = _tile_src(K + _head(bkv, stride_kb, FOLD_KV, HEAD_DIM), N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N,
-                      D_PAD, TMA)
-    v_src = _tile_src(V + _head(bkv, stride_vb, FOLD_KV, HEAD_DIM), N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N,
-                      D_PAD, TMA)
+    q_src = _tile_src(Q, bh, stride_qb, FOLD_Q, N_Q, stride_qm, stride_qd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    do_src = _tile_src(DO, bh, stride_dob, FOLD_Q, N_Q, stride_dom, stride_dod, HEAD_DIM, BLOCK_M, D_PAD, TMA)
+    k_src = _tile_src(K, bkv, stride_kb, FOLD_KV, N_K, stride_kn, stride_kd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
+    v_src = _tile_src(V, bkv, stride_vb, FOLD_KV, N_K, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, D_PAD, TMA)
     q = _load_rows(q_src, start_m, True, not EVEN_D, TMA)
     do = _load_rows(do_src, start_m, True, not EVEN_D, TMA)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     if DELTA_FROM_O:
         lse2 = _row_lse2(L + bh * N_Q, offs_m, N_Q, True)
-        o_src = _tile_src(O + _head(bh, stride_ob, FOLD_Q, HEAD_DIM), N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M,
-                          D_PAD, TMA)
+        o_src = _tile_src(O, bh, stride_ob, FOLD_Q, N_Q, stride_om, stride_od, HEAD_DIM, BLOCK_M, D_PAD, TMA)
         o = _load_rows(o_src, start_m, True, not EVEN_D, TMA)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     else:
@@ -657,8 +643,7 @@ def _dq_tile(Q, K, V, DO, O, L, Delta, DQ, DOC, SPAN, bh, bkv, batch, start_m,
                   qk_scale, BLOCK_N, EVEN_D, False, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
     dq = _dq_loop(dq, q, do, lse2, delta, k_src, v_src, offs_m, q_doc, doc, full_hi, hi, N_K, LEFT, RIGHT,
                   qk_scale, BLOCK_N, EVEN_D, True, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, TMA, INPUT_PRECISION, INTERPRET)
-    dq_dst = _tile_src(DQ + _head(bh, stride_dqb, FOLD_Q, HEAD_DIM), N_Q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_M,
-                       D_PAD, TMA)
+    dq_dst = _tile_src(DQ, bh, stride_dqb, FOLD_Q, N_Q, stride_dqm, stride_dqd, HEAD_DIM, BLOCK_M, D_PAD, TMA)
     _store_rows(dq_dst, start_m, (dq * sm_scale).to(DQ.dtype.element_ty), TMA)
 
 
