@@ -56,6 +56,23 @@ def test_warmup_steps_are_excluded_from_statistics(monkeypatch):
     assert rec["step_min_ms"] <= rec["step_median_ms"] <= max(rec["step_times_ms"])
 
 
+def test_warmup_seconds_run_untimed_steps_until_that_long(monkeypatch):
+    calls = _slow_first_calls(monkeypatch, n_slow=100, delay=0.3)  # every step 0.3 s of the fake clock
+    rec = run_benchmark(BenchConfig(**TINY, mode="forward-backward", warmup=1, warmup_seconds=1.0, steps=2))
+    assert rec["status"] == "ok" and rec["settle_steps"] == 4  # 0.3, 0.6, 0.9, then 1.2 s >= 1 s
+    assert calls["n"] == 1 + 4 + 2 and len(rec["step_times_ms"]) == 2
+    assert rec["warmup_seconds"] == 1.0
+
+
+def test_warmup_seconds_default_and_flag(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    quiet = dict(log=lambda _: None)
+    assert [c.warmup_seconds for c in configs_from_args(_bench_args(["--preset", "tiny"]), **quiet)] == [0.0]
+    given = configs_from_args(_bench_args(["--preset", "tiny", "--impl", "peer", "ours", "--warmup-seconds", "1.5"]),
+                              **quiet)
+    assert [(c.impl, c.warmup_seconds) for c in given] == [("peer", 1.5), ("ours", 1.5)]
+
+
 def test_without_warmup_the_slow_steps_are_measured(monkeypatch):
     _slow_first_calls(monkeypatch, n_slow=2)
     rec = run_benchmark(BenchConfig(**TINY, mode="forward-backward", warmup=0, steps=3))
@@ -114,7 +131,8 @@ def test_flops_and_mfu_against_a_hand_count():
 
 def test_bad_configs_are_value_errors():
     for bad in (dict(mode="inference"), dict(precision="fp8"), dict(checkpoint="every"), dict(checkpoint=99),
-                dict(optimizer="sgd"), dict(compile_scope="layer"), dict(steps=0), dict(attention="nope")):
+                dict(optimizer="sgd"), dict(compile_scope="layer"), dict(steps=0), dict(attention="nope"),
+                dict(warmup_seconds=-1.0), dict(warmup_seconds=float("nan")), dict(warmup_seconds=1e4)):
         with pytest.raises(ValueError):
             BenchConfig(**TINY, **bad)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing as mp
+import timeit
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -72,6 +73,9 @@ class BenchConfig:
     # this process after its steps
     peak_tflops: float | None = None
     warmup: int = 5
+    # after the warm-up steps, more untimed steps until they have run this long: a GPU's clock and power settle on
+    # the timed work (a power-capped H100 runs a captured step's first replays up to 7% off its steady time)
+    warmup_seconds: float = 0.0
     steps: int = 10
     device: str | None = None  # None: cuda if available, else cpu
 
@@ -125,6 +129,8 @@ class BenchConfig:
                                  f"{self.torch_device}")
         if self.warmup < 0 or self.steps < 1:
             raise ValueError(f"benchmarking_script: need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
+        if not 0 <= self.warmup_seconds <= 600:  # also refuses nan
+            raise ValueError(f"benchmarking_script: --warmup-seconds must be in [0, 600], got {self.warmup_seconds}")
         if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):
             raise ValueError("benchmarking_script: context_length and batch_size must be positive")
         self.checkpoint = parse_checkpoint_spec(self.checkpoint)
@@ -302,7 +308,13 @@ def run_benchmark(cfg: BenchConfig) -> dict:
 
         # a progress bar only for runs that last (tqdm's delay): one bar per configuration, a tick per step
         label = f"{cfg.impl} {cfg.preset}/{cfg.context_length}"
+        settle_steps = 0
         for i in tqdm(range(cfg.warmup + cfg.steps), desc=label, unit="step", delay=2, leave=False):
+            if i == cfg.warmup and cfg.warmup_seconds > 0:  # untimed steps until the GPU's state settles
+                start = timeit.default_timer()
+                while timeit.default_timer() - start < cfg.warmup_seconds:
+                    one_step(False)
+                    settle_steps += 1
             one_step(i >= cfg.warmup)
             if i == 0 and cfg.warmup >= 1 and device.type == "cuda":
                 # the peak of the steps after the first: the first compiles, and the compiler's autotuning
@@ -325,6 +337,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                 if device.type == "cuda":
                     record[f"{phase}_event_mean_ms"] = summarize(timer.event_seconds(phase))["mean_ms"]
         record.update(
+            settle_steps=settle_steps,
             step_times_ms=[s * 1e3 for s in timer.host["step"]],
             tokens_per_s=tokens / (step["mean_ms"] * 1e-3),
             model_flops_per_step=model_flops_per_step(cfg, batch),

@@ -58,6 +58,9 @@ from cs336_systems.profiling.timing import matmul_peak_tflops
 PROBLEMS = ("benchmarking_script", "benchmarking_mixed_precision", "torch_compile", "gradient_checkpointing",
             "mfu_target", "training_step")
 WARMUP_STUDY = (0, 1, 2, 5)
+# untimed steps (seconds) after the warm-up steps on CUDA: a power-capped GPU settles in about one
+# (docs/training_step.md, session 28)
+WARMUP_SECONDS = 2.0
 TABLE_COLUMNS = ["impl", "preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint",
                  "optimizer", "loss", "cuda_graph", "residual_dtype", "rope", "warmup", "status", "forward_mean_ms",
                  "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms", "step_std_ms", "tokens_per_s", "mfu",
@@ -106,6 +109,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ours, and/or peer: the compiled plain-PyTorch script, timed in the same run; peer-graphs: "
                         "the same compiled with mode='reduce-overhead' (CUDA graphs); ratios are against the faster")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup-seconds", type=float, default=None,
+                   help="after the warm-up steps, more untimed steps until they have run this long, so that the "
+                        "GPU's clock and power settle on the timed work (default: 2 on CUDA, 0 on a CPU; 0 with "
+                        "--warmup-study)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup-study", action="store_true",
                    help=f"run each configuration with {', '.join(map(str, WARMUP_STUDY))} warm-up steps, each in a "
@@ -167,14 +174,20 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
         applies = precision == "bf16" and optimizer == "fused" and mode == "train-step"
         return r or (fast.residual_dtype if applies else "fp32")
     warmups = list(WARMUP_STUDY) if args.warmup_study else [args.warmup]
+    settle = getattr(args, "warmup_seconds", None)
+    if settle is None:
+        settle = WARMUP_SECONDS if device.type == "cuda" and not args.warmup_study else 0.0
+    if settle > 0:
+        log(f"bench: after the warm-up steps, {settle:g} s of untimed steps (the GPU's clock and power settle on the "
+            "timed work; --warmup-seconds)")
     configs = []
     for impl in getattr(args, "impl", None) or ["ours"]:
         if impl != "ours":  # one peer per size and precision: our settings do not apply to it
             grid = itertools.product(presets, contexts, args.mode, args.precision, warmups)
             configs += [BenchConfig(impl=impl, preset=p, context_length=c, batch_size=args.batch_size, mode=m,
                                     precision=pr, compile=device.type == "cuda", attention="sdpa",
-                                    optimizer="torch-fused", warmup=w, steps=args.steps, device=args.device,
-                                    cublas_workspace=peer_workspace)
+                                    optimizer="torch-fused", warmup=w, warmup_seconds=settle, steps=args.steps,
+                                    device=args.device, cublas_workspace=peer_workspace)
                         for p, c, m, pr, w in grid]
             continue
         grid = [(p, c, m, pr, co, a, ck, o, lo, w) for p, c, m, pr, co, a, ck, o, w in itertools.product(
@@ -182,7 +195,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
             for lo in (chosen["loss"] or [vocab_loss[p]])]
         configs += [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
-                                loss=lo, warmup=w, steps=args.steps, device=args.device,
+                                loss=lo, warmup=w, warmup_seconds=settle, steps=args.steps, device=args.device,
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
                                 residual_dtype=residual(r, pr, o, m), rope=rp, cublas_workspace=workspace)
                     for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes]

@@ -172,7 +172,9 @@ _STEP_MEASURED = {**_f("loss impl residual_dtype rope cublas_workspace cublas_wo
                   **_f("peer_compiled cuda_graph isolated peak_tflops_shared", BOOL),
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
-                  **_f("model_flops_per_step n_params", INT), "step_times_ms": LIST,
+                  # untimed steps after the warm-up steps: for how long, and how many ran (absent from older records)
+                  "warmup_seconds": NUM,
+                  **_f("model_flops_per_step n_params settle_steps", INT), "step_times_ms": LIST,
                   # bench --impl ours peer: the peer's step beside ours (peer_sdpa: the SDPA backend it ran first);
                   # attention_choice: what flash_auto ran at the model's shape (flash_triton or an SDPA backend)
                   **_f("compile_scope error peer_impl peer_sdpa attention_choice", STR),
