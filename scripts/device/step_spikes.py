@@ -6,7 +6,7 @@ host (Python's garbage collector pausing before a replay while the GPU idles) an
 the power cap). This times replays as ``bench`` does (a synchronize, CUDA events and the host clock around one
 call), in rounds with the collector as Python runs it and with it frozen and disabled, alternating, and records
 for every step: host ms, event ms, the collections that ran in it (generation, ms), and the SM clock and power
-sampled every 20 ms by ``nvidia-smi`` (or NVML through ``pynvml`` where it is installed).
+sampled every 20 ms by ``nvidia-smi``.
 
     python scripts/device/step_spikes.py [--preset xl --context-length 2048 --steps 16 --rounds 4]
 """
