@@ -1,0 +1,182 @@
+"""Probe (issue 19): can SwiGLU's elementwise pass live in the epilogue of its matmuls at cuBLAS's speed?
+
+At xl/2048 the captured step is at the H100's power cap and its non-matmul time is memory traffic; SwiGLU's
+elementwise kernels are 13 ms of a 227 ms step (docs/training_step.md, session 25). The forward writes a = x W1^T
+and b = x W3^T, then reads both to write h = silu(a) * b. A "dual GEMM" (CUTLASS's name for it) computes a tile of a
+and the same tile of b in one program (x's tile loaded once for both) and writes h from registers; with ``SAVE_AB``
+it also writes a and b, which the backward needs (or recomputes). This times, at the model's shapes:
+
+- ``cublas``: ``x @ w1.T``, ``x @ w3.T`` (cuBLAS) and ``silu(a) * b`` compiled (what the model runs today);
+- ``cublas-packed``: one cuBLAS GEMM against the stacked ``[w1; w3]`` and the same elementwise pass;
+- ``dual``: the Triton kernel below, for each tile configuration in ``CONFIGS``, with and without ``SAVE_AB``;
+
+with ``triton.testing.do_bench`` (L2 flushed, medians), and checks every output against an fp32 reference with the
+2x rule (our error at most twice the cuBLAS path's plus one bf16 rounding of the reference's magnitude).
+
+    python scripts/device/swiglu_dual_gemm_probe.py [--shapes xl_2048 xl_512] [--out DIR]
+    TRITON_INTERPRET=1 python scripts/device/swiglu_dual_gemm_probe.py --check   # CPU: numerics at small sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
+CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
+
+
+@triton.jit
+def _k_step(acc_a, acc_b, x_blk, w1_blk, w3_blk, BLOCK_K: tl.constexpr):
+    """One BLOCK_K slice of both products: x's tile loaded once for the two."""
+    x = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
+    acc_a = tl.dot(x, tl.load(w1_blk, boundary_check=(0, 1), padding_option="zero"), acc_a)
+    acc_b = tl.dot(x, tl.load(w3_blk, boundary_check=(0, 1), padding_option="zero"), acc_b)
+    return (acc_a, acc_b, tl.advance(x_blk, (0, BLOCK_K)), tl.advance(w1_blk, (BLOCK_K, 0)),
+            tl.advance(w3_blk, (BLOCK_K, 0)))
+
+
+@triton.jit
+def _dual_gemm_swiglu(X, W1, W3, H, A, B, M, N, K, stride_xm, stride_wn, stride_hm,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      SAVE_AB: tl.constexpr, INTERPRET: tl.constexpr):
+    """h[m, n] = silu(x[m] . w1[n]) * (x[m] . w3[n]) for one (BLOCK_M, BLOCK_N) tile; x (M, K), w1 and w3 (N, K)
+    row-major with unit stride along K. Tiles in groups of GROUP_M row tiles, so that the programs in flight share
+    their x rows and weight columns in L2 (the Triton matmul tutorial's order)."""
+    pid = tl.program_id(0)
+    n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows
+    pid_n = (pid % per_group) // rows
+    x_blk = tl.make_block_ptr(X, (M, K), (stride_xm, 1), (pid_m * BLOCK_M, 0), (BLOCK_M, BLOCK_K), (1, 0))
+    w1_blk = tl.make_block_ptr(W1, (K, N), (1, stride_wn), (0, pid_n * BLOCK_N), (BLOCK_K, BLOCK_N), (0, 1))
+    w3_blk = tl.make_block_ptr(W3, (K, N), (1, stride_wn), (0, pid_n * BLOCK_N), (BLOCK_K, BLOCK_N), (0, 1))
+    acc_a = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if INTERPRET:  # the interpreter's range cannot take a run-time bound under numpy >= 2.4
+        k0 = 0
+        while k0 < K:
+            acc_a, acc_b, x_blk, w1_blk, w3_blk = _k_step(acc_a, acc_b, x_blk, w1_blk, w3_blk, BLOCK_K)
+            k0 += BLOCK_K
+    else:
+        for _ in range(0, K, BLOCK_K):
+            acc_a, acc_b, x_blk, w1_blk, w3_blk = _k_step(acc_a, acc_b, x_blk, w1_blk, w3_blk, BLOCK_K)
+    # a and b rounded to the input dtype first, as the unfused path stores them, so that h matches it
+    a = acc_a.to(H.dtype.element_ty).to(tl.float32)
+    b = acc_b.to(H.dtype.element_ty).to(tl.float32)
+    h = a * tl.sigmoid(a) * b
+    out = (pid_m * BLOCK_M, pid_n * BLOCK_N)
+    h_blk = tl.make_block_ptr(H, (M, N), (stride_hm, 1), out, (BLOCK_M, BLOCK_N), (1, 0))
+    tl.store(h_blk, h.to(H.dtype.element_ty), boundary_check=(0, 1))
+    if SAVE_AB:
+        a_blk = tl.make_block_ptr(A, (M, N), (stride_hm, 1), out, (BLOCK_M, BLOCK_N), (1, 0))
+        b_blk = tl.make_block_ptr(B, (M, N), (stride_hm, 1), out, (BLOCK_M, BLOCK_N), (1, 0))
+        tl.store(a_blk, acc_a.to(A.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(b_blk, acc_b.to(B.dtype.element_ty), boundary_check=(0, 1))
+
+
+def dual_gemm_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, cfg: tuple, save_ab: bool):
+    """h (and a, b with ``save_ab``) for x (M, K), w1 and w3 (N, K)."""
+    block_m, block_n, block_k, warps, stages = cfg
+    (m, k), n = x.shape, w1.shape[0]
+    h = x.new_empty(m, n)
+    a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    _dual_gemm_swiglu[grid](x, w1, w3, h, a, b, m, n, k, x.stride(0), w1.stride(0), h.stride(0),
+                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SAVE_AB=save_ab,
+                            INTERPRET=bool(os.environ.get("TRITON_INTERPRET")),
+                            num_warps=warps, num_stages=stages)
+    return h, a, b
+
+
+def _swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(a) * b
+
+
+def _errors(got: torch.Tensor, ref: torch.Tensor, base: torch.Tensor) -> tuple[float, float, bool]:
+    err, base_err = (got.float() - ref).abs().max().item(), (base.float() - ref).abs().max().item()
+    return err, base_err, err <= 2 * base_err + ref.abs().max().item() * 2**-8
+
+
+def check(device: str) -> None:
+    """Odd sizes against an fp32 reference (the interpreter on a CPU, in fp16: small tiles)."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter (numpy) has no bf16
+    for m, k, n in ((37, 50, 70), (128, 96, 64)):
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        w1, w3 = (torch.randn(n, k, device=device, dtype=dtype) / k**0.5 for _ in range(2))
+        a_ref, b_ref = x.float() @ w1.float().T, x.float() @ w3.float().T
+        base_a, base_b = x @ w1.T, x @ w3.T
+        for save_ab in (False, True):
+            h, a, b = dual_gemm_swiglu(x, w1, w3, (32, 32, 32, 4, 2), save_ab)
+            results = [("h", *_errors(h, _swiglu(a_ref, b_ref), _swiglu(base_a, base_b)))]
+            if save_ab:
+                results += [("a", *_errors(a, a_ref, base_a)), ("b", *_errors(b, b_ref, base_b))]
+            for name, err, base_err, ok in results:
+                print(f"{m}x{k}x{n} save_ab={save_ab} {name}: err {err:.2e} (cuBLAS path {base_err:.2e}) "
+                      f"{'ok' if ok else 'FAIL'}")
+                if not ok:
+                    raise SystemExit(1)
+
+
+def time_shape(name: str, elementwise, do_bench) -> list[dict]:
+    """Each variant at one shape: median ms, TFLOP/s of the two products, error against the fp32 reference."""
+    m, k, n = SHAPES[name]
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w1, w3 = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5 for _ in range(2))
+    w13 = torch.cat((w1, w3))
+    ref = _swiglu(x.float() @ w1.float().T, x.float() @ w3.float().T)
+    base = elementwise(x @ w1.T, x @ w3.T)
+    flops = 2 * 2 * m * n * k
+    variants = {"cublas": lambda: elementwise(x @ w1.T, x @ w3.T),
+                "cublas-packed": lambda: elementwise(*(x @ w13.T).chunk(2, dim=-1))}
+    for cfg in CONFIGS:
+        for save_ab in (False, True):
+            variants[f"dual {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
+                lambda cfg=cfg, save_ab=save_ab: dual_gemm_swiglu(x, w1, w3, cfg, save_ab)[0])
+    rows = []
+    for label, fn in variants.items():
+        try:
+            h = fn()
+            err, base_err, ok = _errors(h, ref, base)
+            ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+        except Exception as e:  # a tile configuration that does not fit (shared memory, registers)
+            print(f"{name:<9} {label:<28} {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
+            continue
+        rows.append(dict(shape=name, variant=label, ms=ms, tflops=flops / ms / 1e9, err=err, ok=ok))
+        print(f"{name:<9} {label:<28} {ms:.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.2e} "
+              f"(cuBLAS path {base_err:.2e}) {'ok' if ok else 'FAIL'}", flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="*", default=["xl_2048", "xl_512"], choices=list(SHAPES))
+    p.add_argument("--check", action="store_true", help="numerics only, at small odd sizes (CPU interpreter)")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = p.parse_args()
+    if args.check:
+        check("cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu")
+        return
+    from triton.testing import do_bench
+
+    check("cuda")
+    elementwise = torch.compile(_swiglu)
+    rows = [row for name in args.shapes for row in time_shape(name, elementwise, do_bench)]
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": os.environ.get("CS336_GIT_COMMIT", "")}
+    with open(os.path.join(args.out, "swiglu_dual_gemm.json"), "w") as f:
+        json.dump({**meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
