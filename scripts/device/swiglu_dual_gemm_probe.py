@@ -10,8 +10,11 @@ it also writes a and b, which the backward needs (or recomputes). This times, at
 - ``cublas-packed``: one cuBLAS GEMM against the stacked ``[w1; w3]`` and the same elementwise pass;
 - ``dual``: the Triton kernel below, for each tile configuration in ``CONFIGS``, with and without ``SAVE_AB``;
 
-with ``triton.testing.do_bench`` (L2 flushed, medians), and checks every output against an fp32 reference with the
-2x rule (our error at most twice the cuBLAS path's plus one bf16 rounding of the reference's magnitude).
+and the backward's counterpart: dh = dy W2 (the product that feeds SwiGLU's backward) with an epilogue that reads
+a and b and writes da = dh * b * silu'(a) and db = dh * silu(a) (``bwd``), against cuBLAS and the compiled
+elementwise pass (``cublas-bwd``). Timed with ``triton.testing.do_bench`` (L2 flushed, medians); every output is
+checked against an fp32 reference with the 2x rule (our error at most twice the cuBLAS path's plus one bf16 rounding
+of the reference's magnitude).
 
     python scripts/device/swiglu_dual_gemm_probe.py [--shapes xl_2048 xl_512] [--out DIR]
     TRITON_INTERPRET=1 python scripts/device/swiglu_dual_gemm_probe.py --check   # CPU: numerics at small sizes
@@ -30,6 +33,7 @@ import triton.language as tl
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
 CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
+BWD_CONFIGS = ((128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4))
 
 
 @triton.jit
@@ -97,6 +101,71 @@ def dual_gemm_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, cfg: t
     return h, a, b
 
 
+@triton.jit
+def _dot_step(acc, x_blk, w_blk, BLOCK_K: tl.constexpr):
+    acc = tl.dot(tl.load(x_blk, boundary_check=(0, 1), padding_option="zero"),
+                 tl.load(w_blk, boundary_check=(0, 1), padding_option="zero"), acc)
+    return acc, tl.advance(x_blk, (0, BLOCK_K)), tl.advance(w_blk, (BLOCK_K, 0))
+
+
+@triton.jit
+def _gemm_swiglu_bwd(DY, W2, A, B, DA, DB, M, N, K, stride_dym, stride_w2k, stride_am,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """dh = dy W2 for one (BLOCK_M, BLOCK_N) tile (dy (M, K), W2 (K, N) row-major: the Linear's (d_model, d_ff)
+    weight), then da = dh * b * silu'(a) and db = dh * silu(a) from the forward's a and b (M, N)."""
+    pid = tl.program_id(0)
+    n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows
+    pid_n = (pid % per_group) // rows
+    dy_blk = tl.make_block_ptr(DY, (M, K), (stride_dym, 1), (pid_m * BLOCK_M, 0), (BLOCK_M, BLOCK_K), (1, 0))
+    w_blk = tl.make_block_ptr(W2, (K, N), (stride_w2k, 1), (0, pid_n * BLOCK_N), (BLOCK_K, BLOCK_N), (1, 0))
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if INTERPRET:  # as in _dual_gemm_swiglu
+        k0 = 0
+        while k0 < K:
+            acc, dy_blk, w_blk = _dot_step(acc, dy_blk, w_blk, BLOCK_K)
+            k0 += BLOCK_K
+    else:
+        for _ in range(0, K, BLOCK_K):
+            acc, dy_blk, w_blk = _dot_step(acc, dy_blk, w_blk, BLOCK_K)
+    out = (pid_m * BLOCK_M, pid_n * BLOCK_N)
+    a = tl.load(tl.make_block_ptr(A, (M, N), (stride_am, 1), out, (BLOCK_M, BLOCK_N), (1, 0)),
+                boundary_check=(0, 1)).to(tl.float32)
+    b = tl.load(tl.make_block_ptr(B, (M, N), (stride_am, 1), out, (BLOCK_M, BLOCK_N), (1, 0)),
+                boundary_check=(0, 1)).to(tl.float32)
+    dh = acc.to(DA.dtype.element_ty).to(tl.float32)  # rounded as the unfused path stores dh
+    sig = tl.sigmoid(a)
+    da = dh * b * sig * (1.0 + a * (1.0 - sig))
+    db = dh * a * sig
+    tl.store(tl.make_block_ptr(DA, (M, N), (stride_am, 1), out, (BLOCK_M, BLOCK_N), (1, 0)),
+             da.to(DA.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(tl.make_block_ptr(DB, (M, N), (stride_am, 1), out, (BLOCK_M, BLOCK_N), (1, 0)),
+             db.to(DB.dtype.element_ty), boundary_check=(0, 1))
+
+
+def gemm_swiglu_bwd(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: tuple):
+    """da, db for dy (M, d_model), w2 (d_model, d_ff), a and b (M, d_ff)."""
+    block_m, block_n, block_k, warps, stages = cfg
+    (m, k), n = dy.shape, w2.shape[1]
+    da, db = torch.empty_like(a), torch.empty_like(b)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    _gemm_swiglu_bwd[grid](dy, w2, a, b, da, db, m, n, k, dy.stride(0), w2.stride(0), a.stride(0),
+                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8,
+                           INTERPRET=bool(os.environ.get("TRITON_INTERPRET")), num_warps=warps, num_stages=stages)
+    return da, db
+
+
+def _swiglu_bwd(dh: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """da, db of h = silu(a) * b, as autograd computes them from stored a, b and dh."""
+    sig = torch.sigmoid(a.float())
+    da = dh.float() * b.float() * sig * (1 + a.float() * (1 - sig))
+    return da.to(a.dtype), (dh.float() * a.float() * sig).to(b.dtype)
+
+
 def _swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(a) * b
 
@@ -120,15 +189,28 @@ def check(device: str) -> None:
             results = [("h", *_errors(h, _swiglu(a_ref, b_ref), _swiglu(base_a, base_b)))]
             if save_ab:
                 results += [("a", *_errors(a, a_ref, base_a)), ("b", *_errors(b, b_ref, base_b))]
-            for name, err, base_err, ok in results:
-                print(f"{m}x{k}x{n} save_ab={save_ab} {name}: err {err:.2e} (cuBLAS path {base_err:.2e}) "
-                      f"{'ok' if ok else 'FAIL'}")
-                if not ok:
-                    raise SystemExit(1)
+            _report(f"{m}x{k}x{n} save_ab={save_ab}", results)
+        # the backward: dy (M, K) against w2 (K, N), with the forward's a and b
+        dy, w2 = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype) / k**0.5
+        a, b = base_a, base_b
+        dh_ref = dy.float() @ w2.float()
+        sig = torch.sigmoid(a.float())
+        da_ref = dh_ref * b.float() * sig * (1 + a.float() * (1 - sig))
+        db_ref = dh_ref * a.float() * sig
+        base_da, base_db = _swiglu_bwd(dy @ w2, a, b)
+        da, db = gemm_swiglu_bwd(dy, w2, a, b, (32, 32, 32, 4, 2))
+        _report(f"{m}x{k}x{n} bwd", [("da", *_errors(da, da_ref, base_da)), ("db", *_errors(db, db_ref, base_db))])
+
+
+def _report(label: str, results: list) -> None:
+    for name, err, base_err, ok in results:
+        print(f"{label} {name}: err {err:.2e} (cuBLAS path {base_err:.2e}) {'ok' if ok else 'FAIL'}")
+        if not ok:
+            raise SystemExit(1)
 
 
 def time_shape(name: str, elementwise, do_bench) -> list[dict]:
-    """Each variant at one shape: median ms, TFLOP/s of the two products, error against the fp32 reference."""
+    """Each variant at one shape: median ms, TFLOP/s of the products, error against the fp32 reference."""
     m, k, n = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(m + n)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -143,17 +225,30 @@ def time_shape(name: str, elementwise, do_bench) -> list[dict]:
         for save_ab in (False, True):
             variants[f"dual {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                 lambda cfg=cfg, save_ab=save_ab: dual_gemm_swiglu(x, w1, w3, cfg, save_ab)[0])
+    # the backward at the same shape: dy (M, d_model = k) against w2 (d_model, d_ff = n)
+    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
+    a, b = x @ w1.T, x @ w3.T
+    sig = torch.sigmoid(a.float())
+    dh_ref = dy.float() @ w2.float()
+    bwd_ref = dh_ref * b.float() * sig * (1 + a.float() * (1 - sig))  # da: the output checked
+    bwd_elementwise = torch.compile(_swiglu_bwd)
+    bwd_base = bwd_elementwise(dy @ w2, a, b)[0]
+    bwd = {"cublas-bwd": lambda: bwd_elementwise(dy @ w2, a, b)[0]}
+    for cfg in BWD_CONFIGS:
+        bwd[f"bwd {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gemm_swiglu_bwd(dy, w2, a, b, cfg)[0]
     rows = []
-    for label, fn in variants.items():
+    for label, fn, want, base_out, fl in [*((lab, f, ref, base, flops) for lab, f in variants.items()),
+                                          *((lab, f, bwd_ref, bwd_base, flops // 2) for lab, f in bwd.items())]:
         try:
             h = fn()
-            err, base_err, ok = _errors(h, ref, base)
+            err, base_err, ok = _errors(h, want, base_out)
             ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
         except Exception as e:  # a tile configuration that does not fit (shared memory, registers)
             print(f"{name:<9} {label:<28} {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
             continue
-        rows.append(dict(shape=name, variant=label, ms=ms, tflops=flops / ms / 1e9, err=err, ok=ok))
-        print(f"{name:<9} {label:<28} {ms:.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.2e} "
+        rows.append(dict(shape=name, variant=label, ms=ms, tflops=fl / ms / 1e9, err=err, ok=ok))
+        print(f"{name:<9} {label:<28} {ms:.4f} ms  {fl / ms / 1e9:6.1f} TFLOP/s  err {err:.2e} "
               f"(cuBLAS path {base_err:.2e}) {'ok' if ok else 'FAIL'}", flush=True)
     return rows
 
