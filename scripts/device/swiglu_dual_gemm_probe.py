@@ -37,6 +37,17 @@ BWD_CONFIGS = ((128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3),
 
 
 @triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid``, tiles in groups of GROUP_M row tiles, so that the programs in
+    flight share their rows and weight columns in L2 (the Triton matmul tutorial's order)."""
+    n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % rows, (pid % per_group) // rows
+
+
+@triton.jit
 def _k_step(acc_a, acc_b, x_blk, w1_blk, w3_blk, BLOCK_K: tl.constexpr):
     """One BLOCK_K slice of both products: x's tile loaded once for the two."""
     x = tl.load(x_blk, boundary_check=(0, 1), padding_option="zero")
@@ -51,15 +62,8 @@ def _dual_gemm_swiglu(X, W1, W3, H, A, B, M, N, K, stride_xm, stride_wn, stride_
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       SAVE_AB: tl.constexpr, INTERPRET: tl.constexpr):
     """h[m, n] = silu(x[m] . w1[n]) * (x[m] . w3[n]) for one (BLOCK_M, BLOCK_N) tile; x (M, K), w1 and w3 (N, K)
-    row-major with unit stride along K. Tiles in groups of GROUP_M row tiles, so that the programs in flight share
-    their x rows and weight columns in L2 (the Triton matmul tutorial's order)."""
-    pid = tl.program_id(0)
-    n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_n
-    first_m = (pid // per_group) * GROUP_M
-    rows = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows
-    pid_n = (pid % per_group) // rows
+    row-major with unit stride along K; tiles in ``_grouped_tile``'s order."""
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     x_blk = tl.make_block_ptr(X, (M, K), (stride_xm, 1), (pid_m * BLOCK_M, 0), (BLOCK_M, BLOCK_K), (1, 0))
     w1_blk = tl.make_block_ptr(W1, (K, N), (1, stride_wn), (0, pid_n * BLOCK_N), (BLOCK_K, BLOCK_N), (0, 1))
     w3_blk = tl.make_block_ptr(W3, (K, N), (1, stride_wn), (0, pid_n * BLOCK_N), (BLOCK_K, BLOCK_N), (0, 1))
@@ -114,13 +118,7 @@ def _gemm_swiglu_bwd(DY, W2, A, B, DA, DB, M, N, K, stride_dym, stride_w2k, stri
                      INTERPRET: tl.constexpr):
     """dh = dy W2 for one (BLOCK_M, BLOCK_N) tile (dy (M, K), W2 (K, N) row-major: the Linear's (d_model, d_ff)
     weight), then da = dh * b * silu'(a) and db = dh * silu(a) from the forward's a and b (M, N)."""
-    pid = tl.program_id(0)
-    n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_n
-    first_m = (pid // per_group) * GROUP_M
-    rows = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows
-    pid_n = (pid % per_group) // rows
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     dy_blk = tl.make_block_ptr(DY, (M, K), (stride_dym, 1), (pid_m * BLOCK_M, 0), (BLOCK_M, BLOCK_K), (1, 0))
     w_blk = tl.make_block_ptr(W2, (K, N), (stride_w2k, 1), (0, pid_n * BLOCK_N), (BLOCK_K, BLOCK_N), (1, 0))
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
