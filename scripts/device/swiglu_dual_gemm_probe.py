@@ -29,11 +29,16 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
 CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
 BWD_CONFIGS = ((128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4))
+# the persistent TMA variants (one program per SM, tiles strided over them, loads of the next tile's first K slices
+# issued under this tile's epilogue by the flattened loop)
+TMA_CONFIGS = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 256, 64, 8, 3),
+               (128, 128, 128, 8, 3))
 
 
 @triton.jit
@@ -157,6 +162,128 @@ def gemm_swiglu_bwd(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torc
     return da, db
 
 
+@triton.jit
+def _dual_k_step(x_desc, w1_desc, w3_desc, om, on, ok, acc_a, acc_b):
+    x = x_desc.load([om, ok])
+    return tl.dot(x, w1_desc.load([on, ok]).T, acc_a), tl.dot(x, w3_desc.load([on, ok]).T, acc_b)
+
+
+@triton.jit
+def _dual_epilogue(acc_a, acc_b, h_desc, a_desc, b_desc, om, on, SAVE_AB: tl.constexpr):
+    a = acc_a.to(h_desc.dtype)
+    b = acc_b.to(h_desc.dtype)
+    af = a.to(tl.float32)
+    h_desc.store([om, on], (af * tl.sigmoid(af) * b.to(tl.float32)).to(h_desc.dtype))
+    if SAVE_AB:
+        a_desc.store([om, on], a)
+        b_desc.store([om, on], b)
+
+
+@triton.jit
+def _dual_gemm_swiglu_tma(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                          SAVE_AB: tl.constexpr, NUM_PROGRAMS: tl.constexpr, INTERPRET: tl.constexpr):
+    """``_dual_gemm_swiglu`` as persistent programs over host TMA descriptors (x (M, K), w1 and w3 (N, K)); the
+    flattened loop lets the next tile's first loads go out under this tile's epilogue."""
+    n_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if INTERPRET:  # the same loops as while loops (see _dual_gemm_swiglu)
+        tile = tl.program_id(0)
+        while tile < n_tiles:
+            pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc_a = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            acc_b = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            ok = 0
+            while ok < K:
+                acc_a, acc_b = _dual_k_step(x_desc, w1_desc, w3_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, ok,
+                                            acc_a, acc_b)
+                ok += BLOCK_K
+            _dual_epilogue(acc_a, acc_b, h_desc, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, SAVE_AB)
+            tile += NUM_PROGRAMS
+    else:
+        for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc_a = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            acc_b = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for kk in range(tl.cdiv(K, BLOCK_K)):
+                acc_a, acc_b = _dual_k_step(x_desc, w1_desc, w3_desc, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                                            kk * BLOCK_K, acc_a, acc_b)
+            _dual_epilogue(acc_a, acc_b, h_desc, a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, SAVE_AB)
+
+
+def dual_gemm_swiglu_tma(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, cfg: tuple, save_ab: bool):
+    """h (and a, b) as ``dual_gemm_swiglu``, by the persistent TMA kernel."""
+    block_m, block_n, block_k, warps, stages = cfg
+    (m, k), n = x.shape, w1.shape[0]
+    h = x.new_empty(m, n)
+    a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
+    mk, nk, mn = [block_m, block_k], [block_n, block_k], [block_m, block_n]
+    programs = min(_sm_count(x.device), triton.cdiv(m, block_m) * triton.cdiv(n, block_n))
+    _dual_gemm_swiglu_tma[(programs,)](
+        TensorDescriptor.from_tensor(x, mk), TensorDescriptor.from_tensor(w1, nk), TensorDescriptor.from_tensor(w3, nk),
+        *(TensorDescriptor.from_tensor(t, mn) for t in (h, a, b)), m, n, k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, SAVE_AB=save_ab, NUM_PROGRAMS=programs,
+        INTERPRET=bool(os.environ.get("TRITON_INTERPRET")),
+        num_warps=warps, num_stages=stages)
+    return h, a, b
+
+
+@triton.jit
+def _bwd_epilogue(acc, a_desc, b_desc, da_desc, db_desc, om, on):
+    a = a_desc.load([om, on]).to(tl.float32)
+    b = b_desc.load([om, on]).to(tl.float32)
+    dh = acc.to(da_desc.dtype).to(tl.float32)
+    sig = tl.sigmoid(a)
+    da_desc.store([om, on], (dh * b * sig * (1.0 + a * (1.0 - sig))).to(da_desc.dtype))
+    db_desc.store([om, on], (dh * a * sig).to(db_desc.dtype))
+
+
+@triton.jit
+def _gemm_swiglu_bwd_tma(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                         NUM_PROGRAMS: tl.constexpr, INTERPRET: tl.constexpr):
+    """``_gemm_swiglu_bwd`` as persistent programs over host TMA descriptors (dy (M, K), W2 (K, N))."""
+    n_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if INTERPRET:
+        tile = tl.program_id(0)
+        while tile < n_tiles:
+            pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            ok = 0
+            while ok < K:
+                acc = tl.dot(dy_desc.load([pid_m * BLOCK_M, ok]), w2_desc.load([ok, pid_n * BLOCK_N]), acc)
+                ok += BLOCK_K
+            _bwd_epilogue(acc, a_desc, b_desc, da_desc, db_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+            tile += NUM_PROGRAMS
+    else:
+        for tile in tl.range(tl.program_id(0), n_tiles, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for kk in range(tl.cdiv(K, BLOCK_K)):
+                acc = tl.dot(dy_desc.load([pid_m * BLOCK_M, kk * BLOCK_K]),
+                             w2_desc.load([kk * BLOCK_K, pid_n * BLOCK_N]), acc)
+            _bwd_epilogue(acc, a_desc, b_desc, da_desc, db_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+
+
+def gemm_swiglu_bwd_tma(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cfg: tuple):
+    """da, db as ``gemm_swiglu_bwd``, by the persistent TMA kernel."""
+    block_m, block_n, block_k, warps, stages = cfg
+    (m, k), n = dy.shape, w2.shape[1]
+    da, db = torch.empty_like(a), torch.empty_like(b)
+    mn = [block_m, block_n]
+    programs = min(_sm_count(dy.device), triton.cdiv(m, block_m) * triton.cdiv(n, block_n))
+    _gemm_swiglu_bwd_tma[(programs,)](
+        TensorDescriptor.from_tensor(dy, [block_m, block_k]), TensorDescriptor.from_tensor(w2, [block_k, block_n]),
+        *(TensorDescriptor.from_tensor(t, mn) for t in (a, b, da, db)), m, n, k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_PROGRAMS=programs,
+        INTERPRET=bool(os.environ.get("TRITON_INTERPRET")),
+        num_warps=warps, num_stages=stages)
+    return da, db
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def _swiglu_bwd(dh: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b, as autograd computes them from stored a, b and dh."""
     sig = torch.sigmoid(a.float())
@@ -177,17 +304,18 @@ def check(device: str) -> None:
     """Odd sizes against an fp32 reference (the interpreter on a CPU, in fp16: small tiles)."""
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter (numpy) has no bf16
-    for m, k, n in ((37, 50, 70), (128, 96, 64)):
+    for m, k, n in ((37, 56, 72), (128, 96, 64)):  # TMA: row strides of 16 bytes; K and N not whole tiles
         x = torch.randn(m, k, device=device, dtype=dtype)
         w1, w3 = (torch.randn(n, k, device=device, dtype=dtype) / k**0.5 for _ in range(2))
         a_ref, b_ref = x.float() @ w1.float().T, x.float() @ w3.float().T
         base_a, base_b = x @ w1.T, x @ w3.T
         for save_ab in (False, True):
-            h, a, b = dual_gemm_swiglu(x, w1, w3, (32, 32, 32, 4, 2), save_ab)
-            results = [("h", *_errors(h, _swiglu(a_ref, b_ref), _swiglu(base_a, base_b)))]
-            if save_ab:
-                results += [("a", *_errors(a, a_ref, base_a)), ("b", *_errors(b, b_ref, base_b))]
-            _report(f"{m}x{k}x{n} save_ab={save_ab}", results)
+            for kind, fn in (("", dual_gemm_swiglu), (" tma", dual_gemm_swiglu_tma)):
+                h, a, b = fn(x, w1, w3, (32, 32, 32, 4, 2), save_ab)
+                results = [("h", *_errors(h, _swiglu(a_ref, b_ref), _swiglu(base_a, base_b)))]
+                if save_ab:
+                    results += [("a", *_errors(a, a_ref, base_a)), ("b", *_errors(b, b_ref, base_b))]
+                _report(f"{m}x{k}x{n}{kind} save_ab={save_ab}", results)
         # the backward: dy (M, K) against w2 (K, N), with the forward's a and b
         dy, w2 = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype) / k**0.5
         a, b = base_a, base_b
@@ -196,8 +324,10 @@ def check(device: str) -> None:
         da_ref = dh_ref * b.float() * sig * (1 + a.float() * (1 - sig))
         db_ref = dh_ref * a.float() * sig
         base_da, base_db = _swiglu_bwd(dy @ w2, a, b)
-        da, db = gemm_swiglu_bwd(dy, w2, a, b, (32, 32, 32, 4, 2))
-        _report(f"{m}x{k}x{n} bwd", [("da", *_errors(da, da_ref, base_da)), ("db", *_errors(db, db_ref, base_db))])
+        for kind, fn in (("", gemm_swiglu_bwd), (" tma", gemm_swiglu_bwd_tma)):
+            da, db = fn(dy, w2, a, b, (32, 32, 32, 4, 2))
+            _report(f"{m}x{k}x{n}{kind} bwd",
+                    [("da", *_errors(da, da_ref, base_da)), ("db", *_errors(db, db_ref, base_db))])
 
 
 def _report(label: str, results: list) -> None:
@@ -218,11 +348,16 @@ def time_shape(name: str, elementwise, do_bench) -> list[dict]:
     base = elementwise(x @ w1.T, x @ w3.T)
     flops = 2 * 2 * m * n * k
     variants = {"cublas": lambda: elementwise(x @ w1.T, x @ w3.T),
-                "cublas-packed": lambda: elementwise(*(x @ w13.T).chunk(2, dim=-1))}
+                "cublas-packed": lambda: elementwise(*(x @ w13.T).chunk(2, dim=-1)),
+                "cublas-mm-only": lambda: x @ w13.T}  # the matmuls' own time: what a fused kernel has to match
     for cfg in CONFIGS:
         for save_ab in (False, True):
             variants[f"dual {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                 lambda cfg=cfg, save_ab=save_ab: dual_gemm_swiglu(x, w1, w3, cfg, save_ab)[0])
+    for cfg in TMA_CONFIGS:
+        for save_ab in (False, True):
+            variants[f"tma {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
+                lambda cfg=cfg, save_ab=save_ab: dual_gemm_swiglu_tma(x, w1, w3, cfg, save_ab)[0])
     # the backward at the same shape: dy (M, d_model = k) against w2 (d_model, d_ff = n)
     dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
@@ -232,15 +367,17 @@ def time_shape(name: str, elementwise, do_bench) -> list[dict]:
     bwd_ref = dh_ref * b.float() * sig * (1 + a.float() * (1 - sig))  # da: the output checked
     bwd_elementwise = torch.compile(_swiglu_bwd)
     bwd_base = bwd_elementwise(dy @ w2, a, b)[0]
-    bwd = {"cublas-bwd": lambda: bwd_elementwise(dy @ w2, a, b)[0]}
+    bwd = {"cublas-bwd": lambda: bwd_elementwise(dy @ w2, a, b)[0], "cublas-bwd-mm-only": lambda: dy @ w2}
     for cfg in BWD_CONFIGS:
         bwd[f"bwd {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gemm_swiglu_bwd(dy, w2, a, b, cfg)[0]
+    for cfg in TMA_CONFIGS:
+        bwd[f"bwd tma {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gemm_swiglu_bwd_tma(dy, w2, a, b, cfg)[0]
     rows = []
     for label, fn, want, base_out, fl in [*((lab, f, ref, base, flops) for lab, f in variants.items()),
                                           *((lab, f, bwd_ref, bwd_base, flops // 2) for lab, f in bwd.items())]:
         try:
             h = fn()
-            err, base_err, ok = _errors(h, want, base_out)
+            err, base_err, ok = (float("nan"),) * 2 + (True,) if "mm-only" in label else _errors(h, want, base_out)
             ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
         except Exception as e:  # a tile configuration that does not fit (shared memory, registers)
             print(f"{name:<9} {label:<28} {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
