@@ -31,6 +31,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+# the Gluon kernels of cs336_systems.fused.swiglu_gemm: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps, GROUP_M)
+GLUON_FWD = ((128, 128, 64, 4, 8, 8), (128, 128, 64, 3, 8, 8), (128, 128, 64, 4, 8, 4), (128, 64, 64, 4, 4, 8))
+GLUON_BWD = ((128, 128, 64, 4, 8, 8), (128, 128, 64, 5, 8, 8), (128, 128, 64, 3, 8, 8), (128, 64, 64, 4, 4, 8))
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
 CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
@@ -337,7 +340,7 @@ def _report(label: str, results: list) -> None:
             raise SystemExit(1)
 
 
-def time_shape(name: str, elementwise, do_bench) -> list[dict]:
+def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dict]:
     """Each variant at one shape: median ms, TFLOP/s of the products, error against the fp32 reference."""
     m, k, n = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(m + n)
@@ -358,6 +361,11 @@ def time_shape(name: str, elementwise, do_bench) -> list[dict]:
         for save_ab in (False, True):
             variants[f"tma {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                 lambda cfg=cfg, save_ab=save_ab: dual_gemm_swiglu_tma(x, w1, w3, cfg, save_ab)[0])
+    if gluon_kernels is not None:
+        for cfg in GLUON_FWD:
+            for save_ab in (False, True):
+                variants[f"gluon {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
+                    lambda cfg=cfg, save_ab=save_ab: gluon_kernels.dual_swiglu(x, w1, w3, save_ab, cfg)[0])
     # the backward at the same shape: dy (M, d_model = k) against w2 (d_model, d_ff = n)
     dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
@@ -372,6 +380,10 @@ def time_shape(name: str, elementwise, do_bench) -> list[dict]:
         bwd[f"bwd {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gemm_swiglu_bwd(dy, w2, a, b, cfg)[0]
     for cfg in TMA_CONFIGS:
         bwd[f"bwd tma {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gemm_swiglu_bwd_tma(dy, w2, a, b, cfg)[0]
+    if gluon_kernels is not None:
+        for cfg in GLUON_BWD:
+            bwd[f"bwd gluon {'x'.join(map(str, cfg))}"] = (
+                lambda cfg=cfg: gluon_kernels.swiglu_backward(dy, w2, a, b, cfg)[0])
     rows = []
     for label, fn, want, base_out, fl in [*((lab, f, ref, base, flops) for lab, f in variants.items()),
                                           *((lab, f, bwd_ref, bwd_base, flops // 2) for lab, f in bwd.items())]:
@@ -393,6 +405,7 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", default=["xl_2048", "xl_512"], choices=list(SHAPES))
     p.add_argument("--check", action="store_true", help="numerics only, at small odd sizes (CPU interpreter)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--only-gluon", action="store_true", help="time the cuBLAS paths and the Gluon kernels only")
     args = p.parse_args()
     if args.check:
         check("cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu")
@@ -401,7 +414,15 @@ def main() -> None:
 
     check("cuda")
     elementwise = torch.compile(_swiglu)
-    rows = [row for name in args.shapes for row in time_shape(name, elementwise, do_bench)]
+    try:
+        from cs336_systems.fused import swiglu_gemm as gluon_kernels
+    except ImportError as e:  # a Triton without Gluon's Hopper modules
+        print(f"no Gluon kernels: {e}")
+        gluon_kernels = None
+    if args.only_gluon:
+        global CONFIGS, BWD_CONFIGS, TMA_CONFIGS
+        CONFIGS, BWD_CONFIGS, TMA_CONFIGS = (), (), ()
+    rows = [row for name in args.shapes for row in time_shape(name, elementwise, do_bench, gluon_kernels)]
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": os.environ.get("CS336_GIT_COMMIT", "")}
     with open(os.path.join(args.out, "swiglu_dual_gemm.json"), "w") as f:
