@@ -79,7 +79,7 @@ def _store_tile(desc, out_s, value, om, on):
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, MMA_LAG: gl.constexpr = 1):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -114,8 +114,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
                               is_async=True)
         tok_b = warpgroup_mma(x_s.index(stage), w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0,
                               is_async=True)
-        # the previous iteration's MMAs are done: its stage takes the load STAGES - 1 iterations ahead
-        acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
+        # the previous iteration's MMAs are done (MMA_LAG 0: these too): its stage takes the load STAGES - 1
+        # iterations ahead
+        acc_a, acc_b = warpgroup_mma_wait(2 * MMA_LAG, deps=(tok_a, tok_b))
         _load_dual(it + STAGES - 1, total, k_tiles, start, step, n_m, n_n, x_desc, w1_desc, w3_desc, x_s, w1_s,
                    w3_s, bars, GROUP_M, STAGES)
         if kk == k_tiles - 1:
@@ -236,7 +237,8 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                config: tuple = FWD_CONFIG, mma_lag: int = 1
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None)."""
     block_m, block_n, block_k, stages, warps, group_m = config
@@ -248,7 +250,7 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(programs,)](
         _desc(x, [block_m, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, mn), _desc(a, mn), _desc(b, mn), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        num_warps=warps)
+        MMA_LAG=mma_lag, num_warps=warps)
     return (h, a, b) if save_ab else (h, None, None)
 
 

@@ -366,6 +366,7 @@ def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dic
             for save_ab in (False, True):
                 variants[f"gluon {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                     lambda cfg=cfg, save_ab=save_ab: gluon_kernels.dual_swiglu(x, w1, w3, save_ab, cfg)[0])
+        variants["gluon lag0 +ab"] = lambda: gluon_kernels.dual_swiglu(x, w1, w3, True, GLUON_FWD[0], mma_lag=0)[0]
     # the backward at the same shape: dy (M, d_model = k) against w2 (d_model, d_ff = n)
     dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
@@ -400,13 +401,39 @@ def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dic
     return rows
 
 
+def ncu_calls(name: str) -> None:
+    """A few calls of each kernel at one shape, for ``ncu`` (cuBLAS's GEMMs, the Triton and Gluon kernels)."""
+    from cs336_systems.fused import swiglu_gemm
+
+    m, k, n = SHAPES[name]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w13 = torch.randn(2 * n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    w1, w3 = w13[:n], w13[n:]
+    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / k**0.5
+    a, b = x @ w1.T, x @ w3.T
+    torch.cuda.synchronize()
+    for label, fn in (("cublas packed", lambda: x @ w13.T), ("cublas dh", lambda: dy @ w2),
+                      ("triton tma +ab", lambda: dual_gemm_swiglu_tma(x, w1, w3, (128, 128, 64, 8, 4), True)),
+                      ("gluon +ab", lambda: swiglu_gemm.dual_swiglu(x, w1, w3, True)),
+                      ("gluon bwd", lambda: swiglu_gemm.swiglu_backward(dy, w2, a, b))):
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        print(label, "done", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["xl_2048", "xl_512"], choices=list(SHAPES))
     p.add_argument("--check", action="store_true", help="numerics only, at small odd sizes (CPU interpreter)")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--only-gluon", action="store_true", help="time the cuBLAS paths and the Gluon kernels only")
+    p.add_argument("--ncu", action="store_true", help="two calls of each kernel at the first shape, for ncu")
     args = p.parse_args()
+    if args.ncu:
+        ncu_calls(args.shapes[0])
+        return
     if args.check:
         check("cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") else "cpu")
         return
