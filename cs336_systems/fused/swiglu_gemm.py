@@ -215,6 +215,213 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
     mbarrier.invalidate(ab_bar)
 
 
+# Warp-specialised forms (what cuBLAS's Hopper kernels do: ``nvjet_sm90_*_coopB``, one producer and two consumer
+# warpgroups): a producer warp fills the ring, two consumer warpgroups (64 rows of the 128-row tile each) run the
+# MMAs and the epilogue with 240 registers a thread, so the two fp32 accumulators and the epilogue's temporaries fit
+# without spilling (the software-pipelined kernels above use 255 and spill in the forward).
+@gluon.jit
+def _ws_tiles(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """This program's first tile, its stride, the tile grid and the K slices: the persistent programs' schedule."""
+    start = gl.program_id(0)
+    step = gl.num_programs(0)
+    n_m = gl.cdiv(M, BLOCK_M)
+    n_n = gl.cdiv(N, BLOCK_N)
+    return start, step, n_m, n_n, gl.cdiv(n_m * n_n - start, step), gl.cdiv(K, BLOCK_K)
+
+
+@gluon.jit
+def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M: gl.constexpr,
+                      STAGES: gl.constexpr):
+    ROWS: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
+    it = 0
+    for t in range(n_mine):
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
+        for kk in range(k_tiles):
+            stage = it % STAGES
+            mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+            bar = full.index(stage)
+            mbarrier.expect(bar, 2 * x_desc.block_type.nbytes + 2 * w1_desc.block_type.nbytes)
+            k = kk * BLOCK_K
+            tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS, k], bar, x_s.index(2 * stage))
+            tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS + ROWS, k], bar, x_s.index(2 * stage + 1))
+            tma.async_copy_global_to_shared(w1_desc, [pid_n * BLOCK_N, k], bar, w1_s.index(stage))
+            tma.async_copy_global_to_shared(w3_desc, [pid_n * BLOCK_N, k], bar, w3_s.index(stage))
+            it += 1
+
+
+@gluon.jit
+def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+    """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
+    output buffer."""
+    ROWS: gl.constexpr = h_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = h_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = x_s.type.shape[2]
+    dtype: gl.constexpr = h_desc.dtype
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
+    acc_a = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+    acc_b = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+    out = out_s.index(WG)
+    it = 0
+    for t in range(n_mine):
+        for kk in range(k_tiles):
+            stage = it % STAGES
+            mbarrier.wait(full.index(stage), (it // STAGES) & 1)
+            xs = x_s.index(2 * stage + WG)
+            tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, use_acc=kk > 0, is_async=True)
+            tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
+            acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
+            if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            it += 1
+        acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
+        om = pid_m * 2 * ROWS + WG * ROWS
+        a = acc_a.to(dtype)
+        b = acc_b.to(dtype)
+        af = a.to(gl.float32)
+        _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
+        if SAVE_AB:
+            _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
+            _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _dual_swiglu_ws_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
+                           STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+    """``_dual_swiglu_kernel``'s work, warp-specialised; x_desc's block is half a tile's rows (launch 4 warps)."""
+    ROWS: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
+    dtype: gl.constexpr = x_desc.dtype
+    x_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], x_desc.layout)
+    w1_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w1_desc.layout)
+    w3_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w3_desc.layout)
+    out_s = gl.allocate_shared_memory(dtype, [2, ROWS, BLOCK_N], h_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    gl.warp_specialize([
+        (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M,
+                             STAGES, SAVE_AB)),
+        (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M,
+                             STAGES, SAVE_AB)),
+        (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
+    ], [4, 1], [240, 24])
+
+
+@gluon.jit
+def _ws_bwd_producer(dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K,
+                     GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    ROWS: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
+    it = 0
+    for t in range(n_mine):
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
+        for kk in range(k_tiles):
+            stage = it % STAGES
+            mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+            bar = full.index(stage)
+            mbarrier.expect(bar, 2 * dy_desc.block_type.nbytes + w2_desc.block_type.nbytes)
+            k = kk * BLOCK_K
+            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS, k], bar, dy_s.index(2 * stage))
+            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS + ROWS, k], bar, dy_s.index(2 * stage + 1))
+            tma.async_copy_global_to_shared(w2_desc, [k, pid_n * BLOCK_N], bar, w2_s.index(stage))
+            it += 1
+        # the tile's a and b, once the previous tile's da and db have left the buffers they share
+        mbarrier.wait(ab_empty, (t & 1) ^ 1, pred=t > 0)
+        mbarrier.expect(ab_full, 4 * a_desc.block_type.nbytes)
+        for wg in gl.static_range(2):
+            om = pid_m * 2 * ROWS + wg * ROWS
+            tma.async_copy_global_to_shared(a_desc, [om, pid_n * BLOCK_N], ab_full, ab_s.index(wg))
+            tma.async_copy_global_to_shared(b_desc, [om, pid_n * BLOCK_N], ab_full, ab_s.index(2 + wg))
+
+
+@gluon.jit
+def _ws_bwd_consumer(da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, WG: gl.constexpr,
+                     GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """Rows WG * 64 .. WG * 64 + 63 of every tile: dh, then da and db written over the a and b they came from (each
+    thread writes exactly the elements it read)."""
+    ROWS: gl.constexpr = da_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = da_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = dy_s.type.shape[2]
+    dtype: gl.constexpr = da_desc.dtype
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
+    acc = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+    a_s = ab_s.index(WG)
+    b_s = ab_s.index(2 + WG)
+    it = 0
+    for t in range(n_mine):
+        for kk in range(k_tiles):
+            stage = it % STAGES
+            mbarrier.wait(full.index(stage), (it // STAGES) & 1)
+            tok = warpgroup_mma(dy_s.index(2 * stage + WG), w2_s.index(stage), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(tok,))
+            if kk > 0:
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            it += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
+        om = pid_m * 2 * ROWS + WG * ROWS
+        mbarrier.wait(ab_full, t & 1)
+        a = a_s.load(acc_layout).to(gl.float32)
+        b = b_s.load(acc_layout).to(gl.float32)
+        dh = acc.to(dtype).to(gl.float32)
+        sig = _sigmoid(a)
+        a_s.store((dh * b * sig * (1.0 + a * (1.0 - sig))).to(dtype))
+        b_s.store((dh * a * sig).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(da_desc, [om, pid_n * BLOCK_N], a_s)
+        tma.async_copy_shared_to_global(db_desc, [om, pid_n * BLOCK_N], b_s)
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(ab_empty)
+
+
+@gluon.jit
+def _swiglu_bwd_ws_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
+                          STAGES: gl.constexpr):
+    """``_swiglu_bwd_kernel``'s work, warp-specialised; dy_desc's and the (M, N) descriptors' blocks are half a
+    tile's rows (launch 4 warps)."""
+    ROWS: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
+    dtype: gl.constexpr = dy_desc.dtype
+    dy_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], dy_desc.layout)
+    w2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, BLOCK_N], w2_desc.layout)
+    ab_s = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_N], a_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ab_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ab_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    mbarrier.init(ab_full, count=1)
+    mbarrier.init(ab_empty, count=2)
+    gl.warp_specialize([
+        (_ws_bwd_consumer, (da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 0, GROUP_M,
+                            STAGES)),
+        (_ws_bwd_consumer, (da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 1, GROUP_M,
+                            STAGES)),
+        (_ws_bwd_producer, (dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N,
+                            K, GROUP_M, STAGES)),
+    ], [4, 1], [240, 24])
+
+
 def supported(*tensors: torch.Tensor) -> bool:
     """Whether the Gluon kernels take these operands: CUDA sm_90, one 16-bit dtype, 2-D, unit stride along rows,
     16-byte aligned rows and bases."""
@@ -237,16 +444,23 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, mma_lag: int = 1
+                config: tuple = FWD_CONFIG, mma_lag: int = 1, ws: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None)."""
+    ``save_ab`` (else None). ``ws``: the warp-specialised kernel (BLOCK_M 128, 4 warps)."""
     block_m, block_n, block_k, stages, warps, group_m = config
     (m, k), n = x.shape, w1.shape[0]
     h = x.new_empty(m, n)
     a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
     mn = [block_m, block_n]
     programs = _programs(x.device, m, n, block_m, block_n)
+    if ws:
+        rows = [block_m // 2, block_n]
+        _dual_swiglu_ws_kernel[(programs,)](
+            _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
+            _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages,
+            SAVE_AB=save_ab, num_warps=4)
+        return (h, a, b) if save_ab else (h, None, None)
     _dual_swiglu_kernel[(programs,)](
         _desc(x, [block_m, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, mn), _desc(a, mn), _desc(b, mn), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
@@ -255,13 +469,20 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
-    """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff)."""
+                    config: tuple = BWD_CONFIG, ws: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
+    ``ws``: the warp-specialised kernel (BLOCK_M 128, 4 warps)."""
     block_m, block_n, block_k, stages, warps, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     mn = [block_m, block_n]
     programs = _programs(dy.device, m, n, block_m, block_n)
+    if ws:
+        rows = [block_m // 2, block_n]
+        _swiglu_bwd_ws_kernel[(programs,)](
+            _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
+            _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, num_warps=4)
+        return da, db
     _swiglu_bwd_kernel[(programs,)](
         _desc(dy, [block_m, block_k]), _desc(w2, [block_k, block_n]), _desc(a, mn), _desc(b, mn), _desc(da, mn),
         _desc(db, mn), m, n, k, GROUP_M=group_m, STAGES=stages, num_warps=warps)
