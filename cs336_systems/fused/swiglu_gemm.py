@@ -220,6 +220,18 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
 # MMAs and the epilogue with 240 registers a thread, so the two fp32 accumulators and the epilogue's temporaries fit
 # without spilling (the software-pipelined kernels above use 255 and spill in the forward).
 @gluon.jit
+def _store_direct(ptr, value, om, on, M, N, stride):
+    """``value`` (in its MMA layout) to rows om.., columns on.. of the row-major (M, N) tensor at ``ptr`` straight
+    from registers: no shared memory and no wait for a TMA store to drain."""
+    layout: gl.constexpr = value.type.layout
+    rows = om + gl.arange(0, value.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = on + gl.arange(0, value.shape[1], layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims(rows.to(gl.int64) * stride, 1) + gl.expand_dims(cols, 0)
+    mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+    gl.store(ptr + offs, value, mask=mask)
+
+
+@gluon.jit
 def _ws_tiles(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
     """This program's first tile, its stride, the tile grid and the K slices: the persistent programs' schedule."""
     start = gl.program_id(0)
@@ -253,8 +265,8 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 
 @gluon.jit
-def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+def _ws_dual_consumer(h_desc, a_desc, b_desc, A, B, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, DIRECT: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -288,14 +300,18 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
         af = a.to(gl.float32)
         _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
         if SAVE_AB:
-            _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
-            _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
+            if DIRECT:  # from registers: the epilogue waits for no store but the previous tile's h
+                _store_direct(A, a, om, pid_n * BLOCK_N, M, N, N)
+                _store_direct(B, b, om, pid_n * BLOCK_N, M, N, N)
+            else:
+                _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
+                _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _dual_swiglu_ws_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                           STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+def _dual_swiglu_ws_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, A, B, M, N, K, GROUP_M: gl.constexpr,
+                           STAGES: gl.constexpr, SAVE_AB: gl.constexpr, DIRECT: gl.constexpr):
     """``_dual_swiglu_kernel``'s work, warp-specialised; x_desc's block is half a tile's rows (launch 4 warps)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -311,10 +327,10 @@ def _dual_swiglu_ws_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, 
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
-        (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M,
-                             STAGES, SAVE_AB)),
-        (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M,
-                             STAGES, SAVE_AB)),
+        (_ws_dual_consumer, (h_desc, a_desc, b_desc, A, B, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M,
+                             STAGES, SAVE_AB, DIRECT)),
+        (_ws_dual_consumer, (h_desc, a_desc, b_desc, A, B, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M,
+                             STAGES, SAVE_AB, DIRECT)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [240, 24])
 
@@ -349,8 +365,8 @@ def _ws_bwd_producer(dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, e
 
 
 @gluon.jit
-def _ws_bwd_consumer(da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, WG: gl.constexpr,
-                     GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _ws_bwd_consumer(da_desc, db_desc, DA, DB, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K,
+                     WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, DIRECT: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: dh, then da and db written over the a and b they came from (each
     thread writes exactly the elements it read)."""
     ROWS: gl.constexpr = da_desc.block_type.shape[0]
@@ -372,6 +388,9 @@ def _ws_bwd_consumer(da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, a
             acc = warpgroup_mma_wait(1, deps=(tok,))
             if kk > 0:
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            elif not DIRECT and t > 0:  # the previous tile's da and db have had this tile's first MMAs to drain
+                tma.store_wait(pendings=0)
+                mbarrier.arrive(ab_empty)
             it += 1
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
@@ -380,20 +399,28 @@ def _ws_bwd_consumer(da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, a
         mbarrier.wait(ab_full, t & 1)
         a = a_s.load(acc_layout).to(gl.float32)
         b = b_s.load(acc_layout).to(gl.float32)
+        if DIRECT:  # a and b are in registers (every warp of this warpgroup's): their buffers go back now
+            gl.thread_barrier()
+            mbarrier.arrive(ab_empty)
         dh = acc.to(dtype).to(gl.float32)
         sig = _sigmoid(a)
-        a_s.store((dh * b * sig * (1.0 + a * (1.0 - sig))).to(dtype))
-        b_s.store((dh * a * sig).to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(da_desc, [om, pid_n * BLOCK_N], a_s)
-        tma.async_copy_shared_to_global(db_desc, [om, pid_n * BLOCK_N], b_s)
-        tma.store_wait(pendings=0)
-        mbarrier.arrive(ab_empty)
+        da = (dh * b * sig * (1.0 + a * (1.0 - sig))).to(dtype)
+        db = (dh * a * sig).to(dtype)
+        if DIRECT:
+            _store_direct(DA, da, om, pid_n * BLOCK_N, M, N, N)
+            _store_direct(DB, db, om, pid_n * BLOCK_N, M, N, N)
+        else:
+            a_s.store(da)
+            b_s.store(db)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(da_desc, [om, pid_n * BLOCK_N], a_s)
+            tma.async_copy_shared_to_global(db_desc, [om, pid_n * BLOCK_N], b_s)
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _swiglu_bwd_ws_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                          STAGES: gl.constexpr):
+def _swiglu_bwd_ws_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, DA, DB, M, N, K, GROUP_M: gl.constexpr,
+                          STAGES: gl.constexpr, DIRECT: gl.constexpr):
     """``_swiglu_bwd_kernel``'s work, warp-specialised; dy_desc's and the (M, N) descriptors' blocks are half a
     tile's rows (launch 4 warps)."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
@@ -413,10 +440,10 @@ def _swiglu_bwd_ws_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M,
     mbarrier.init(ab_full, count=1)
     mbarrier.init(ab_empty, count=2)
     gl.warp_specialize([
-        (_ws_bwd_consumer, (da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 0, GROUP_M,
-                            STAGES)),
-        (_ws_bwd_consumer, (da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 1, GROUP_M,
-                            STAGES)),
+        (_ws_bwd_consumer, (da_desc, db_desc, DA, DB, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 0,
+                            GROUP_M, STAGES, DIRECT)),
+        (_ws_bwd_consumer, (da_desc, db_desc, DA, DB, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 1,
+                            GROUP_M, STAGES, DIRECT)),
         (_ws_bwd_producer, (dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N,
                             K, GROUP_M, STAGES)),
     ], [4, 1], [240, 24])
@@ -444,7 +471,7 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, mma_lag: int = 1, ws: bool = False
+                config: tuple = FWD_CONFIG, mma_lag: int = 1, ws: bool = False, direct: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``ws``: the warp-specialised kernel (BLOCK_M 128, 4 warps)."""
@@ -458,8 +485,8 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
         rows = [block_m // 2, block_n]
         _dual_swiglu_ws_kernel[(programs,)](
             _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
-            _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages,
-            SAVE_AB=save_ab, num_warps=4)
+            _desc(h, rows), _desc(a, rows), _desc(b, rows), a, b, m, n, k, GROUP_M=group_m, STAGES=stages,
+            SAVE_AB=save_ab, DIRECT=direct, num_warps=4)
         return (h, a, b) if save_ab else (h, None, None)
     _dual_swiglu_kernel[(programs,)](
         _desc(x, [block_m, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
@@ -469,7 +496,8 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, ws: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple = BWD_CONFIG, ws: bool = False, direct: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
     ``ws``: the warp-specialised kernel (BLOCK_M 128, 4 warps)."""
     block_m, block_n, block_k, stages, warps, group_m = config
@@ -481,7 +509,8 @@ def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torc
         rows = [block_m // 2, block_n]
         _swiglu_bwd_ws_kernel[(programs,)](
             _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
-            _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, num_warps=4)
+            _desc(da, rows), _desc(db, rows), da, db, m, n, k, GROUP_M=group_m, STAGES=stages, DIRECT=direct,
+            num_warps=4)
         return da, db
     _swiglu_bwd_kernel[(programs,)](
         _desc(dy, [block_m, block_k]), _desc(w2, [block_k, block_n]), _desc(a, mn), _desc(b, mn), _desc(da, mn),

@@ -36,8 +36,8 @@ GLUON_FWD = ((128, 128, 64, 3, 8, 8),)
 GLUON_BWD = ((128, 128, 64, 5, 8, 8),)
 # warp-specialised: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, -, GROUP_M); the forward's ring takes 48 KiB a stage, the
 # backward's 32 KiB a stage plus 64 KiB for a and b
-GLUON_WS = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 3, 4, 8), (128, 128, 64, 4, 4, 1))
-GLUON_WS_BWD = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 3, 4, 8), (128, 128, 64, 4, 4, 1))
+GLUON_WS = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 4, 4, 1))
+GLUON_WS_BWD = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 4, 4, 1))
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
 CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
@@ -374,6 +374,9 @@ def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dic
             for save_ab in (False, True):
                 variants[f"gluon ws {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                     lambda cfg=cfg, save_ab=save_ab: gluon_kernels.dual_swiglu(x, w1, w3, save_ab, cfg, ws=True)[0])
+        for cfg in GLUON_WS[:1]:
+            variants[f"gluon ws direct {'x'.join(map(str, cfg))} +ab"] = (
+                lambda cfg=cfg: gluon_kernels.dual_swiglu(x, w1, w3, True, cfg, ws=True, direct=True)[0])
     # the backward at the same shape: dy (M, d_model = k) against w2 (d_model, d_ff = n)
     dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
@@ -395,6 +398,8 @@ def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dic
         for cfg in GLUON_WS_BWD:
             bwd[f"bwd gluon ws {'x'.join(map(str, cfg))}"] = (
                 lambda cfg=cfg: gluon_kernels.swiglu_backward(dy, w2, a, b, cfg, ws=True)[0])
+            bwd[f"bwd gluon ws direct {'x'.join(map(str, cfg))}"] = (
+                lambda cfg=cfg: gluon_kernels.swiglu_backward(dy, w2, a, b, cfg, ws=True, direct=True)[0])
     rows = []
     for label, fn, want, base_out, fl in [*((lab, f, ref, base, flops) for lab, f in variants.items()),
                                           *((lab, f, bwd_ref, bwd_base, flops // 2) for lab, f in bwd.items())]:
