@@ -83,15 +83,21 @@ def silu(x: Tensor) -> Tensor:
 
 
 class SwiGLU(nn.Module):
-    """W2(SiLU(W1 x) * W3 x); W1, W3: d_model -> d_ff, W2: d_ff -> d_model."""
+    """W2(SiLU(W1 x) * W3 x); W1, W3: d_model -> d_ff, W2: d_ff -> d_model.
+
+    ``kernel``: None, or a function ``(x, w1, w2, w3) -> y`` of the three weights with the same arithmetic that
+    computes the layer instead (a fused kernel, e.g. ``cs336_systems.fused.swiglu.swiglu_ffn``)."""
 
     def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
         super().__init__()
         self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
         self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
         self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.kernel = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.w1.weight, self.w2.weight, self.w3.weight)
         return self.w2(silu(self.w1(x)) * self.w3(x))
 
 

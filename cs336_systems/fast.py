@@ -22,6 +22,9 @@ RESIDUAL_DTYPES = ("fp32", "bf16")
 # RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager), or
 # cs336_systems.fused.rope's Triton kernel (CUDA)
 ROPE_KERNELS = ("torch", "triton")
+# the SwiGLU feed-forward (the names of bench's and train's --ffn): the model's PyTorch code (compiled or eager), or
+# cs336_systems.fused.swiglu (the elementwise passes in the matmuls' epilogues; Gluon kernels on Hopper)
+FFN_KERNELS = ("torch", "fused")
 # cuBLAS's workspace (the names of bench's and train's --cublas-workspace): PyTorch's default, or none
 # (CUBLAS_WORKSPACE_CONFIG=:0:0), where cuBLAS picks GEMM algorithms that need no workspace and issues no memset
 # of it before each call (apply_cublas_workspace)
@@ -39,6 +42,7 @@ class FastSettings:
     cuda_graph: bool  # the whole step as one CUDA graph (cs336_systems.step_graph; needs optimizer "fused")
     residual_dtype: str  # one of RESIDUAL_DTYPES; applies under bf16 with optimizer "fused"
     rope: str  # one of ROPE_KERNELS
+    ffn: str  # one of FFN_KERNELS
     cublas_workspace: str  # one of CUBLAS_WORKSPACES (apply_cublas_workspace)
 
     def describe(self) -> str:
@@ -71,9 +75,11 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", cublas_workspace="none")
+                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", ffn="torch",
+                            cublas_workspace="none")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
-                        cuda_graph=False, residual_dtype="fp32", rope="torch", cublas_workspace="default")
+                        cuda_graph=False, residual_dtype="fp32", rope="torch", ffn="torch",
+                        cublas_workspace="default")
 
 
 def apply_cublas_workspace(choice: str, *, where: str = "cublas_workspace") -> str:

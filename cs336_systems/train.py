@@ -48,7 +48,14 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, ow
 from cs336_systems.bench.e2e import autocast_context, compute_dtype
 from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import CUBLAS_WORKSPACES, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace, fast_settings
+from cs336_systems.fast import (
+    CUBLAS_WORKSPACES,
+    FFN_KERNELS,
+    RESIDUAL_DTYPES,
+    ROPE_KERNELS,
+    apply_cublas_workspace,
+    fast_settings,
+)
 from cs336_systems.fused.linear_cross_entropy import defer_lm_head, head_loss, linear_cross_entropy
 from cs336_systems.parallel import STRATEGIES, WrapOptions, full_state_dict, get_strategy, needs_process_group
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
@@ -61,7 +68,7 @@ LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fu
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
 # None in TrainConfig: fast_settings picks
 FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype",
-               "rope", "cublas_workspace")
+               "rope", "ffn", "cublas_workspace")
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -96,6 +103,7 @@ class TrainConfig:
     cuda_graph: bool | None = None  # the whole step captured once and replayed (CUDA, optimizer fused, no parallel)
     residual_dtype: str | None = None  # "bf16": the token embedding a bf16 copy too (bf16, optimizer fused); "fp32"
     rope: str | None = None  # "torch" (the model's code) or "triton" (cs336_systems.fused.rope, CUDA)
+    ffn: str | None = None  # "torch" (the model's code) or "fused" (cs336_systems.fused.swiglu, CUDA)
     cublas_workspace: str | None = None  # "default" or "none" (cs336_systems.fast.apply_cublas_workspace)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
@@ -178,13 +186,13 @@ class TrainConfig:
                                  "heads, --attention-window, --eos-id); use one that does, e.g. sdpa or reference")
         for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES),
                               ("residual_dtype", RESIDUAL_DTYPES), ("rope", ROPE_KERNELS),
-                              ("cublas_workspace", CUBLAS_WORKSPACES)):
+                              ("ffn", FFN_KERNELS), ("cublas_workspace", CUBLAS_WORKSPACES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
                                  f"{', '.join(allowed)}")
         for name in ("compile", "optimizer", "loss", "activation_checkpointing", "cuda_graph",
-                     "residual_dtype"):
+                     "residual_dtype", "ffn"):
             reason = unsupported(self.parallel, name, getattr(self, name))
             if reason is not None:
                 raise ValueError(f"train: {reason}")
@@ -237,6 +245,10 @@ def unsupported(parallel: str, name: str, value) -> str | None:
         return f"--loss fused does not work with --parallel {parallel}; use --loss unfused or one of {unsharded}"
     if name == "cuda_graph" and value and parallel != "none":
         return f"--cuda-graph yes works with --parallel none only, not {parallel}; use --cuda-graph no"
+    if name == "ffn" and value == "fused" and sharded:
+        unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
+        return (f"--ffn fused reads the feed-forward's weights outside their modules' forward, which --parallel "
+                f"{parallel} gathers; use --ffn torch or one of {unsharded}")
     if name == "residual_dtype" and value == "bf16" and parallel != "none":
         return f"--residual-dtype bf16 works with --parallel none only (--optimizer fused), not {parallel}"
     if name == "compile" and value and sharded:
@@ -246,7 +258,8 @@ def unsupported(parallel: str, name: str, value) -> str | None:
 
 
 # where a fast setting does not apply
-_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False, "residual_dtype": "fp32"}
+_SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False, "residual_dtype": "fp32",
+         "ffn": "torch"}
 
 
 def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfig, str]:
@@ -257,6 +270,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         raise ValueError(f"train: --cuda-graph yes needs a CUDA device, got {device}; use --cuda-graph no")
     if cfg.rope == "triton" and device.type != "cuda":
         raise ValueError(f"train: --rope triton needs a CUDA device, got {device}; use --rope torch")
+    if cfg.ffn == "fused" and device.type != "cuda":
+        raise ValueError(f"train: --ffn fused needs a CUDA device, got {device}; use --ffn torch")
     fast = fast_settings(device, get_preset(cfg.preset).vocab_size)
     picked, notes = {}, []
     for name in FAST_FIELDS:
@@ -278,6 +293,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
             value = "fp32"  # autocast's: bf16 applies only under bf16 with the fused optimizer
         if name == "rope" and value == "triton" and device.type != "cuda":
             value = "torch"  # the kernel is CUDA's
+        if name == "ffn" and value == "fused" and device.type != "cuda":
+            value = "torch"
         picked[name] = value
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
@@ -596,7 +613,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         for k in ("seed", "steps", "lr", "min_lr", "warmup_steps", "data"):
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
-        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id", "residual_dtype", "rope"):
+        for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id", "residual_dtype", "rope",
+                  "ffn"):
             # keys of later versions
             if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
@@ -611,6 +629,10 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
+    if cfg.ffn == "fused":
+        from cs336_systems.fused.swiglu import use_fused_swiglu
+
+        use_fused_swiglu(model)
     if cfg.loss == "fused":
         defer_lm_head(model)  # model(x) returns the final hidden states; lm_head.weight keeps its key
     # Activation checkpointing wraps the blocks (layers.3.x -> layers.3.blocks.0.x): checkpoints, the export and

@@ -399,7 +399,7 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     from cs336_systems.fast import FastSettings
 
     cuda_like = FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="fused",
-                             loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch",
+                             loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch", ffn="torch",
                              cublas_workspace="default")
     monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: cuda_like)
     said = []

@@ -30,7 +30,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import CUBLAS_WORKSPACES, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
+from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -66,6 +66,7 @@ class BenchConfig:
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
     rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
+    ffn: str = "torch"  # "fused": the SwiGLU feed-forward by cs336_systems.fused.swiglu (ours, CUDA)
     # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, read at its first
     # matmul, so it holds where the configuration runs in a fresh process (isolated) or is the process's first
     cublas_workspace: str = "default"
@@ -109,6 +110,12 @@ class BenchConfig:
                              f"{', '.join(ROPE_KERNELS)}")
         if self.rope == "triton" and (self.impl != "ours" or self.torch_device.type != "cuda"):
             raise ValueError(f"benchmarking_script: --rope triton runs our model on a CUDA device (got impl "
+                             f"{self.impl}, device {self.torch_device})")
+        if self.ffn not in FFN_KERNELS:
+            raise ValueError(f"benchmarking_script: unknown ffn kernel {self.ffn!r}; choose from "
+                             f"{', '.join(FFN_KERNELS)}")
+        if self.ffn == "fused" and (self.impl != "ours" or self.torch_device.type != "cuda"):
+            raise ValueError(f"benchmarking_script: --ffn fused runs our model on a CUDA device (got impl "
                              f"{self.impl}, device {self.torch_device})")
         if self.cublas_workspace not in CUBLAS_WORKSPACES:
             raise ValueError(f"benchmarking_script: unknown cuBLAS workspace {self.cublas_workspace!r}; choose from "
@@ -195,6 +202,10 @@ def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
+    if cfg.ffn == "fused":
+        from cs336_systems.fused.swiglu import use_fused_swiglu
+
+        use_fused_swiglu(model)
     if cfg.loss == "fused":
         from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from cs336_systems.fast import CUBLAS_WORKSPACES, RESIDUAL_DTYPES, ROPE_KERNELS
+from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS
 from cs336_systems.parallel import STRATEGIES
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.records import write_records
@@ -87,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rope", choices=ROPE_KERNELS, default=None,
                    help="RoPE's kernel: torch (the model's code, compiled with it) or triton "
                    "(cs336_systems.fused.rope; CUDA); default: triton on CUDA")
+    p.add_argument("--ffn", choices=FFN_KERNELS, default=None,
+                   help="the SwiGLU feed-forward: torch (the model's code, compiled with it) or fused "
+                   "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, CUDA); "
+                   "default: the fast settings' (torch)")
     p.add_argument("--cublas-workspace", choices=CUBLAS_WORKSPACES, default=None,
                    help="cuBLAS's workspace: PyTorch's default, or none (no workspace memsets before GEMMs; a "
                    "CUBLAS_WORKSPACE_CONFIG already set is kept); default: none on CUDA")
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                       compile=None if args.compile is None else args.compile == "yes",
                       compile_scope=args.compile_scope, optimizer=args.optimizer, loss=args.loss,
                       cuda_graph=None if args.cuda_graph is None else args.cuda_graph == "yes",
-                      residual_dtype=args.residual_dtype, rope=args.rope,
+                      residual_dtype=args.residual_dtype, rope=args.rope, ffn=args.ffn,
                       cublas_workspace=args.cublas_workspace,
                       activation_checkpointing=args.activation_checkpointing, num_kv_heads=args.num_kv_heads,
                       attention_window=args.attention_window, eos_id=args.eos_id, device=args.device,

@@ -31,9 +31,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps, GROUP_M)
+# (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps, GROUP_M): the software-pipelined kernels, and the warp-specialised
+# ones (num_warps unused: 4 a consumer warpgroup) that ``cs336_systems.fused.swiglu`` runs; measured at the xl
+# shapes on an H100 (scripts/device/swiglu_dual_gemm_probe.py, docs/training_step.md, session 29)
 FWD_CONFIG = (128, 128, 64, 4, 8, 8)
 BWD_CONFIG = (128, 128, 64, 4, 8, 8)
+FWD_WS_CONFIG = (128, 128, 64, 4, 4, 8)
+BWD_WS_CONFIG = (128, 128, 64, 4, 4, 8)
 
 
 @gluon.jit

@@ -27,6 +27,9 @@
 #   x (session 28): xl/2048 against the peer in the GPU's steady state: 12 warm-up steps (ours: two eager, the
 #      capture, then replays), 20 timed; nvidia-smi samples SM clock and power every 100 ms ($OUT/power.csv);
 #   y (session 28): w's comparison at xl/2048 in the steady state (12 warm-up steps, 20 timed, sdpa first)
+#   z (session 29): GPU tests of the fused SwiGLU feed-forward (cs336_systems.fused.swiglu);
+#   f2 (session 29): ours with --ffn torch and fused at xl/2048 in the steady state (bench's defaults otherwise);
+#   f3: the same against the peer (--impl peer ours --ffn fused)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -177,7 +180,18 @@ y)
   step 560 attention-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl ours --preset xl --context-length 2048 --attention sdpa flash_triton --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y (see the header)"; exit 2;;
+z)
+  step 300 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
+  ;;
+f2)
+  step 560 ffn-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl ours --preset xl --context-length 2048 --ffn torch fused --steps 20 --isolate
+  ;;
+f3)
+  step 560 ffn-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --ffn fused --steps 20
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3 (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
