@@ -1,8 +1,8 @@
 """The fastest measured settings of a training step, in one place for ``bench`` and ``train``.
 
-``fast_settings(device, vocab_size)`` returns what to use unless the user says otherwise: on CUDA the settings that
-measured fastest on an H100 against the compiled plain-PyTorch peer (``bench --impl ours peer``; records
-in ``results/training_step/``), on a CPU the reference path (no compiler, no Triton; the CPU is for
+``fast_settings(device, vocab_size, d_model, tokens)`` returns what to use unless the user says otherwise: on CUDA
+the settings that measured fastest on an H100 against the compiled plain-PyTorch peer (``bench --impl ours
+peer``; records in ``results/training_step/``), on a CPU the reference path (no compiler, no Triton; the CPU is for
 correctness, not speed). Precision is not a speed setting here: it changes the numerics, so it stays the
 caller's choice; the fused optimizer keeps bf16 weight copies only under bf16. The residual stream's dtype
 under bf16 is one: bf16 where the fused optimizer applies, as Megatron-LM and torchtitan run it (the
@@ -67,15 +67,33 @@ class FastSettings:
 # (8b: 151,936 x 65,536 tokens, 18.5 GiB of bf16 logits). The threshold between the two is a judgement, not a
 # measurement.
 FUSED_LOSS_MIN_VOCAB = 32_768
+# The fused SwiGLU feed-forward (H100, bench's defaults otherwise, 12 warm-up steps and 20 timed, one process each,
+# same lease: results/training_step/20261127-170450-*, -170926-*): xl/2048 (8,192 tokens a step, d_model 1,600)
+# 227.1 against 229.6 ms; xl/512 (2,048 tokens) 71.0 against 71.1; small/512 (d_model 768) 6.96 against 6.54. Its
+# kernels win where the GEMMs are large (docs/training_step.md, session 29), so it is the default there only.
+FUSED_FFN_MIN_TOKENS = 8_192
+FUSED_FFN_MIN_D_MODEL = 1_600
 
 
-def fast_settings(device: torch.device | str | None = None, vocab_size: int | None = None) -> FastSettings:
-    """The fastest measured settings for ``device`` (default: cuda if available) and a model's vocabulary."""
+def _fused_ffn_applies(device: torch.device, d_model: int | None, tokens: int | None) -> bool:
+    """Whether the fused feed-forward is the fast pick: a Hopper GPU (its kernels' architecture) and a step at least
+    as large as where it measured faster."""
+    if d_model is None or tokens is None or d_model < FUSED_FFN_MIN_D_MODEL or tokens < FUSED_FFN_MIN_TOKENS:
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def fast_settings(device: torch.device | str | None = None, vocab_size: int | None = None,
+                  d_model: int | None = None, tokens: int | None = None) -> FastSettings:
+    """The fastest measured settings for ``device`` (default: cuda if available), a model's vocabulary and width,
+    and the tokens of one step on one device (batch x context); the last three are optional (None: the settings
+    that depend on them take their general pick)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
+        ffn = "fused" if _fused_ffn_applies(device, d_model, tokens) else "torch"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", ffn="torch",
+                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", ffn=ffn,
                             cublas_workspace="none")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
                         cuda_graph=False, residual_dtype="fp32", rope="torch", ffn="torch",

@@ -272,7 +272,11 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         raise ValueError(f"train: --rope triton needs a CUDA device, got {device}; use --rope torch")
     if cfg.ffn == "fused" and device.type != "cuda":
         raise ValueError(f"train: --ffn fused needs a CUDA device, got {device}; use --ffn torch")
-    fast = fast_settings(device, get_preset(cfg.preset).vocab_size)
+    if cfg.ffn == "fused" and cfg.precision != "bf16":
+        raise ValueError(f"train: --ffn fused runs 16-bit kernels: it needs --precision bf16 (got {cfg.precision})")
+    preset = get_preset(cfg.preset)
+    tokens = (cfg.batch_size or preset.batch_size) * (cfg.context_length or preset.context_length)
+    fast = fast_settings(device, preset.vocab_size, preset.d_model, tokens)
     picked, notes = {}, []
     for name in FAST_FIELDS:
         if getattr(cfg, name) is not None:
@@ -293,8 +297,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
             value = "fp32"  # autocast's: bf16 applies only under bf16 with the fused optimizer
         if name == "rope" and value == "triton" and device.type != "cuda":
             value = "torch"  # the kernel is CUDA's
-        if name == "ffn" and value == "fused" and device.type != "cuda":
-            value = "torch"
+        if name == "ffn" and value == "fused" and (device.type != "cuda" or cfg.precision != "bf16"):
+            value = "torch"  # 16-bit kernels, CUDA's
         picked[name] = value
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)

@@ -386,7 +386,8 @@ def test_cublas_workspace_fills_the_variable_only_where_unset(monkeypatch):
     import cs336_systems.commands.bench as bench_cmd
     from cs336_systems.fast import fast_settings
 
-    monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: fast_settings("cuda", vocab_size))
+    monkeypatch.setattr(bench_cmd, "fast_settings",
+                        lambda device, vocab_size=None, **kw: fast_settings("cuda", vocab_size))
     configs = configs_from_args(_bench_args([*args, "--compile", "no", "--cuda-graph", "no", "--attention",
                                              "reference", "--rope", "torch"]))
     assert {(c.impl, c.cublas_workspace) for c in configs} == {("peer", "default"), ("ours", "none")}
@@ -401,7 +402,7 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
     cuda_like = FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="fused",
                              loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch", ffn="torch",
                              cublas_workspace="default")
-    monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None: cuda_like)
+    monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None, **kw: cuda_like)
     said = []
     args = _bench_args(["--preset", "tiny", "--device", "cpu", "--precision", "fp32", "bf16", "--optimizer",
                         "fused", "ours", "--impl", "peer", "ours"])

@@ -73,13 +73,18 @@ def test_ffn_setting_bad_input():
     with pytest.raises(ValueError, match="unknown ffn kernel 'gluon'; choose from torch, fused"):
         BenchConfig(**tiny, ffn="gluon")
     with pytest.raises(ValueError, match="--ffn fused runs our model on a CUDA device"):
-        BenchConfig(**tiny, ffn="fused")
+        BenchConfig(**tiny, ffn="fused", precision="bf16")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--ffn fused runs 16-bit kernels: it needs --precision bf16"):
+            BenchConfig(**dict(tiny, device="cuda"), ffn="fused")
     with pytest.raises(ValueError, match="unknown --ffn 'gluon'; choose from torch, fused"):
         TrainConfig(ffn="gluon")
     with pytest.raises(ValueError, match="--ffn fused reads the feed-forward's weights outside"):
         TrainConfig(ffn="fused", parallel="fsdp")
     with pytest.raises(ValueError, match="--ffn fused needs a CUDA device, got cpu; use --ffn torch"):
-        resolve_settings(TrainConfig(ffn="fused"), torch.device("cpu"))
+        resolve_settings(TrainConfig(ffn="fused", precision="bf16"), torch.device("cpu"))
+    with pytest.raises(ValueError, match="--ffn fused runs 16-bit kernels: it needs --precision bf16"):
+        resolve_settings(TrainConfig(ffn="fused"), torch.device("cuda"))
     from cs336_systems.commands import bench, train
 
     for command in (bench, train):
@@ -150,3 +155,29 @@ def test_gpu_compiled_model_with_fused_ffn_matches_the_modules(seed):
         assert torch.isfinite(q.grad).all(), name
         cos = torch.nn.functional.cosine_similarity(q.grad.float().flatten(), p.grad.float().flatten(), dim=0)
         assert cos > 0.999, (name, cos.item())
+
+
+def test_fused_ffn_is_the_fast_pick_only_where_it_measured_faster(monkeypatch):
+    """fast_settings picks the fused feed-forward on a Hopper GPU for steps of at least xl/2048's size (8,192 tokens,
+    d_model 1,600), nowhere else; train asks per model and step size, and keeps it under bf16 only."""
+    from cs336_systems import fast
+    from cs336_systems import train as train_mod
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert fast.fast_settings(cuda, 10_000, 1600, 4 * 2048).ffn == "fused"
+    assert fast.fast_settings(cuda, 10_000, 1600, 4 * 512).ffn == "torch"  # xl/512: a tie
+    assert fast.fast_settings(cuda, 10_000, 768, 4 * 2048).ffn == "torch"  # small: slower at 512
+    assert fast.fast_settings(cuda).ffn == "torch"
+    assert fast.fast_settings("cpu", 10_000, 1600, 8192).ffn == "torch"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert fast.fast_settings(cuda, 10_000, 1600, 8192).ffn == "torch"  # the kernels are Hopper's
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    resolve = train_mod.resolve_settings
+
+    def picked(**kw):
+        return resolve(TrainConfig(preset="xl", batch_size=4, **kw), cuda)[0].ffn
+
+    assert picked(context_length=2048, precision="bf16") == "fused"
+    assert picked(context_length=2048) == "torch"  # fp32
+    assert picked(context_length=512, precision="bf16") == "torch"

@@ -341,7 +341,7 @@ def test_explicit_flags_beat_fast_settings(monkeypatch):
     cuda_like = FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss="fused",
                              cuda_graph=False, residual_dtype="bf16", rope="triton", ffn="torch",
                              cublas_workspace="default")
-    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
+    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size, *shape: cuda_like)
     cpu = torch.device("cpu")
     cfg, line = train_mod.resolve_settings(TrainConfig(attention="reference", compile=False), cpu)
     assert (cfg.attention, cfg.compile, cfg.compile_scope, cfg.optimizer, cfg.loss) == (
@@ -373,7 +373,7 @@ def test_cuda_graph_applies_only_where_it_can(monkeypatch):
     cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
                              loss="unfused", cuda_graph=True, residual_dtype="bf16", rope="triton", ffn="torch",
                              cublas_workspace="default")
-    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
+    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size, *shape: cuda_like)
     cuda = torch.device("cuda")
     cfg, line = train_mod.resolve_settings(TrainConfig(optimizer="ours"), cuda)
     assert cfg.cuda_graph is False and "cuda_graph=True not with optimizer=ours" in line
@@ -398,7 +398,7 @@ def test_residual_dtype_applies_only_where_it_can(monkeypatch):
     cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
                              loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="triton", ffn="torch",
                              cublas_workspace="default")
-    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size: cuda_like)
+    monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size, *shape: cuda_like)
     cpu = torch.device("cpu")
     resolve = train_mod.resolve_settings
     assert resolve(TrainConfig(precision="bf16"), cpu)[0].residual_dtype == "bf16"

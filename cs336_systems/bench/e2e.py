@@ -117,6 +117,9 @@ class BenchConfig:
         if self.ffn == "fused" and (self.impl != "ours" or self.torch_device.type != "cuda"):
             raise ValueError(f"benchmarking_script: --ffn fused runs our model on a CUDA device (got impl "
                              f"{self.impl}, device {self.torch_device})")
+        if self.ffn == "fused" and self.precision != "bf16":
+            raise ValueError(f"benchmarking_script: --ffn fused runs 16-bit kernels: it needs --precision bf16 (got "
+                             f"{self.precision})")
         if self.cublas_workspace not in CUBLAS_WORKSPACES:
             raise ValueError(f"benchmarking_script: unknown cuBLAS workspace {self.cublas_workspace!r}; choose from "
                              f"{', '.join(CUBLAS_WORKSPACES)}")

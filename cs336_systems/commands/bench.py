@@ -156,6 +156,12 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
         picked["loss"] = "/".join(f"{v} ({p})" for p, v in vocab_loss.items())
+    # the feed-forward's pick depends on the step's size: per preset and context
+    shape_ffn = {(p, c): fast_settings(device, d_model=get_preset(p).d_model,
+                                       tokens=(args.batch_size or get_preset(p).batch_size) * c).ffn
+                 for p in presets for c in contexts}
+    if "ffn" in picked and len(set(shape_ffn.values())) > 1:
+        picked["ffn"] = "/".join(f"{v} ({p}/{c})" for (p, c), v in shape_ffn.items())
     if picked and "ours" in getattr(args, "impl", ["ours"]):
         log(f"bench: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items()))
     attention = chosen["attention"] or [fast.attention]
@@ -170,7 +176,6 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     # the same for the residual dtype: the fast default where it applies (bf16, fused, train-step), else fp32
     residuals = chosen["residual_dtype"] or [None]
     ropes = chosen["rope"] or [fast.rope]
-    ffns = chosen["ffn"] or [fast.ffn]
     workspace = chosen["cublas_workspace"] or fast.cublas_workspace
     # a peer runs as a plain script does (PyTorch's default) unless the user asked for a workspace setting; the
     # setting is per process, so it holds where configurations run isolated (bench's default for ours vs peers)
@@ -205,7 +210,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
                                 residual_dtype=residual(r, pr, o, m), rope=rp, ffn=f, cublas_workspace=workspace)
                     for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes
-                    for f in ffns]
+                    for f in (chosen["ffn"] or [shape_ffn[p, c] if pr == "bf16" else "torch"])]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
     first_seen: dict[tuple, int] = {}

@@ -29,7 +29,7 @@
 #   y (session 28): w's comparison at xl/2048 in the steady state (12 warm-up steps, 20 timed, sdpa first)
 #   z (session 29): GPU tests of the fused SwiGLU feed-forward (cs336_systems.fused.swiglu);
 #   f2 (session 29): ours with --ffn torch and fused at xl/2048 in the steady state (bench's defaults otherwise);
-#   f3: the same against the peer (--impl peer ours --ffn fused); f4: f2 at xl/512 and small/512
+#   f3: xl/2048 against the peer with bench's defaults (the fused feed-forward there); f4: f2 at xl/512 and small/512
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -189,7 +189,7 @@ f2)
   ;;
 f3)
   step 560 ffn-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl peer ours --preset xl --context-length 2048 --ffn fused --steps 20
+    --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
 f4)
   step 560 ffn-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
