@@ -315,7 +315,8 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, A, B, x_s, w1_s, w3_s, out_s, full
 
 @gluon.jit
 def _dual_swiglu_ws_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, A, B, M, N, K, GROUP_M: gl.constexpr,
-                           STAGES: gl.constexpr, SAVE_AB: gl.constexpr, DIRECT: gl.constexpr):
+                           STAGES: gl.constexpr, SAVE_AB: gl.constexpr, DIRECT: gl.constexpr,
+                           REGS: gl.constexpr = 240):
     """``_dual_swiglu_kernel``'s work, warp-specialised; x_desc's block is half a tile's rows (launch 4 warps)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -336,7 +337,7 @@ def _dual_swiglu_ws_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, A, 
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, A, B, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M,
                              STAGES, SAVE_AB, DIRECT)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
-    ], [4, 1], [240, 24])
+    ], [4, 1], [REGS, 264 - REGS])
 
 
 @gluon.jit
@@ -424,7 +425,7 @@ def _ws_bwd_consumer(da_desc, db_desc, DA, DB, dy_s, w2_s, ab_s, full, empty, ab
 
 @gluon.jit
 def _swiglu_bwd_ws_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, DA, DB, M, N, K, GROUP_M: gl.constexpr,
-                          STAGES: gl.constexpr, DIRECT: gl.constexpr):
+                          STAGES: gl.constexpr, DIRECT: gl.constexpr, REGS: gl.constexpr = 240):
     """``_swiglu_bwd_kernel``'s work, warp-specialised; dy_desc's and the (M, N) descriptors' blocks are half a
     tile's rows (launch 4 warps)."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
@@ -450,7 +451,7 @@ def _swiglu_bwd_ws_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, DA
                             GROUP_M, STAGES, DIRECT)),
         (_ws_bwd_producer, (dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N,
                             K, GROUP_M, STAGES)),
-    ], [4, 1], [240, 24])
+    ], [4, 1], [REGS, 264 - REGS])
 
 
 def supported(*tensors: torch.Tensor) -> bool:
@@ -475,8 +476,8 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, mma_lag: int = 1, ws: bool = False, direct: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                config: tuple = FWD_CONFIG, mma_lag: int = 1, ws: bool = False, direct: bool = False,
+                regs: int = 240) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``ws``: the warp-specialised kernel (BLOCK_M 128, 4 warps)."""
     block_m, block_n, block_k, stages, warps, group_m = config
@@ -490,7 +491,7 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
         _dual_swiglu_ws_kernel[(programs,)](
             _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
             _desc(h, rows), _desc(a, rows), _desc(b, rows), a, b, m, n, k, GROUP_M=group_m, STAGES=stages,
-            SAVE_AB=save_ab, DIRECT=direct, num_warps=4)
+            SAVE_AB=save_ab, DIRECT=direct, REGS=regs, num_warps=4)
         return (h, a, b) if save_ab else (h, None, None)
     _dual_swiglu_kernel[(programs,)](
         _desc(x, [block_m, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
@@ -500,7 +501,7 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, ws: bool = False, direct: bool = False
+                    config: tuple = BWD_CONFIG, ws: bool = False, direct: bool = False, regs: int = 240
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
     ``ws``: the warp-specialised kernel (BLOCK_M 128, 4 warps)."""
@@ -514,7 +515,7 @@ def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torc
         _swiglu_bwd_ws_kernel[(programs,)](
             _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
             _desc(da, rows), _desc(db, rows), da, db, m, n, k, GROUP_M=group_m, STAGES=stages, DIRECT=direct,
-            num_warps=4)
+            REGS=regs, num_warps=4)
         return da, db
     _swiglu_bwd_kernel[(programs,)](
         _desc(dy, [block_m, block_k]), _desc(w2, [block_k, block_n]), _desc(a, mn), _desc(b, mn), _desc(da, mn),

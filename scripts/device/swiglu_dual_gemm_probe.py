@@ -32,12 +32,16 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 # the Gluon kernels of cs336_systems.fused.swiglu_gemm: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, num_warps, GROUP_M)
+WS_ONLY = True  # the software-pipelined Gluon kernels measured 1.1-1.4x slower (session 29)
 GLUON_FWD = ((128, 128, 64, 3, 8, 8),)
 GLUON_BWD = ((128, 128, 64, 5, 8, 8),)
 # warp-specialised: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, -, GROUP_M); the forward's ring takes 48 KiB a stage, the
 # backward's 32 KiB a stage plus 64 KiB for a and b
-GLUON_WS = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 4, 4, 1))
-GLUON_WS_BWD = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 4, 4, 1))
+# a seventh entry: the consumer warpgroups' registers (the producer warp gets 264 minus that)
+GLUON_WS = ((128, 128, 64, 4, 4, 8), (128, 128, 128, 2, 4, 8), (128, 128, 64, 4, 4, 16), (128, 128, 64, 4, 4, 4),
+            (128, 128, 64, 4, 4, 8, 232))
+GLUON_WS_BWD = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 5, 4, 8), (128, 128, 128, 2, 4, 8), (128, 128, 64, 4, 4, 16),
+                (128, 128, 64, 4, 4, 8, 232))
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
 CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
@@ -366,17 +370,13 @@ def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dic
             variants[f"tma {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                 lambda cfg=cfg, save_ab=save_ab: dual_gemm_swiglu_tma(x, w1, w3, cfg, save_ab)[0])
     if gluon_kernels is not None:
-        for cfg in GLUON_FWD:
+        for cfg in GLUON_FWD if not WS_ONLY else ():
             for save_ab in (False, True):
                 variants[f"gluon {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
                     lambda cfg=cfg, save_ab=save_ab: gluon_kernels.dual_swiglu(x, w1, w3, save_ab, cfg)[0])
         for cfg in GLUON_WS:
-            for save_ab in (False, True):
-                variants[f"gluon ws {'x'.join(map(str, cfg))}{' +ab' if save_ab else ''}"] = (
-                    lambda cfg=cfg, save_ab=save_ab: gluon_kernels.dual_swiglu(x, w1, w3, save_ab, cfg, ws=True)[0])
-        for cfg in GLUON_WS[:1]:
-            variants[f"gluon ws direct {'x'.join(map(str, cfg))} +ab"] = (
-                lambda cfg=cfg: gluon_kernels.dual_swiglu(x, w1, w3, True, cfg, ws=True, direct=True)[0])
+            variants[f"gluon ws {'x'.join(map(str, cfg))} +ab"] = lambda cfg=cfg: gluon_kernels.dual_swiglu(
+                x, w1, w3, True, cfg[:6], ws=True, regs=cfg[6] if len(cfg) > 6 else 240)[0]
     # the backward at the same shape: dy (M, d_model = k) against w2 (d_model, d_ff = n)
     dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
     w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
@@ -392,14 +392,12 @@ def time_shape(name: str, elementwise, do_bench, gluon_kernels=None) -> list[dic
     for cfg in TMA_CONFIGS:
         bwd[f"bwd tma {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gemm_swiglu_bwd_tma(dy, w2, a, b, cfg)[0]
     if gluon_kernels is not None:
-        for cfg in GLUON_BWD:
+        for cfg in GLUON_BWD if not WS_ONLY else ():
             bwd[f"bwd gluon {'x'.join(map(str, cfg))}"] = (
                 lambda cfg=cfg: gluon_kernels.swiglu_backward(dy, w2, a, b, cfg)[0])
         for cfg in GLUON_WS_BWD:
-            bwd[f"bwd gluon ws {'x'.join(map(str, cfg))}"] = (
-                lambda cfg=cfg: gluon_kernels.swiglu_backward(dy, w2, a, b, cfg, ws=True)[0])
-            bwd[f"bwd gluon ws direct {'x'.join(map(str, cfg))}"] = (
-                lambda cfg=cfg: gluon_kernels.swiglu_backward(dy, w2, a, b, cfg, ws=True, direct=True)[0])
+            bwd[f"bwd gluon ws {'x'.join(map(str, cfg))}"] = lambda cfg=cfg: gluon_kernels.swiglu_backward(
+                dy, w2, a, b, cfg[:6], ws=True, regs=cfg[6] if len(cfg) > 6 else 240)[0]
     rows = []
     for label, fn, want, base_out, fl in [*((lab, f, ref, base, flops) for lab, f in variants.items()),
                                           *((lab, f, bwd_ref, bwd_base, flops // 2) for lab, f in bwd.items())]:
