@@ -37,7 +37,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 FWD_CONFIG = (128, 128, 64, 4, 8, 8)
 BWD_CONFIG = (128, 128, 64, 4, 8, 8)
 FWD_WS_CONFIG = (128, 128, 64, 4, 4, 8)
-BWD_WS_CONFIG = (128, 128, 64, 4, 4, 8)
+BWD_WS_CONFIG = (128, 128, 64, 5, 4, 8)
 
 
 @gluon.jit

@@ -38,10 +38,8 @@ GLUON_BWD = ((128, 128, 64, 5, 8, 8),)
 # warp-specialised: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, -, GROUP_M); the forward's ring takes 48 KiB a stage, the
 # backward's 32 KiB a stage plus 64 KiB for a and b
 # a seventh entry: the consumer warpgroups' registers (the producer warp gets 264 minus that)
-GLUON_WS = ((128, 128, 64, 4, 4, 8), (128, 128, 128, 2, 4, 8), (128, 128, 64, 4, 4, 16), (128, 128, 64, 4, 4, 4),
-            (128, 128, 64, 4, 4, 8, 232))
-GLUON_WS_BWD = ((128, 128, 64, 4, 4, 8), (128, 128, 64, 5, 4, 8), (128, 128, 128, 2, 4, 8), (128, 128, 64, 4, 4, 16),
-                (128, 128, 64, 4, 4, 8, 232))
+GLUON_WS = ((128, 128, 64, 4, 4, 8), (128, 128, 32, 8, 4, 8), (128, 128, 32, 6, 4, 8))
+GLUON_WS_BWD = ((128, 128, 64, 5, 4, 8), (128, 128, 32, 10, 4, 8), (128, 128, 32, 8, 4, 8))
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): BLOCK_N columns of a and of b each
 CONFIGS = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3))
