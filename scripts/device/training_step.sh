@@ -30,6 +30,7 @@
 #   z (session 29): GPU tests of the fused SwiGLU feed-forward (cs336_systems.fused.swiglu);
 #   f2 (session 29): ours with --ffn torch and fused at xl/2048 in the steady state (bench's defaults otherwise);
 #   f3: xl/2048 against the peer with bench's defaults (the fused feed-forward there); f4: f2 at xl/512 and small/512
+#   f5: f3, then f2 at xl/512 (one call)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -195,7 +196,13 @@ f4)
   step 560 ffn-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl ours --preset xl small --context-length 512 --ffn torch fused --steps 20 --isolate
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4 (see the header)"; exit 2;;
+f5)
+  step 330 ffn-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --steps 20
+  step 250 ffn-xl512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl ours --preset xl --context-length 512 --ffn torch fused --steps 20 --isolate
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5 (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
