@@ -68,9 +68,10 @@ class FastSettings:
 # measurement.
 FUSED_LOSS_MIN_VOCAB = 32_768
 # The fused SwiGLU feed-forward (H100, bench's defaults otherwise, 12 warm-up steps and 20 timed, one process each,
-# same lease: results/training_step/20261127-170450-*, -170926-*): xl/2048 (8,192 tokens a step, d_model 1,600)
-# 227.1 against 229.6 ms; xl/512 (2,048 tokens) 71.0 against 71.1; small/512 (d_model 768) 6.96 against 6.54. Its
-# kernels win where the GEMMs are large (docs/training_step.md, session 29), so it is the default there only.
+# same lease: results/training_step/20261127-170450-*, -170926-*, -173001-*): xl/2048 (8,192 tokens a step,
+# d_model 1,600) 227.1 against 229.6 ms; xl/512 (2,048 tokens) 71.0 against 71.1, and 70.8 against 71.0 with the
+# backward's five-stage ring; small/512 (d_model 768) 6.96 against 6.54. Its kernels win where the GEMMs are large
+# (docs/training_step.md, session 29), so it is the default there only.
 FUSED_FFN_MIN_TOKENS = 8_192
 FUSED_FFN_MIN_D_MODEL = 1_600
 

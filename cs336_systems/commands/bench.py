@@ -160,8 +160,10 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     shape_ffn = {(p, c): fast_settings(device, d_model=get_preset(p).d_model,
                                        tokens=(args.batch_size or get_preset(p).batch_size) * c).ffn
                  for p in presets for c in contexts}
-    if "ffn" in picked and len(set(shape_ffn.values())) > 1:
-        picked["ffn"] = "/".join(f"{v} ({p}/{c})" for (p, c), v in shape_ffn.items())
+    if "ffn" in picked:  # what the configurations below run (fused under bf16 only)
+        shown = {k: v if "bf16" in args.precision else "torch" for k, v in shape_ffn.items()}
+        picked["ffn"] = ("/".join(f"{v} ({p}/{c})" for (p, c), v in shown.items()) if len(set(shown.values())) > 1
+                         else next(iter(shown.values())))
     if picked and "ours" in getattr(args, "impl", ["ours"]):
         log(f"bench: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items()))
     attention = chosen["attention"] or [fast.attention]
