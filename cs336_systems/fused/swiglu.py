@@ -54,8 +54,7 @@ def swiglu_gate(x: Tensor, w1: Tensor, w3: Tensor) -> tuple[Tensor, Tensor, Tens
     """(h, a, b) for x (M, d_model), w1 and w3 (d_ff, d_model): a = x W1^T, b = x W3^T, h = silu(a) * b."""
     kernels = _gluon()
     if kernels is not None and kernels.supported(x, w1, w3):
-        h, a, b = kernels.dual_swiglu(x, w1, w3, True, kernels.FWD_WS_CONFIG, ws=True)
-        return h, a, b
+        return kernels.dual_swiglu(x, w1, w3)
     return _gate_reference(x, w1, w3)
 
 
@@ -70,7 +69,7 @@ def swiglu_gate_backward(dy: Tensor, w2: Tensor, a: Tensor, b: Tensor) -> tuple[
     """(da, db) of h = silu(a) * b where dh = dy W2; dy (M, d_model), w2 (d_model, d_ff), a and b (M, d_ff)."""
     kernels = _gluon()
     if kernels is not None and kernels.supported(dy, w2, a, b):
-        return kernels.swiglu_backward(dy, w2, a, b, kernels.BWD_WS_CONFIG, ws=True)
+        return kernels.swiglu_backward(dy, w2, a, b)
     return _gate_backward_reference(dy, w2, a, b)
 
 
