@@ -25,7 +25,7 @@ def _pair(d_model: int, d_ff: int, dtype=torch.float64, device="cpu"):
     return ref, ours
 
 
-@pytest.mark.parametrize("shape,d_model,d_ff", [((3, 7), 24, 40), ((1, 5), 10, 14), ((13,), 32, 96)])
+@pytest.mark.parametrize("shape,d_model,d_ff", [((3, 7), 24, 40), ((1, 5), 10, 14), ((13,), 32, 96), ((0, 4), 8, 16)])
 def test_fused_ffn_matches_the_module_fp64(seed, shape, d_model, d_ff):
     """Odd sizes, fp64: the same products in another order, so output and every gradient agree to rounding."""
     ref, ours = _pair(d_model, d_ff)

@@ -279,7 +279,7 @@ def supported(*tensors: torch.Tensor) -> bool:
     t0 = tensors[0]
     if not (t0.is_cuda and torch.cuda.get_device_capability(t0.device) == (9, 0)):
         return False
-    return all(t.dtype == t0.dtype and t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2
+    return all(t.dtype == t0.dtype and t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.numel() > 0
                and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
                for t in tensors)
 
