@@ -104,8 +104,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(cs336_systems.fused.rope, CUDA); default: the fast settings' (triton on CUDA)")
     p.add_argument("--ffn", nargs="+", choices=FFN_KERNELS, default=None,
                    help="the SwiGLU feed-forward in our model: torch (the model's code, compiled with it) or fused "
-                        "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, CUDA); "
-                        "default: the fast settings' (torch)")
+                        "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, bf16); "
+                        "default: the fast settings' per preset and context (fused on Hopper under bf16 for steps of "
+                        ">= 8,192 tokens at d_model >= 1,600, else torch)")
     p.add_argument("--cublas-workspace", choices=CUBLAS_WORKSPACES, default=None,
                    help="cuBLAS's workspace: PyTorch's default, or none (no workspace memsets before GEMMs); a "
                         "CUBLAS_WORKSPACE_CONFIG already set is kept. Given, it applies to peers too; not given, ours "
