@@ -4,8 +4,8 @@
 :func:`swiglu_ffn`: the forward's ``a = x W1^T`` and ``b = x W3^T`` come from one warp-specialised dual GEMM that
 writes ``h = silu(a) * b`` (and a, b for the backward) from its registers, and the backward's ``dh = dy W2`` from a
 GEMM whose epilogue reads a and b and writes ``da`` and ``db``, so neither h's elementwise pass nor dh's round trip
-through memory is left (``cs336_systems.fused.swiglu_gemm``). The other four matmuls (``y = h W2^T`` and the weight
-and input gradients) stay cuBLAS's. The two kernels are ``torch.library`` custom ops, so ``torch.compile`` keeps them
+through memory is left (``cs336_systems.fused.swiglu_gemm``). The remaining matmuls (``y = h W2^T``, dx, dW1, dW2,
+dW3) stay cuBLAS's. The two kernels are ``torch.library`` custom ops, so ``torch.compile`` keeps them
 as calls in its graph and a captured step replays them.
 
 Arithmetic: a, b and dh are rounded to the input dtype as the unfused path stores them; silu, the product and the
