@@ -27,6 +27,7 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from cs336_basics.model import RotaryEmbedding, rotate_pairs
+from cs336_systems.fused import install_kernel
 
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (the tests)
 
@@ -155,9 +156,4 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def use_triton_rope(model: nn.Module) -> int:
     """Make every ``RotaryEmbedding`` in ``model`` rotate with :func:`rotate`; returns how many it found."""
-    found = 0
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module.kernel = rotate
-            found += 1
-    return found
+    return install_kernel(model, RotaryEmbedding, rotate)

@@ -68,6 +68,17 @@ def _store_tile(desc, out_s, value, om, on):
 
 
 @gluon.jit
+def _claim_stage(full, empty, it, nbytes, STAGES: gl.constexpr):
+    """The producer's ring stage for its ``it``-th K slice, once the consumers released it (both arrive), with its
+    full barrier armed for ``nbytes`` of TMA loads: (stage, barrier)."""
+    stage = it % STAGES
+    mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+    bar = full.index(stage)
+    mbarrier.expect(bar, nbytes)
+    return stage, bar
+
+
+@gluon.jit
 def _ws_tiles(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
     """This program's first tile, its stride, the tile grid and the K slices: the persistent programs' schedule."""
     start = gl.program_id(0)
@@ -88,10 +99,8 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
     for t in range(n_mine):
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         for kk in range(k_tiles):
-            stage = it % STAGES
-            mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
-            bar = full.index(stage)
-            mbarrier.expect(bar, 2 * x_desc.block_type.nbytes + 2 * w1_desc.block_type.nbytes)
+            stage, bar = _claim_stage(full, empty, it, 2 * x_desc.block_type.nbytes + 2 * w1_desc.block_type.nbytes,
+                                      STAGES)
             k = kk * BLOCK_K
             tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS, k], bar, x_s.index(2 * stage))
             tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS + ROWS, k], bar, x_s.index(2 * stage + 1))
@@ -179,10 +188,8 @@ def _ws_bwd_producer(dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, e
     for t in range(n_mine):
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         for kk in range(k_tiles):
-            stage = it % STAGES
-            mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
-            bar = full.index(stage)
-            mbarrier.expect(bar, 2 * dy_desc.block_type.nbytes + w2_desc.block_type.nbytes)
+            stage, bar = _claim_stage(full, empty, it, 2 * dy_desc.block_type.nbytes + w2_desc.block_type.nbytes,
+                                      STAGES)
             k = kk * BLOCK_K
             tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS, k], bar, dy_s.index(2 * stage))
             tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS + ROWS, k], bar, dy_s.index(2 * stage + 1))
