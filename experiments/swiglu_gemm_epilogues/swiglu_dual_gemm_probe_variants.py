@@ -1,3 +1,4 @@
+# Snapshot of scripts/device/swiglu_dual_gemm_probe.py at 152f6b9 (session 29): see README.md here.
 """Probe (issue 19): can SwiGLU's elementwise pass live in the epilogue of its matmuls at cuBLAS's speed?
 
 At xl/2048 the captured step is at the H100's power cap and its non-matmul time is memory traffic; SwiGLU's

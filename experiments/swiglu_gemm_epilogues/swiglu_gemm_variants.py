@@ -1,3 +1,4 @@
+# Snapshot of cs336_systems/fused/swiglu_gemm.py at 152f6b9 (session 29): see README.md here.
 """SwiGLU inside its matmuls on Hopper (Gluon): the feed-forward's elementwise passes as GEMM epilogues.
 
 The compiled feed-forward ``w2(silu(w1 x) * w3 x)`` writes a = x W1^T and b = x W3^T, reads both to write h, and in
