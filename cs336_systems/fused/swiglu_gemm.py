@@ -111,7 +111,7 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, OUT_BUFS: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -143,16 +143,32 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
         a = acc_a.to(dtype)
         b = acc_b.to(dtype)
         af = a.to(gl.float32)
-        _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
-        if SAVE_AB:
-            _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
-            _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
+        h = (af * _sigmoid(af) * b.to(gl.float32)).to(dtype)
+        if OUT_BUFS == 1:
+            _store_tile(h_desc, out, h, om, pid_n * BLOCK_N)
+            if SAVE_AB:
+                _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
+                _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
+        else:  # h and a leave together; b follows through h's buffer
+            out2 = out_s.index(2 + WG)
+            tma.store_wait(pendings=0)
+            out.store(h)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(h_desc, [om, pid_n * BLOCK_N], out)
+            if SAVE_AB:
+                out2.store(a)
+                fence_async_shared()
+                tma.async_copy_shared_to_global(a_desc, [om, pid_n * BLOCK_N], out2)
+                tma.store_wait(pendings=1)
+                out.store(b)
+                fence_async_shared()
+                tma.async_copy_shared_to_global(b_desc, [om, pid_n * BLOCK_N], out)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, OUT_BUFS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -162,7 +178,7 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
     x_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], x_desc.layout)
     w1_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w1_desc.layout)
     w3_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w3_desc.layout)
-    out_s = gl.allocate_shared_memory(dtype, [2, ROWS, BLOCK_N], h_desc.layout)
+    out_s = gl.allocate_shared_memory(dtype, [2 * OUT_BUFS, ROWS, BLOCK_N], h_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -170,9 +186,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB)),
+                             SAVE_AB, OUT_BUFS)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB)),
+                             SAVE_AB, OUT_BUFS)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -281,6 +297,124 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
     ], [4, 1], [REGS, 264 - REGS])
 
 
+@gluon.jit
+def _pp_bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """The ring's loads, tile after tile: each tile's K slices go to the consumer that owns the tile."""
+    ROWS: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
+    it = 0
+    for t in range(n_mine):
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
+        for kk in range(k_tiles):
+            stage, bar = _claim_stage(full, empty, it, 2 * dy_desc.block_type.nbytes + w2_desc.block_type.nbytes,
+                                      STAGES)
+            k = kk * BLOCK_K
+            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS, k], bar, dy_s.index(2 * stage))
+            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS + ROWS, k], bar, dy_s.index(2 * stage + 1))
+            tma.async_copy_global_to_shared(w2_desc, [k, pid_n * BLOCK_N], bar, w2_s.index(stage))
+            it += 1
+
+
+@gluon.jit
+def _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on):
+    """A half tile's a and b into this consumer's buffers, once its last da and db have left them."""
+    tma.store_wait(pendings=0)
+    mbarrier.expect(bar, 2 * a_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [om, on], bar, a_s)
+    tma.async_copy_global_to_shared(b_desc, [om, on], bar, b_s)
+
+
+@gluon.jit
+def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc, om, on):
+    """da and db of a half tile from its dh (rounded to the input dtype) and the a, b in ``a_s``, ``b_s``, written
+    over them (each thread writes exactly the elements it read) and stored by TMA."""
+    mbarrier.wait(bar, phase)
+    a = a_s.load(dh.type.layout).to(gl.float32)
+    b = b_s.load(dh.type.layout).to(gl.float32)
+    g = dh.to(gl.float32)
+    sig = _sigmoid(a)
+    a_s.store((g * b * sig * (1.0 + a * (1.0 - sig))).to(dh.dtype))
+    b_s.store((g * a * sig).to(dh.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(da_desc, [om, on], a_s)
+    tma.async_copy_shared_to_global(db_desc, [om, on], b_s)
+
+
+@gluon.jit
+def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, M, N, K,
+                     WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
+    consumer runs its tile's products."""
+    ROWS: gl.constexpr = da_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = da_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = dy_s.type.shape[2]
+    dtype: gl.constexpr = da_desc.dtype
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
+    a_s = ab_s.index(2 * WG)
+    b_s = ab_s.index(2 * WG + 1)
+    bar = ab_bar.index(WG)
+    for t in range(WG, n_mine, 2):
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
+        om = pid_m * 2 * ROWS
+        on = pid_n * BLOCK_N
+        acc0 = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)  # fresh each tile: nothing live across epilogues
+        acc1 = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
+        it = t * k_tiles
+        for kk in range(k_tiles):
+            stage = it % STAGES
+            mbarrier.wait(full.index(stage), (it // STAGES) & 1)
+            w = w2_s.index(stage)
+            tok0 = warpgroup_mma(dy_s.index(2 * stage), w, acc0, is_async=True)
+            tok1 = warpgroup_mma(dy_s.index(2 * stage + 1), w, acc1, is_async=True)
+            acc0, acc1 = warpgroup_mma_wait(2, deps=(tok0, tok1))
+            if kk > 0:
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+            else:
+                _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on)
+            it += 1
+        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        dh0 = acc0.to(dtype)
+        dh1 = acc1.to(dtype)
+        _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
+        _load_ab(a_desc, b_desc, a_s, b_s, bar, om + ROWS, on)
+        _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _pp_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
+                   STAGES: gl.constexpr, REGS: gl.constexpr):
+    """``_swiglu_bwd_kernel``'s arithmetic with a ping-pong schedule (CUTLASS's name): each consumer warpgroup owns
+    whole 128-row tiles, alternating with the other, so one's epilogue runs under the other's products."""
+    ROWS: gl.constexpr = dy_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
+    dtype: gl.constexpr = dy_desc.dtype
+    dy_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], dy_desc.layout)
+    w2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, BLOCK_N], w2_desc.layout)
+    ab_s = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_N], a_desc.layout)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ab_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(ab_bar.index(i), count=1)
+    gl.warp_specialize([
+        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, M, N, K, 0,
+                            GROUP_M, STAGES)),
+        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, M, N, K, 1,
+                            GROUP_M, STAGES)),
+        (_pp_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
+    ], [4, 1], [REGS, 264 - REGS])
+
+
 def supported(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these operands: CUDA sm_90, one 16-bit dtype, 2-D, unit stride along rows, 16-byte
     aligned rows and bases (what TMA descriptors need)."""
@@ -303,7 +437,7 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, out_bufs: int = 1
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
@@ -315,19 +449,21 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, num_warps=4)
+        REGS=regs, OUT_BUFS=out_bufs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS, schedule: str = "cooperative"
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
     ``config`` as ``dual_swiglu``'s."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     rows = [block_m // 2, block_n]
-    _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
+    kernel = _pp_bwd_kernel if schedule == "pingpong" else _swiglu_bwd_kernel
+    kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
         _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, num_warps=4)
     return da, db

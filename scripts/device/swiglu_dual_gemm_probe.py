@@ -29,8 +29,11 @@ from cs336_systems.fused import swiglu_gemm
 from cs336_systems.fused.swiglu import _gate_backward_reference, _gate_reference
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
-FWD_CONFIGS = (swiglu_gemm.FWD_CONFIG, (128, 128, 64, 4, 16), (128, 128, 64, 3, 8))
-BWD_CONFIGS = (swiglu_gemm.BWD_CONFIG, (128, 128, 64, 4, 8), (128, 128, 64, 5, 16))
+# (config, keyword arguments): the shipped configuration first
+FWD_CONFIGS = ((swiglu_gemm.FWD_CONFIG, {}), ((128, 128, 64, 3, 8), {}), ((128, 128, 64, 3, 8), {"out_bufs": 2}),
+               ((128, 128, 64, 3, 16), {"out_bufs": 2}))
+BWD_CONFIGS = ((swiglu_gemm.BWD_CONFIG, {}), (swiglu_gemm.BWD_CONFIG, {"schedule": "pingpong"}),
+               ((128, 128, 64, 4, 8), {"schedule": "pingpong"}), ((128, 128, 64, 5, 16), {"schedule": "pingpong"}))
 
 
 def _errors(got: torch.Tensor, ref: torch.Tensor, base: torch.Tensor) -> tuple[float, float, bool]:
@@ -48,8 +51,12 @@ def _inputs(name: str):
     return x, w13, w13[:n], w13[n:], dy, w2
 
 
-def _launch(fn, cfg):
-    return lambda *args: fn(*args, config=cfg[:5], regs=cfg[5] if len(cfg) > 5 else swiglu_gemm.CONSUMER_REGS)
+def _launch(fn, cfg, kw):
+    return lambda *args: fn(*args, config=cfg[:5], regs=cfg[5] if len(cfg) > 5 else swiglu_gemm.CONSUMER_REGS, **kw)
+
+
+def _label(cfg, kw) -> str:
+    return "x".join(map(str, cfg)) + "".join(f" {v}" for v in kw.values())
 
 
 def time_shape(name: str, do_bench) -> list[dict]:
@@ -66,25 +73,35 @@ def time_shape(name: str, do_bench) -> list[dict]:
               "bwd": (dh32 * b.float() * sig * (1 + a.float() * (1 - sig)), _gate_backward_reference(dy, w2, a, b)[0])}
     variants = [("cublas", "fwd", lambda: elementwise(x @ w1.T, x @ w3.T)),
                 ("cublas-mm-only", None, lambda: x @ w13.T)]
-    variants += [(f"gluon {'x'.join(map(str, c))}", "fwd",
-                  lambda c=c: _launch(swiglu_gemm.dual_swiglu, c)(x, w1, w3)[0]) for c in FWD_CONFIGS]
+    variants += [(f"gluon {_label(c, kw)}", "fwd",
+                  lambda c=c, kw=kw: _launch(swiglu_gemm.dual_swiglu, c, kw)(x, w1, w3)[0]) for c, kw in FWD_CONFIGS]
     variants += [("cublas-bwd", "bwd", lambda: bwd_elementwise(dy @ w2, a, b)[0]),
                  ("cublas-bwd-mm-only", None, lambda: dy @ w2)]
-    variants += [(f"bwd gluon {'x'.join(map(str, c))}", "bwd",
-                  lambda c=c: _launch(swiglu_gemm.swiglu_backward, c)(dy, w2, a, b)[0]) for c in BWD_CONFIGS]
+    variants += [(f"bwd gluon {_label(c, kw)}", "bwd",
+                  lambda c=c, kw=kw: _launch(swiglu_gemm.swiglu_backward, c, kw)(dy, w2, a, b)[0])
+                 for c, kw in BWD_CONFIGS]
+    shipped = {"fwd": swiglu_gemm.dual_swiglu(x, w1, w3), "bwd": swiglu_gemm.swiglu_backward(dy, w2, a, b)}
+    full = {f"gluon {_label(c, kw)}": lambda c=c, kw=kw: _launch(swiglu_gemm.dual_swiglu, c, kw)(x, w1, w3)
+            for c, kw in FWD_CONFIGS}
+    full.update({f"bwd gluon {_label(c, kw)}": lambda c=c, kw=kw: _launch(swiglu_gemm.swiglu_backward, c, kw)(
+        dy, w2, a, b) for c, kw in BWD_CONFIGS})
     rows = []
     for label, check, fn in variants:
         flops = (2 if "bwd" in label else 4) * m * n * k  # the forward's two products, the backward's one
         try:
             out = fn()
             err, base_err, ok = (float("nan"), float("nan"), True) if check is None else _errors(out, *checks[check])
+            # every output (h, a, b or da, db) bit for bit the shipped kernel's: the variants change schedules only
+            same = all(torch.equal(u, v) for u, v in zip(full[label](), shipped[check])) if label in full else None
+            ok = ok and same is not False
             ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
         except Exception as e:  # a configuration that does not fit (shared memory, registers)
             print(f"{name:<9} {label:<28} {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
             continue
-        rows.append(dict(shape=name, variant=label, ms=ms, tflops=flops / ms / 1e9, err=err, ok=ok))
-        print(f"{name:<9} {label:<28} {ms:.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.2e} "
-              f"(cuBLAS path {base_err:.2e}) {'ok' if ok else 'FAIL'}", flush=True)
+        rows.append(dict(shape=name, variant=label, ms=ms, tflops=flops / ms / 1e9, err=err, ok=ok, same=same))
+        print(f"{name:<9} {label:<36} {ms:.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.2e} "
+              f"(cuBLAS path {base_err:.2e}) {'ok' if ok else 'FAIL'}{'' if same is None else f' same={same}'}",
+              flush=True)
     return rows
 
 
