@@ -111,7 +111,7 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, OUT_BUFS: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -143,32 +143,16 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
         a = acc_a.to(dtype)
         b = acc_b.to(dtype)
         af = a.to(gl.float32)
-        h = (af * _sigmoid(af) * b.to(gl.float32)).to(dtype)
-        if OUT_BUFS == 1:
-            _store_tile(h_desc, out, h, om, pid_n * BLOCK_N)
-            if SAVE_AB:
-                _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
-                _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
-        else:  # h and a leave together; b follows through h's buffer
-            out2 = out_s.index(2 + WG)
-            tma.store_wait(pendings=0)
-            out.store(h)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(h_desc, [om, pid_n * BLOCK_N], out)
-            if SAVE_AB:
-                out2.store(a)
-                fence_async_shared()
-                tma.async_copy_shared_to_global(a_desc, [om, pid_n * BLOCK_N], out2)
-                tma.store_wait(pendings=1)
-                out.store(b)
-                fence_async_shared()
-                tma.async_copy_shared_to_global(b_desc, [om, pid_n * BLOCK_N], out)
+        _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
+        if SAVE_AB:
+            _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
+            _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, OUT_BUFS: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -178,7 +162,7 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
     x_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], x_desc.layout)
     w1_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w1_desc.layout)
     w3_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w3_desc.layout)
-    out_s = gl.allocate_shared_memory(dtype, [2 * OUT_BUFS, ROWS, BLOCK_N], h_desc.layout)
+    out_s = gl.allocate_shared_memory(dtype, [2, ROWS, BLOCK_N], h_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -186,9 +170,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, OUT_BUFS)),
+                             SAVE_AB)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, OUT_BUFS)),
+                             SAVE_AB)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -343,10 +327,11 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc
 
 
 @gluon.jit
-def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, M, N, K,
+def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
                      WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
-    consumer runs its tile's products."""
+    consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
+    kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs."""
     ROWS: gl.constexpr = da_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = da_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = dy_s.type.shape[2]
@@ -364,6 +349,11 @@ def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, e
         acc0 = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)  # fresh each tile: nothing live across epilogues
         acc1 = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
         it = t * k_tiles
+        j = t // 2
+        if WG == 0:
+            mbarrier.wait(turn.index(0), (j + 1) & 1, pred=j > 0)
+        else:
+            mbarrier.wait(turn.index(1), j & 1)
         for kk in range(k_tiles):
             stage = it % STAGES
             mbarrier.wait(full.index(stage), (it // STAGES) & 1)
@@ -376,6 +366,7 @@ def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, e
             else:
                 _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on)
             it += 1
+        mbarrier.arrive(turn.index(1 - WG))  # the other consumer's products may start behind these
         acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         dh0 = acc0.to(dtype)
@@ -401,16 +392,18 @@ def _pp_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, 
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ab_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(ab_bar.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
-        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, M, N, K, 0,
-                            GROUP_M, STAGES)),
-        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, M, N, K, 1,
-                            GROUP_M, STAGES)),
+        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
+                            0, GROUP_M, STAGES)),
+        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
+                            1, GROUP_M, STAGES)),
         (_pp_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -437,7 +430,7 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, out_bufs: int = 1
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
@@ -449,7 +442,7 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, OUT_BUFS=out_bufs, num_warps=4)
+        REGS=regs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
