@@ -11,9 +11,11 @@ follow (docs/training_step.md, session 29). Here:
   products run) and writes da = dh * b * silu'(a) and db = dh * silu(a); dh itself never reaches memory.
 
 Both are persistent and warp-specialised, as cuBLAS's Hopper GEMMs are (``nvjet_sm90_*_coopB``): one producer warp
-fills a ring of ``STAGES`` TMA buffers; two consumer warpgroups, 64 rows of the 128-row tile each, issue the
-warpgroup MMAs (one K slice in flight) and run the epilogue with 240 registers a thread, which the two fp32
-accumulators need. Programs take tiles in groups of ``GROUP_M`` row tiles (the Triton matmul tutorial's order).
+fills a ring of ``STAGES`` TMA buffers for two consumer warpgroups with 240 registers a thread, which the two fp32
+accumulators need, issuing the warpgroup MMAs one K slice in flight. The forward's consumers split each 128-row tile
+(64 rows each: cooperative); the backward's own whole tiles in turn (ping-pong), so one's epilogue runs under the
+other's products (session 30: 0.354 against 0.386 ms at xl/2048). Programs take tiles in groups of ``GROUP_M`` row
+tiles (the Triton matmul tutorial's order).
 Rounding follows the unfused path: a, b and dh are rounded to the input dtype before the elementwise arithmetic,
 which runs in fp32. Variants measured and dropped (software-pipelined, Triton, epilogue stores from registers, other
 tiles): ``experiments/swiglu_gemm_epilogues/``.
@@ -38,7 +40,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), measured at the xl shapes on an H100
 # (scripts/device/swiglu_dual_gemm_probe.py; docs/training_step.md, session 29). Shared memory sets the stages: the
 # forward's ring takes 48 KiB a stage beside 32 KiB of output buffers, the backward's 32 KiB a stage beside 64 KiB
-# for a and b (227 KiB in all).
+# for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
@@ -178,111 +180,7 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
 
 
 @gluon.jit
-def _ws_bwd_producer(dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K,
-                     GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    ROWS: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
-    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
-    it = 0
-    for t in range(n_mine):
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
-        for kk in range(k_tiles):
-            stage, bar = _claim_stage(full, empty, it, 2 * dy_desc.block_type.nbytes + w2_desc.block_type.nbytes,
-                                      STAGES)
-            k = kk * BLOCK_K
-            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS, k], bar, dy_s.index(2 * stage))
-            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS + ROWS, k], bar, dy_s.index(2 * stage + 1))
-            tma.async_copy_global_to_shared(w2_desc, [k, pid_n * BLOCK_N], bar, w2_s.index(stage))
-            it += 1
-        # the tile's a and b, once the previous tile's da and db have left the buffers they share
-        mbarrier.wait(ab_empty, (t & 1) ^ 1, pred=t > 0)
-        mbarrier.expect(ab_full, 4 * a_desc.block_type.nbytes)
-        for wg in gl.static_range(2):
-            om = pid_m * 2 * ROWS + wg * ROWS
-            tma.async_copy_global_to_shared(a_desc, [om, pid_n * BLOCK_N], ab_full, ab_s.index(wg))
-            tma.async_copy_global_to_shared(b_desc, [om, pid_n * BLOCK_N], ab_full, ab_s.index(2 + wg))
-
-
-@gluon.jit
-def _ws_bwd_consumer(da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, WG: gl.constexpr,
-                     GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """Rows WG * 64 .. WG * 64 + 63 of every tile: dh, then da and db written over the a and b they came from (each
-    thread writes exactly the elements it read)."""
-    ROWS: gl.constexpr = da_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = da_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = dy_s.type.shape[2]
-    dtype: gl.constexpr = da_desc.dtype
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
-    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
-    acc = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
-    a_s = ab_s.index(WG)
-    b_s = ab_s.index(2 + WG)
-    it = 0
-    for t in range(n_mine):
-        for kk in range(k_tiles):
-            stage = it % STAGES
-            mbarrier.wait(full.index(stage), (it // STAGES) & 1)
-            tok = warpgroup_mma(dy_s.index(2 * stage + WG), w2_s.index(stage), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=(tok,))
-            if kk > 0:
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-            elif t > 0:  # the previous tile's da and db have had this tile's first MMAs to drain
-                tma.store_wait(pendings=0)
-                mbarrier.arrive(ab_empty)
-            it += 1
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
-        om = pid_m * 2 * ROWS + WG * ROWS
-        mbarrier.wait(ab_full, t & 1)
-        a = a_s.load(acc_layout).to(gl.float32)
-        b = b_s.load(acc_layout).to(gl.float32)
-        dh = acc.to(dtype).to(gl.float32)
-        sig = _sigmoid(a)
-        a_s.store((dh * b * sig * (1.0 + a * (1.0 - sig))).to(dtype))
-        b_s.store((dh * a * sig).to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(da_desc, [om, pid_n * BLOCK_N], a_s)
-        tma.async_copy_shared_to_global(db_desc, [om, pid_n * BLOCK_N], b_s)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, REGS: gl.constexpr):
-    """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
-    (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). A tile's a and b
-    arrive by TMA while its products run, into the buffers its da and db then leave from."""
-    ROWS: gl.constexpr = dy_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
-    dtype: gl.constexpr = dy_desc.dtype
-    dy_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], dy_desc.layout)
-    w2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, BLOCK_N], w2_desc.layout)
-    ab_s = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_N], a_desc.layout)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ab_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ab_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    mbarrier.init(ab_full, count=1)
-    mbarrier.init(ab_empty, count=2)
-    gl.warp_specialize([
-        (_ws_bwd_consumer, (da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 0, GROUP_M,
-                            STAGES)),
-        (_ws_bwd_consumer, (da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N, K, 1, GROUP_M,
-                            STAGES)),
-        (_ws_bwd_producer, (dy_desc, w2_desc, a_desc, b_desc, dy_s, w2_s, ab_s, full, empty, ab_full, ab_empty, M, N,
-                            K, GROUP_M, STAGES)),
-    ], [4, 1], [REGS, 264 - REGS])
-
-
-@gluon.jit
-def _pp_bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """The ring's loads, tile after tile: each tile's K slices go to the consumer that owns the tile."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
@@ -327,8 +225,8 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc
 
 
 @gluon.jit
-def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                     WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
+                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
     consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
     kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs."""
@@ -378,10 +276,12 @@ def _pp_bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, e
 
 
 @gluon.jit
-def _pp_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                   STAGES: gl.constexpr, REGS: gl.constexpr):
-    """``_swiglu_bwd_kernel``'s arithmetic with a ping-pong schedule (CUTLASS's name): each consumer warpgroup owns
-    whole 128-row tiles, alternating with the other, so one's epilogue runs under the other's products."""
+def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
+                       STAGES: gl.constexpr, REGS: gl.constexpr):
+    """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
+    (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). Ping-pong
+    schedule (CUTLASS's name): each consumer warpgroup owns whole 128-row tiles, alternating with the other, so one's
+    epilogue (a and b in by TMA, da and db out over them) runs under the other's products."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
@@ -400,11 +300,11 @@ def _pp_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, 
         mbarrier.init(ab_bar.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
-        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                            0, GROUP_M, STAGES)),
-        (_pp_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                            1, GROUP_M, STAGES)),
-        (_pp_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
+        (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 0,
+                         GROUP_M, STAGES)),
+        (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 1,
+                         GROUP_M, STAGES)),
+        (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
 
@@ -447,16 +347,14 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS, schedule: str = "cooperative"
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
     ``config`` as ``dual_swiglu``'s."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     rows = [block_m // 2, block_n]
-    kernel = _pp_bwd_kernel if schedule == "pingpong" else _swiglu_bwd_kernel
-    kernel[(_programs(dy.device, m, n, block_m, block_n),)](
+    _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
         _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, num_warps=4)
     return da, db
