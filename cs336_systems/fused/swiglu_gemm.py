@@ -112,6 +112,27 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 
 @gluon.jit
+def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: gl.constexpr,
+                   STAGES: gl.constexpr):
+    """One tile's two products for consumer WG (its 64 rows of x's tiles against both weights' tiles), from the
+    ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. Returns (acc_a,
+    acc_b, it) with ``it`` past the tile's slices."""
+    for kk in range(k_tiles):
+        stage = it % STAGES
+        mbarrier.wait(full.index(stage), (it // STAGES) & 1)
+        xs = x_s.index(2 * stage + WG)
+        tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, use_acc=kk > 0, is_async=True)
+        tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
+        acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
+        if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        it += 1
+    acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
+    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+    return acc_a, acc_b, it
+
+
+@gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
                       GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
@@ -128,18 +149,7 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        for kk in range(k_tiles):
-            stage = it % STAGES
-            mbarrier.wait(full.index(stage), (it // STAGES) & 1)
-            xs = x_s.index(2 * stage + WG)
-            tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, use_acc=kk > 0, is_async=True)
-            tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
-            acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
-            if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-            it += 1
-        acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
