@@ -19,10 +19,9 @@ import torch
 # the residual stream's dtype under bf16 (the names of bench's and train's --residual-dtype): autocast's fp32, or
 # bf16 with the token embedding a bf16 copy in the fused optimizer (cs336_systems.fused.adamw.is_compute_weight)
 RESIDUAL_DTYPES = ("fp32", "bf16")
-# RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager),
-# cs336_systems.fused.rope's Triton kernel (CUDA), or fused: the rotation in the q/k projections' GEMM epilogue
-# (cs336_systems.fused.qk_rope; a Gluon kernel on Hopper, bf16)
-ROPE_KERNELS = ("torch", "triton", "fused")
+# RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager), or
+# cs336_systems.fused.rope's Triton kernel (CUDA)
+ROPE_KERNELS = ("torch", "triton")
 # the SwiGLU feed-forward (the names of bench's and train's --ffn): the model's PyTorch code (compiled or eager), or
 # cs336_systems.fused.swiglu (the elementwise passes in the matmuls' epilogues; Gluon kernels on Hopper)
 FFN_KERNELS = ("torch", "fused")
@@ -93,10 +92,9 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
-        fused_gemms = _fused_ffn_applies(device, d_model, tokens)
+        ffn = "fused" if _fused_ffn_applies(device, d_model, tokens) else "torch"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True, residual_dtype="bf16",
-                            rope="fused" if fused_gemms else "triton", ffn="fused" if fused_gemms else "torch",
+                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", ffn=ffn,
                             cublas_workspace="none")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
                         cuda_graph=False, residual_dtype="fp32", rope="torch", ffn="torch",

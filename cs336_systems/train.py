@@ -192,7 +192,7 @@ class TrainConfig:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
                                  f"{', '.join(allowed)}")
         for name in ("compile", "optimizer", "loss", "activation_checkpointing", "cuda_graph",
-                     "residual_dtype", "ffn", "rope"):
+                     "residual_dtype", "ffn"):
             reason = unsupported(self.parallel, name, getattr(self, name))
             if reason is not None:
                 raise ValueError(f"train: {reason}")
@@ -249,10 +249,6 @@ def unsupported(parallel: str, name: str, value) -> str | None:
         unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
         return (f"--ffn fused reads the feed-forward's weights outside their modules' forward, which --parallel "
                 f"{parallel} gathers; use --ffn torch or one of {unsharded}")
-    if name == "rope" and value == "fused" and sharded:
-        unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
-        return (f"--rope fused reads the q and k projections' weights outside their modules' forward, which "
-                f"--parallel {parallel} gathers; use --rope triton or one of {unsharded}")
     if name == "residual_dtype" and value == "bf16" and parallel != "none":
         return f"--residual-dtype bf16 works with --parallel none only (--optimizer fused), not {parallel}"
     if name == "compile" and value and sharded:
@@ -263,7 +259,7 @@ def unsupported(parallel: str, name: str, value) -> str | None:
 
 # where a fast setting does not apply
 _SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False, "residual_dtype": "fp32",
-         "ffn": "torch", "rope": "triton"}
+         "ffn": "torch"}
 
 
 def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfig, str]:
@@ -272,10 +268,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
     what was picked. Explicit settings are kept as given."""
     if cfg.cuda_graph and device.type != "cuda":
         raise ValueError(f"train: --cuda-graph yes needs a CUDA device, got {device}; use --cuda-graph no")
-    if cfg.rope in ("triton", "fused") and device.type != "cuda":
-        raise ValueError(f"train: --rope {cfg.rope} needs a CUDA device, got {device}; use --rope torch")
-    if cfg.rope == "fused" and cfg.precision != "bf16":
-        raise ValueError(f"train: --rope fused runs 16-bit kernels: it needs --precision bf16 (got {cfg.precision})")
+    if cfg.rope == "triton" and device.type != "cuda":
+        raise ValueError(f"train: --rope triton needs a CUDA device, got {device}; use --rope torch")
     if cfg.ffn == "fused" and device.type != "cuda":
         raise ValueError(f"train: --ffn fused needs a CUDA device, got {device}; use --ffn torch")
     if cfg.ffn == "fused" and cfg.precision != "bf16":
@@ -301,10 +295,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         if name == "residual_dtype" and value == "bf16" and (
                 cfg.precision != "bf16" or (picked.get("optimizer") or cfg.optimizer) != "fused"):
             value = "fp32"  # autocast's: bf16 applies only under bf16 with the fused optimizer
-        if name == "rope" and value == "fused" and cfg.precision != "bf16":
-            value = "triton"  # 16-bit kernels
-        if name == "rope" and value in ("triton", "fused") and device.type != "cuda":
-            value = "torch"  # the kernels are CUDA's
+        if name == "rope" and value == "triton" and device.type != "cuda":
+            value = "torch"  # the kernel is CUDA's
         if name == "ffn" and value == "fused" and (device.type != "cuda" or cfg.precision != "bf16"):
             value = "torch"  # 16-bit kernels, CUDA's
         picked[name] = value
@@ -637,14 +629,10 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                 check_inputs=cfg.data is not None, device=device)
     n_params = sum(p.numel() for p in model.parameters())  # before FSDP replaces weights by shards
-    if cfg.rope in ("triton", "fused"):  # fused: RoPE in the q/k projections, the Triton kernel where they differ
+    if cfg.rope == "triton":
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
-    if cfg.rope == "fused":
-        from cs336_systems.fused.qk_rope import use_fused_qk_rope
-
-        use_fused_qk_rope(model)
     if cfg.ffn == "fused":
         from cs336_systems.fused.swiglu import use_fused_swiglu
 

@@ -108,12 +108,9 @@ class BenchConfig:
         if self.rope not in ROPE_KERNELS:
             raise ValueError(f"benchmarking_script: unknown rope kernel {self.rope!r}; choose from "
                              f"{', '.join(ROPE_KERNELS)}")
-        if self.rope in ("triton", "fused") and (self.impl != "ours" or self.torch_device.type != "cuda"):
-            raise ValueError(f"benchmarking_script: --rope {self.rope} runs our model on a CUDA device (got impl "
+        if self.rope == "triton" and (self.impl != "ours" or self.torch_device.type != "cuda"):
+            raise ValueError(f"benchmarking_script: --rope triton runs our model on a CUDA device (got impl "
                              f"{self.impl}, device {self.torch_device})")
-        if self.rope == "fused" and self.precision != "bf16":
-            raise ValueError(f"benchmarking_script: --rope fused runs 16-bit kernels: it needs --precision bf16 (got "
-                             f"{self.precision})")
         if self.ffn not in FFN_KERNELS:
             raise ValueError(f"benchmarking_script: unknown ffn kernel {self.ffn!r}; choose from "
                              f"{', '.join(FFN_KERNELS)}")
@@ -204,14 +201,10 @@ def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
 def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
     """Our model with ``cfg``'s settings: (model, optimizer or None, loss_fn(x, y), step_model)."""
     model = BasicsTransformerLM(**model_kwargs, attention_backend=cfg.attention, check_inputs=False, device=device)
-    if cfg.rope in ("triton", "fused"):  # fused: RoPE in the q/k projections, the Triton kernel where they differ
+    if cfg.rope == "triton":
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
-    if cfg.rope == "fused":
-        from cs336_systems.fused.qk_rope import use_fused_qk_rope
-
-        use_fused_qk_rope(model)
     if cfg.ffn == "fused":
         from cs336_systems.fused.swiglu import use_fused_swiglu
 

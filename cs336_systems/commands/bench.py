@@ -100,10 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "optimizer keeps the token embedding as a bf16 copy too); default: the fast settings' (bf16 "
                         "on CUDA where it applies: bf16, --optimizer fused, train-step)")
     p.add_argument("--rope", nargs="+", choices=ROPE_KERNELS, default=None,
-                   help="RoPE's kernel in our model: torch (the model's code, compiled with it), triton "
-                        "(cs336_systems.fused.rope, CUDA) or fused (the rotation in the q/k projections' epilogue: "
-                        "cs336_systems.fused.qk_rope; Hopper kernels, bf16); default: the fast settings' per preset "
-                        "and context (fused where --ffn's default is fused, else triton on CUDA)")
+                   help="RoPE's kernel in our model: torch (the model's code, compiled with it) or triton "
+                        "(cs336_systems.fused.rope, CUDA); default: the fast settings' (triton on CUDA)")
     p.add_argument("--ffn", nargs="+", choices=FFN_KERNELS, default=None,
                    help="the SwiGLU feed-forward in our model: torch (the model's code, compiled with it) or fused "
                         "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, bf16); "
@@ -159,22 +157,14 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
         picked["loss"] = "/".join(f"{v} ({p})" for p, v in vocab_loss.items())
-    # the feed-forward's and RoPE's picks depend on the step's size: per preset and context (their fused kernels
-    # under bf16 only)
-    shape_fast = {(p, c): fast_settings(device, d_model=get_preset(p).d_model,
-                                        tokens=(args.batch_size or get_preset(p).batch_size) * c)
-                  for p in presets for c in contexts}
-    unfused = {"ffn": "torch", "rope": fast.rope if fast.rope != "fused" else "triton"}
-
-    def shape_pick(name: str, preset: str, context: int, precision: str) -> str:
-        value = getattr(shape_fast[preset, context], name)
-        return value if precision == "bf16" or value != "fused" else unfused[name]
-    for name in ("ffn", "rope"):
-        if name in picked:  # what the configurations below run
-            shown = {(p, c): shape_pick(name, p, c, "bf16" if "bf16" in args.precision else "fp32")
-                     for p, c in shape_fast}
-            picked[name] = ("/".join(f"{v} ({p}/{c})" for (p, c), v in shown.items())
-                            if len(set(shown.values())) > 1 else next(iter(shown.values())))
+    # the feed-forward's pick depends on the step's size: per preset and context
+    shape_ffn = {(p, c): fast_settings(device, d_model=get_preset(p).d_model,
+                                       tokens=(args.batch_size or get_preset(p).batch_size) * c).ffn
+                 for p in presets for c in contexts}
+    if "ffn" in picked:  # what the configurations below run (fused under bf16 only)
+        shown = {k: v if "bf16" in args.precision else "torch" for k, v in shape_ffn.items()}
+        picked["ffn"] = ("/".join(f"{v} ({p}/{c})" for (p, c), v in shown.items()) if len(set(shown.values())) > 1
+                         else next(iter(shown.values())))
     if picked and "ours" in getattr(args, "impl", ["ours"]):
         log(f"bench: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items()))
     attention = chosen["attention"] or [fast.attention]
@@ -188,6 +178,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     graph_default = chosen["cuda_graph"] is None and fast.cuda_graph
     # the same for the residual dtype: the fast default where it applies (bf16, fused, train-step), else fp32
     residuals = chosen["residual_dtype"] or [None]
+    ropes = chosen["rope"] or [fast.rope]
     workspace = chosen["cublas_workspace"] or fast.cublas_workspace
     # a peer runs as a plain script does (PyTorch's default) unless the user asked for a workspace setting; the
     # setting is per process, so it holds where configurations run isolated (bench's default for ours vs peers)
@@ -221,9 +212,8 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                 loss=lo, warmup=w, warmup_seconds=settle, steps=args.steps, device=args.device,
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
                                 residual_dtype=residual(r, pr, o, m), rope=rp, ffn=f, cublas_workspace=workspace)
-                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals
-                    for rp in (chosen["rope"] or [shape_pick("rope", p, c, pr)])
-                    for f in (chosen["ffn"] or [shape_pick("ffn", p, c, pr)])]
+                    for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes
+                    for f in (chosen["ffn"] or [shape_ffn[p, c] if pr == "bf16" else "torch"])]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
     first_seen: dict[tuple, int] = {}

@@ -1,3 +1,4 @@
+# Snapshot of tests/test_fused_qk_rope.py at ca239d7 (session 30): see README.md here.
 """RoPE in the q/k projections' epilogue (``cs336_systems.fused.qk_rope``): its autograd wiring against the attention
 module on the CPU (where its op runs the module's arithmetic in PyTorch), and on a Hopper GPU the Gluon kernel
 against an fp64 reference with the 2x rule (our error at most twice that of cuBLAS plus RoPE's kernel in bf16)."""

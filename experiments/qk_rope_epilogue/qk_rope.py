@@ -1,3 +1,4 @@
+# Snapshot of cs336_systems/fused/qk_rope.py at e30b10e (session 30): see README.md here.
 """RoPE in the epilogue of the q/k projections (``--rope fused``; CUDA, Hopper).
 
 ``use_fused_qk_rope(model)`` makes every ``cs336_basics.model.CausalMultiHeadSelfAttention`` whose q and k have the

@@ -1,3 +1,4 @@
+# Snapshot of cs336_systems/fused/qk_rope_gemm.py at e30b10e (session 30): see README.md here.
 """RoPE inside the q/k projections' GEMM on Hopper (Gluon): q = R(x Wq^T) and k = R(x Wk^T) from one kernel.
 
 Unfused, cuBLAS writes q and k and RoPE's kernel (``cs336_systems.fused.rope``) reads and writes both again: at
