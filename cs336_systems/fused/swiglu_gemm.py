@@ -190,112 +190,6 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
 
 
 @gluon.jit
-def _pp_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M: gl.constexpr,
-                      STAGES: gl.constexpr):
-    """The ring's loads for tiles of x's block rows, tile after tile (each goes to the consumer that owns it)."""
-    ROWS: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
-    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, ROWS, BLOCK_N, BLOCK_K)
-    it = 0
-    for t in range(n_mine):
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
-        for kk in range(k_tiles):
-            stage, bar = _claim_stage(full, empty, it, x_desc.block_type.nbytes + 2 * w1_desc.block_type.nbytes,
-                                      STAGES)
-            k = kk * BLOCK_K
-            tma.async_copy_global_to_shared(x_desc, [pid_m * ROWS, k], bar, x_s.index(stage))
-            tma.async_copy_global_to_shared(w1_desc, [pid_n * BLOCK_N, k], bar, w1_s.index(stage))
-            tma.async_copy_global_to_shared(w3_desc, [pid_n * BLOCK_N, k], bar, w3_s.index(stage))
-            it += 1
-
-
-@gluon.jit
-def _pp_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, turn, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """Every other tile (ping-pong, turns as in ``_bwd_consumer``): both products, then h, a and b through this
-    warpgroup's two output buffers while the other consumer runs its products."""
-    ROWS: gl.constexpr = h_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = h_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = x_s.type.shape[2]
-    dtype: gl.constexpr = h_desc.dtype
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
-    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, ROWS, BLOCK_N, BLOCK_K)
-    out0 = out_s.index(2 * WG)
-    out1 = out_s.index(2 * WG + 1)
-    for t in range(WG, n_mine, 2):
-        acc_a = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
-        acc_b = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
-        it = t * k_tiles
-        j = t // 2
-        if WG == 0:
-            mbarrier.wait(turn.index(0), (j + 1) & 1, pred=j > 0)
-        else:
-            mbarrier.wait(turn.index(1), j & 1)
-        for kk in range(k_tiles):
-            stage = it % STAGES
-            mbarrier.wait(full.index(stage), (it // STAGES) & 1)
-            xs = x_s.index(stage)
-            tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, is_async=True)
-            tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, is_async=True)
-            acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
-            if kk > 0:
-                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-            it += 1
-        mbarrier.arrive(turn.index(1 - WG))
-        acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
-        om = pid_m * ROWS
-        on = pid_n * BLOCK_N
-        a = acc_a.to(dtype)
-        b = acc_b.to(dtype)
-        af = a.to(gl.float32)
-        tma.store_wait(pendings=0)  # the last tile's stores had the other consumer's products to drain
-        out0.store((af * _sigmoid(af) * b.to(gl.float32)).to(dtype))
-        out1.store(a)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(h_desc, [om, on], out0)
-        tma.async_copy_shared_to_global(a_desc, [om, on], out1)
-        tma.store_wait(pendings=1)
-        out0.store(b)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(b_desc, [om, on], out0)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _pp_dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                           STAGES: gl.constexpr, REGS: gl.constexpr):
-    """``_dual_swiglu_kernel`` (with a and b) on a ping-pong schedule: tiles of x's block rows, each consumer
-    warpgroup owning every other one."""
-    ROWS: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
-    dtype: gl.constexpr = x_desc.dtype
-    x_s = gl.allocate_shared_memory(dtype, [STAGES, ROWS, BLOCK_K], x_desc.layout)
-    w1_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w1_desc.layout)
-    w3_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w3_desc.layout)
-    out_s = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_N], h_desc.layout)
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-    gl.warp_specialize([
-        (_pp_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, turn, M, N, K, 0, GROUP_M,
-                             STAGES)),
-        (_pp_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, turn, M, N, K, 1, GROUP_M,
-                             STAGES)),
-        (_pp_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
-    ], [4, 1], [REGS, 264 - REGS])
-
-
-@gluon.jit
 def _bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """The ring's loads, tile after tile: each tile's K slices go to the consumer that owns the tile."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
@@ -446,7 +340,7 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, pingpong: bool = False
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
@@ -455,12 +349,6 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     h = x.new_empty(m, n)
     a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
     rows = [block_m // 2, block_n]
-    if pingpong:
-        _pp_dual_swiglu_kernel[(_programs(x.device, m, n, block_m // 2, block_n),)](
-            _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
-            _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs,
-            num_warps=4)
-        return h, a, b
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
