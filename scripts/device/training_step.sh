@@ -31,9 +31,10 @@
 #   f2 (session 29): ours with --ffn torch and fused at xl/2048 in the steady state (bench's defaults otherwise);
 #   f3: xl/2048 against the peer with bench's defaults (the fused feed-forward there); f4: f2 at xl/512 and small/512
 #   f5: f3, then f2 at xl/512 (one call)
-#   qk1 (session 30): GPU tests of the fused feed-forward (its ping-pong backward) and of RoPE in the q/k projections;
-#      ours with --rope triton and fused at xl/2048 in the steady state (bench's defaults otherwise)
-#   qk2: xl/2048 against the peer with bench's defaults; qk1's comparison at xl/512
+#   (session 30, qk1 at ca239d7: GPU tests and --rope triton against fused at xl/2048; --rope fused is now
+#      experiments/qk_rope_epilogue/)
+#   pp (session 30): the SwiGLU backward's cooperative and ping-pong schedules timed alternately, the GPU tests of
+#      the fused feed-forward, xl/2048 against the peer with bench's defaults (the ping-pong backward there)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -205,19 +206,13 @@ f5)
   step 250 ffn-xl512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl ours --preset xl --context-length 512 --ffn torch fused --steps 20 --isolate
   ;;
-qk1)
-  step 300 tests-fused python3 -m pytest -q -m gpu tests/test_fused_swiglu.py tests/test_fused_qk_rope.py \
-    -p no:cacheprovider
-  step 330 rope-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl ours --preset xl --context-length 2048 --rope triton fused --steps 20 --isolate
-  ;;
-qk2)
-  step 330 rope-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+pp)
+  step 120 bwd-ab python3 experiments/swiglu_gemm_epilogues/bwd_schedule_ab.py --out "$OUT"
+  step 200 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
+  step 330 pp-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
-  step 250 rope-xl512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl ours --preset xl --context-length 512 --rope triton fused --steps 20 --isolate
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|qk1|qk2 (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
