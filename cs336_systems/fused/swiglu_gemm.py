@@ -14,11 +14,12 @@ Both are persistent and warp-specialised, as cuBLAS's Hopper GEMMs are (``nvjet_
 fills a ring of ``STAGES`` TMA buffers for two consumer warpgroups with 240 registers a thread, which the two fp32
 accumulators need, issuing the warpgroup MMAs one K slice in flight. The forward's consumers split each 128-row tile
 (64 rows each: cooperative); the backward's own whole tiles in turn (ping-pong), so one's epilogue runs under the
-other's products (session 30: 0.354 against 0.386 ms at xl/2048). Programs take tiles in groups of ``GROUP_M`` row
-tiles (the Triton matmul tutorial's order).
-Rounding follows the unfused path: a, b and dh are rounded to the input dtype before the elementwise arithmetic,
-which runs in fp32. Variants measured and dropped (software-pipelined, Triton, epilogue stores from registers, other
-tiles): ``experiments/swiglu_gemm_epilogues/``.
+other's products (session 30, timed alternately: 0.353 against 0.360 ms at xl/2048, 0.106 against 0.104 at
+xl/512; a ping-pong forward, 64-row tiles a consumer, lost: 0.665 against 0.562). Programs take tiles in groups of
+``GROUP_M`` row tiles (the Triton matmul tutorial's order). Rounding follows the unfused path: a, b and dh are
+rounded to the input dtype before the elementwise arithmetic, which runs in fp32. Variants measured and dropped
+(software-pipelined, Triton, epilogue stores from registers, other tiles, the ping-pong forward):
+``experiments/swiglu_gemm_epilogues/``.
 
 Scope: sm_90, bf16 or fp16, 2-D row-major operands with 16-byte aligned rows and bases (``supported``).
 """

@@ -27,8 +27,9 @@ from cs336_systems.configs import get_preset
 from cs336_systems.fast import fast_settings
 
 FAMILIES = (("nvjet", "cuBLAS"), ("gemm", "cuBLAS"), ("cudnn", "cuDNN attention"), ("sdpa", "cuDNN attention"),
-            ("_adamw", "optimizer"), ("rope", "RoPE"), ("sigmoid", "SwiGLU"), ("rsqrt", "norm fwd"),
-            ("pow_sum", "norm bwd"), ("reduce_kernel", "aten reduce"), ("Memset", "memset"), ("triton", "other Triton"))
+            ("_hopper_", "our attention"), ("_flash_", "our attention"), ("_adamw", "optimizer"), ("rope", "RoPE"),
+            ("swiglu", "SwiGLU (fused GEMMs)"), ("sigmoid", "SwiGLU"), ("rsqrt", "norm fwd"), ("pow_sum", "norm bwd"),
+            ("reduce_kernel", "aten reduce"), ("Memset", "memset"), ("triton", "other Triton"))
 
 
 def family(name: str) -> str:
@@ -80,6 +81,14 @@ def analyse(spans, steps: int, label: str) -> None:
               f"{sum(sel) / steps / 1e3:6.2f} ms")
     for fam, t in by_family.most_common():
         print(f"  {fam:16s} {t / steps / 1e3:8.2f} ms  {count[fam] / steps:6.0f} events")
+    by_name, name_count = collections.Counter(), collections.Counter()
+    for s, e, name in spans:
+        by_name[name] += e - s
+        name_count[name] += 1
+    print("  kernels by name (ms a step, calls a step, us a call):")
+    for name, t in by_name.most_common(25):
+        print(f"    {t / steps / 1e3:8.2f} ms {name_count[name] / steps:6.0f} x {t / name_count[name]:8.1f} us  "
+              f"{name[:90]}")
     print("  largest gaps (us, before -> after):")
     for g, a, b in sorted(gaps, reverse=True)[:12]:
         print(f"    {g:8.1f}  {a[:60]} -> {b[:60]}")
@@ -105,11 +114,11 @@ def main() -> None:
         PATCHES[name]()
     device = torch.device("cuda")
     model_cfg = get_preset(a.preset).replace(context_length=a.context_length)
-    fast = fast_settings(device, model_cfg.vocab_size)
+    fast = fast_settings(device, model_cfg.vocab_size, model_cfg.d_model, model_cfg.batch_size * a.context_length)
     print(torch.cuda.get_device_name(), torch.__version__, a.preset, a.context_length, a.variant, fast.describe())
     cfg = BenchConfig(preset=a.preset, context_length=a.context_length, precision="bf16", compile=fast.compile,
                       compile_scope=fast.compile_scope, attention=fast.attention, optimizer=fast.optimizer,
-                      loss=fast.loss, cuda_graph=True, residual_dtype=fast.residual_dtype, rope=fast.rope,
+                      loss=fast.loss, cuda_graph=True, residual_dtype=fast.residual_dtype, rope=fast.rope, ffn=fast.ffn,
                       warmup=3 + a.steps)  # eager calls: two that compile, the profiled ones, then the capture
     model, optimizer, loss_fn, _ = build_ours(cfg, model_cfg.model_kwargs(), device)
     batch = model_cfg.batch_size
