@@ -107,6 +107,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="folder for the captured replays' trace (gzip)")
     p.add_argument("--variant", default="base", help="step_variants.py's PATCHES, joined with +")
     p.add_argument("--uncaptured", action="store_true", help="also profile the step launched from the host")
+    p.add_argument("--around", default=None, help="print the kernels on either side of the first calls of kernels "
+                   "whose name contains this (where a kernel sits in the step)")
     a = p.parse_args()
     for name in a.variant.split("+"):
         if name not in PATCHES:
@@ -155,8 +157,14 @@ def main() -> None:
         for _ in range(a.steps):
             captured(x, y)
         torch.cuda.synchronize()
-    analyse(gpu_timeline(prof, a.out and os.path.join(a.out, f"trace-{a.variant}.json")), a.steps,
-            "captured replays")
+    spans = gpu_timeline(prof, a.out and os.path.join(a.out, f"trace-{a.variant}.json"))
+    analyse(spans, a.steps, "captured replays")
+    if a.around:
+        hits = [i for i, (_, _, name) in enumerate(spans) if a.around in name][:4]
+        for i in hits:
+            print(f"  around call {i}:")
+            for s, e, name in spans[max(0, i - 4):i + 4]:
+                print(f"    {'>' if a.around in name else ' '} {e - s:8.1f} us  {name[:110]}")
     if uncaptured is not None:
         analyse(uncaptured, a.steps, "uncaptured steps")
 
