@@ -58,6 +58,17 @@ def test_fused_ffn_in_the_model_and_under_compile(seed):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_input_grad_op_accumulates_in_place_of_addmm(seed):
+    """dx = da W1 + db W3 by the op that accumulates into the first product (no copy): addmm's value, and the op
+    passes torch.library's checks (schema, fake tensor, compile)."""
+    da, db = torch.randn(7, 12, dtype=torch.float64), torch.randn(7, 12, dtype=torch.float64)
+    w1, w3 = torch.randn(12, 5, dtype=torch.float64), torch.randn(12, 5, dtype=torch.float64)
+    torch.testing.assert_close(fused_swiglu.swiglu_input_grad(da, w1, db, w3), torch.addmm(da @ w1, db, w3),
+                               rtol=1e-12, atol=1e-12)
+    torch.library.opcheck(fused_swiglu.swiglu_input_grad, (da, w1, db, w3),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
 def test_fused_ffn_casts_to_autocasts_dtype():
     """Under autocast the layer computes in autocast's dtype, as the module's matmuls do (fp32 weights cast)."""
     ref, ours = _pair(16, 24, dtype=torch.float32)

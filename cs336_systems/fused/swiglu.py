@@ -79,6 +79,19 @@ def _(dy: Tensor, w2: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return torch.empty_like(a), torch.empty_like(b)
 
 
+@torch.library.custom_op("cs336_systems::swiglu_input_grad", mutates_args=())
+def swiglu_input_grad(da: Tensor, w1: Tensor, db: Tensor, w3: Tensor) -> Tensor:
+    """dx = da W1 + db W3, the second product accumulated into the first's output (cuBLAS's beta = 1). Written as
+    ``torch.addmm(da @ w1, db, w3)`` (in eager code or compiled), the first product is first copied into a new
+    output: a 26 MB copy a block at xl/2048 (session 30's profile, ``memcpy128``)."""
+    return (da @ w1).addmm_(db, w3)
+
+
+@swiglu_input_grad.register_fake
+def _(da: Tensor, w1: Tensor, db: Tensor, w3: Tensor) -> Tensor:
+    return da.new_empty(da.shape[0], w1.shape[1])
+
+
 class _SwiGLUFFN(torch.autograd.Function):
     """y = (silu(x W1^T) * (x W3^T)) W2^T on 2-D x, saving x, h, a and b."""
 
@@ -93,8 +106,7 @@ class _SwiGLUFFN(torch.autograd.Function):
         x, w1, w2, w3, h, a, b = ctx.saved_tensors
         dy = dy.contiguous()
         da, db = swiglu_gate_backward(dy, w2, a, b)
-        dx = torch.addmm(da @ w1, db, w3)
-        return dx, da.T @ x, dy.T @ h, db.T @ x
+        return swiglu_input_grad(da, w1, db, w3), da.T @ x, dy.T @ h, db.T @ x
 
 
 def swiglu_ffn(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
