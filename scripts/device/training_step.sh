@@ -35,6 +35,8 @@
 #      experiments/qk_rope_epilogue/)
 #   pp (session 30): the SwiGLU backward's cooperative and ping-pong schedules timed alternately, the GPU tests of
 #      the fused feed-forward, xl/2048 against the peer with bench's defaults (the ping-pong backward there)
+#   pp2 (session 30): the GPU tests of the fused feed-forward, the captured step's kernels (graph_step_profile.py),
+#      xl/2048 against the peer with bench's defaults
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -212,7 +214,13 @@ pp)
   step 330 pp-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp (see the header)"; exit 2;;
+pp2)
+  step 200 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
+  step 240 profile bash -c "cd scripts/device && python3 graph_step_profile.py --around memcpy --steps 1"
+  step 330 pp2-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --steps 20
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2 (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
