@@ -152,6 +152,24 @@ def main() -> None:
     assert captured.captured
     print(f"captured step: median {statistics.median(times):.2f} ms, mean {statistics.mean(times):.2f}, "
           f"min {min(times):.2f} (20 replays)")
+    # the host's share of a step that bench times between synchronisations: the call up to the replay's launch
+    # (input copies, the optimizer's table upload, cudaGraphLaunch), the GPU idle meanwhile
+    import time
+
+    host, bookkeeping = [], []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        captured(x, y)
+        host.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    for _ in range(10):  # the optimizer's bookkeeping alone (counts steps the replays above do not take: a probe)
+        t0 = time.perf_counter()
+        optimizer.before_graph_replay()
+        bookkeeping.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    print(f"host time a call, synchronised before: median {statistics.median(host):.3f} ms (captured(x, y), up to "
+          f"the replay's launch); of it the optimizer's before_graph_replay {statistics.median(bookkeeping):.3f} ms")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(a.steps):
