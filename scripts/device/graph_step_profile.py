@@ -168,8 +168,21 @@ def main() -> None:
         optimizer.before_graph_replay()
         bookkeeping.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
+    launch, waited = [], []
+    for _ in range(10):  # the graph's launch alone, and the wall time of a replay from a synchronised start
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        captured.graph.replay()
+        launch.append((time.perf_counter() - t0) * 1e3)
+        stop.record()
+        stop.synchronize()
+        waited.append(start.elapsed_time(stop))
     print(f"host time a call, synchronised before: median {statistics.median(host):.3f} ms (captured(x, y), up to "
-          f"the replay's launch); of it the optimizer's before_graph_replay {statistics.median(bookkeeping):.3f} ms")
+          f"the replay's launch); of it the optimizer's before_graph_replay {statistics.median(bookkeeping):.3f} ms; "
+          f"graph.replay() alone {statistics.median(launch):.3f} ms (a replay's wall time "
+          f"{statistics.median(waited):.2f} ms)")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(a.steps):
