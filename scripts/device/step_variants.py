@@ -23,7 +23,7 @@ from torch import nn
 
 from cs336_basics.model import RotaryEmbedding
 from cs336_systems.bench.e2e import BenchConfig, run_benchmark
-from cs336_systems.fast import ROPE_KERNELS
+from cs336_systems.fast import FFN_KERNELS, ROPE_KERNELS
 
 
 def _rope_swap() -> None:
@@ -167,6 +167,7 @@ def main() -> None:
     parser.add_argument("--compile-scope", default="blocks", choices=("model", "blocks"))
     parser.add_argument("--residual-dtype", default="bf16", choices=("fp32", "bf16"))
     parser.add_argument("--rope", default="torch", choices=ROPE_KERNELS)
+    parser.add_argument("--ffn", default="torch", choices=FFN_KERNELS)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     for name in args.variant.split("+"):
@@ -176,11 +177,12 @@ def main() -> None:
     cfg = BenchConfig(preset=args.preset, context_length=args.context_length, precision="bf16", compile=True,
                       compile_scope=args.compile_scope, attention="flash_auto", optimizer="fused", loss="unfused",
                       cuda_graph=True, warmup=3, steps=args.steps, residual_dtype=args.residual_dtype,
-                      rope=args.rope)
+                      rope=args.rope, ffn=args.ffn)
     rec = run_benchmark(cfg)
     times = rec.get("step_times_ms", [float("nan")])
     print(json.dumps(dict(variant=args.variant, preset=args.preset, context=args.context_length,
-                          scope=args.compile_scope, residual=args.residual_dtype, rope=args.rope, status=rec["status"],
+                          scope=args.compile_scope, residual=args.residual_dtype, rope=args.rope, ffn=args.ffn,
+                          status=rec["status"],
                           step_mean_ms=statistics.mean(times), step_median_ms=statistics.median(times),
                           mfu=rec.get("mfu"), peak_gib=rec.get("peak_memory_gib"), torch=torch.__version__)))
 
