@@ -37,6 +37,8 @@
 #      the fused feed-forward, xl/2048 against the peer with bench's defaults (the ping-pong backward there)
 #   pp2 (session 30): the GPU tests of the fused feed-forward, the captured step's kernels (graph_step_profile.py),
 #      xl/2048 against the peer with bench's defaults
+#   qkv (session 30): ours with --qkv separate and packed at xl/2048 in the steady state (bench's defaults
+#      otherwise), then the GPU tests of the packed projections
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -220,7 +222,12 @@ pp2)
   step 330 pp2-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2 (see the header)"; exit 2;;
+qkv)
+  step 300 qkv-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl ours --preset xl --context-length 2048 --qkv separate packed --steps 20 --isolate
+  step 120 tests-qkv python3 -m pytest -q -m gpu tests/test_fused_qkv.py -p no:cacheprovider
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -11,7 +11,7 @@ from cs336_systems.report.sections._common import load, ok, provenance, table
 
 PROBLEM_IDS = ("training_step",)
 SETTINGS = ("preset", "context_length", "batch_size", "precision", "compile_scope", "attention", "optimizer", "loss",
-            "checkpoint", "cuda_graph", "residual_dtype", "rope", "ffn")
+            "checkpoint", "cuda_graph", "residual_dtype", "rope", "ffn", "qkv")
 # What a peer must share with a row of ours to be its peer (besides the run): the peer has none of our other
 # settings, and bench times one peer of each kind per (preset, context, precision, mode) of a run.
 PEER_KEY = ("preset", "context_length", "batch_size", "precision", "mode")
@@ -89,6 +89,7 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                     + (", bf16 residual stream" if r.get("residual_dtype") == "bf16" else "")
                     + (", Triton RoPE" if r.get("rope") == "triton" else "")
                     + (", fused SwiGLU feed-forward" if r.get("ffn") == "fused" else "")
+                    + (", packed q/k/v" if r.get("qkv") == "packed" else "")
                     + (", no cuBLAS workspace" if r.get("cublas_workspace_config") == ":0:0" else ""))
         peer_sdpa = (f", SDPA backend {peer['peer_sdpa']}" if peer.get("peer_sdpa") else "") + (
             ", no cuBLAS workspace" if peer.get("cublas_workspace_config") == ":0:0" else "")
