@@ -17,6 +17,7 @@ from cs336_basics.model import BasicsTransformerLM, CausalMultiHeadSelfAttention
 from cs336_systems.bench.e2e import BenchConfig
 from cs336_systems.fused import qkv as fused_qkv
 from cs336_systems.train import TrainConfig, resolve_settings
+from tests.lm_checks import check_compiled_lm
 
 
 def _pair(d_model=24, heads=4, kv=None, context=32, dtype=torch.float64):
@@ -159,23 +160,4 @@ def test_bench_runs_the_packed_projections_on_cpu(tmp_path):
 def test_gpu_compiled_model_with_packed_qkv_matches_the_modules(seed):
     """The LM in bf16 autocast with bf16 projections, compiled: logits and gradients as the module's code gives
     them (the RoPE kernels on the packed output, strided)."""
-    kwargs = dict(vocab_size=512, context_length=256, d_model=256, num_layers=2, num_heads=4, d_ff=704,
-                  device="cuda", check_inputs=False)
-    ref, ours = BasicsTransformerLM(**kwargs), BasicsTransformerLM(**kwargs)
-    ours.load_state_dict(ref.state_dict())
-    for model in (ref, ours):
-        for mod in model.modules():
-            if isinstance(mod, CausalMultiHeadSelfAttention):
-                mod.to(torch.bfloat16)
-    assert fused_qkv.use_packed_qkv(ours) == 2
-    compiled = torch.compile(ours, fullgraph=True)
-    tokens = torch.randint(0, 512, (3, 200), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        a, b = torch.compile(ref)(tokens).float(), compiled(tokens).float()
-    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
-    a.square().mean().backward()
-    b.square().mean().backward()
-    for (name, p), q in zip(ref.named_parameters(), ours.parameters(), strict=True):
-        assert torch.isfinite(q.grad).all(), name
-        cos = torch.nn.functional.cosine_similarity(q.grad.float().flatten(), p.grad.float().flatten(), dim=0)
-        assert cos > 0.999, (name, cos.item())
+    check_compiled_lm(CausalMultiHeadSelfAttention, fused_qkv.use_packed_qkv)

@@ -13,6 +13,7 @@ from cs336_basics.model import BasicsTransformerLM, SwiGLU
 from cs336_systems.bench.e2e import BenchConfig
 from cs336_systems.fused import swiglu as fused_swiglu
 from cs336_systems.train import TrainConfig, resolve_settings
+from tests.lm_checks import check_compiled_lm
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -146,26 +147,7 @@ def test_gpu_gluon_kernels_within_twice_the_unfused_error(seed, m, k, n):
 @pytest.mark.skipif(not HOPPER, reason="the Gluon kernels are sm_90's")
 def test_gpu_compiled_model_with_fused_ffn_matches_the_modules(seed):
     """The LM in bf16 autocast with bf16 weights, compiled: logits and gradients as the module's code gives them."""
-    kwargs = dict(vocab_size=512, context_length=256, d_model=256, num_layers=2, num_heads=4, d_ff=704,
-                  device="cuda", check_inputs=False)
-    ref, ours = BasicsTransformerLM(**kwargs), BasicsTransformerLM(**kwargs)
-    ours.load_state_dict(ref.state_dict())
-    for model in (ref, ours):
-        for mod in model.modules():
-            if isinstance(mod, SwiGLU):
-                mod.to(torch.bfloat16)
-    fused_swiglu.use_fused_swiglu(ours)
-    compiled = torch.compile(ours, fullgraph=True)
-    tokens = torch.randint(0, 512, (3, 200), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        a, b = torch.compile(ref)(tokens).float(), compiled(tokens).float()
-    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
-    a.square().mean().backward()
-    b.square().mean().backward()
-    for (name, p), q in zip(ref.named_parameters(), ours.parameters(), strict=True):
-        assert torch.isfinite(q.grad).all(), name
-        cos = torch.nn.functional.cosine_similarity(q.grad.float().flatten(), p.grad.float().flatten(), dim=0)
-        assert cos > 0.999, (name, cos.item())
+    check_compiled_lm(SwiGLU, fused_swiglu.use_fused_swiglu)
 
 
 def test_fused_ffn_is_the_fast_pick_only_where_it_measured_faster(monkeypatch):
