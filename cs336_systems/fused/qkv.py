@@ -1,18 +1,19 @@
 """q, k and v from one matmul, with RoPE and the gradients' packing in one pass each (``--qkv packed``; CUDA).
 
-``use_packed_qkv(model)`` makes every ``cs336_basics.model.CausalMultiHeadSelfAttention`` whose q, k and v have the
-same heads (and that has RoPE) compute them with :func:`qkv_rope`: one GEMM against the three weights stacked
-(``x [Wq; Wk; Wv]^T``, 4,800 columns at xl instead of three products of 1,600, which cuBLAS runs 10-20% below its
-rate on the wider shapes: docs/training_step.md, session 30), RoPE's Triton kernel reading q and k out of the packed
-output, and v left a view of it. In the backward one pass rotates dq and dk back into a packed gradient and copies
-dv beside them, so dx and the three weights' gradients are again one GEMM each (``dqkv [Wq; Wk; Wv]`` and
-``dqkv^T x``, the weight gradients row blocks of one result). Session 17 packed the projections as parameters and
-lost the larger GEMMs' saving to the backward's concatenation of dq, dk and dv (``experiments/fused_qkv/``); here
-the concatenation is the RoPE backward's own output.
+``use_packed_qkv(model)`` makes every ``cs336_basics.model.CausalMultiHeadSelfAttention`` whose q, k and v have the same
+heads (and that has RoPE) compute them with :func:`qkv_rope`: one GEMM against the three weights stacked (``x [Wq; Wk;
+Wv]^T``, 4,800 columns at xl instead of three products of 1,600, which cuBLAS runs 13-22% below its rate on the block's
+widest shapes: docs/training_step.md, session 30), RoPE's Triton kernel reading q and k out of the packed output, and v
+left a view of it. In the backward one pass rotates dq and dk back into a packed gradient and copies dv beside them, so
+dx and the three weights' gradients are again one GEMM each (``dqkv [Wq; Wk; Wv]`` and ``dqkv^T x``, the weight
+gradients row blocks of one result). Session 17 packed the projections as one parameter (Inductor's RoPE backward
+writing into the gradients' concatenation) and measured no faster step (``experiments/fused_qkv/``); this form keeps the
+three parameters and is not yet measured on a GPU (docs/pending_device_runs.md).
 
 Arithmetic: the products and the rotation as the model's (q and k rounded to the input dtype, rotated in fp32,
-rounded once); the stacked weight is copied once a step (15 MB at xl). Without CUDA (or Triton's interpreter) the
-ops run the same arithmetic in PyTorch.
+rounded once); the stacked weight is copied once a step (15 MB a block at xl) and saved for the backward, and v's
+view keeps the packed output alive until attention's backward (together about 3 GB more at xl/2048). Without CUDA
+(or Triton's interpreter) the ops run the same arithmetic in PyTorch.
 """
 
 from __future__ import annotations
