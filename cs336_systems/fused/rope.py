@@ -107,6 +107,8 @@ def rotate_rows(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, heads: int, x_
     a ``triton_op``. CUDA (or Triton's interpreter)."""
     half = cos.shape[-1]
     n_rows = x.numel() // (2 * half)  # head vectors
+    if n_rows == 0:  # an empty batch: a grid of no programs is not a launch
+        return
     block_half = triton.next_power_of_2(half)
     block_rows = max(1, BLOCK_VALUES // (2 * block_half))
     grid = (triton.cdiv(n_rows, block_rows),)
