@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 
 import torch
 from step_variants import PATCHES
@@ -160,8 +161,6 @@ def main() -> None:
           f"min {min(times):.2f} (20 replays)")
     # the host's share of a step that bench times between synchronisations: the call up to the replay's launch
     # (input copies, the optimizer's table upload, cudaGraphLaunch), the GPU idle meanwhile
-    import time
-
     host, bookkeeping = [], []
     for _ in range(10):
         torch.cuda.synchronize()
