@@ -223,9 +223,9 @@ pp2)
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
 qkv)
+  step 120 tests-qkv python3 -m pytest -q -m gpu tests/test_fused_qkv.py -p no:cacheprovider
   step 300 qkv-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl ours --preset xl --context-length 2048 --qkv separate packed --steps 20 --isolate
-  step 120 tests-qkv python3 -m pytest -q -m gpu tests/test_fused_qkv.py -p no:cacheprovider
   ;;
 *) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv (see the header)"; exit 2;;
 esac
