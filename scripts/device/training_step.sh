@@ -38,7 +38,7 @@
 #   pp2 (session 30): the GPU tests of the fused feed-forward, the captured step's kernels (graph_step_profile.py),
 #      xl/2048 against the peer with bench's defaults
 #   qkv (session 30): ours with --qkv separate and packed at xl/2048 in the steady state (bench's defaults
-#      otherwise), then the GPU tests of the packed projections
+#      otherwise), after the GPU tests of the packed projections and the fused feed-forward
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -223,7 +223,7 @@ pp2)
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
 qkv)
-  step 120 tests-qkv python3 -m pytest -q -m gpu tests/test_fused_qkv.py -p no:cacheprovider
+  step 200 tests-qkv python3 -m pytest -q -m gpu tests/test_fused_qkv.py tests/test_fused_swiglu.py -p no:cacheprovider
   step 300 qkv-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl ours --preset xl --context-length 2048 --qkv separate packed --steps 20 --isolate
   ;;
