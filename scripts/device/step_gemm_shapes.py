@@ -6,7 +6,8 @@ the block runs, in the operand layouts the step gives cuBLAS (``y = x W^T``; ``d
 that fills the GPU's SMs badly, say) is where a different split could pay. Run with the step's cuBLAS setting
 (``CUBLAS_WORKSPACE_CONFIG=:0:0``, bench's CUDA default) to see the algorithms the step gets.
 
-    CUBLAS_WORKSPACE_CONFIG=:0:0 python scripts/device/step_gemm_shapes.py [--preset xl --context-length 2048]
+    CUBLAS_WORKSPACE_CONFIG=:0:0 python scripts/device/step_gemm_shapes.py [--preset xl --context-length 2048] \
+        [--variants]
 """
 
 from __future__ import annotations
@@ -50,11 +51,34 @@ def operands(m: int, n: int, k: int, layout: str):
     return torch.randn(k, m, **bf16).T, torch.randn(k, n, **bf16)  # tn: dW = dy^T x
 
 
+def variants(tokens: int, d: int) -> list[tuple[str, int, int, int, object]]:
+    """Other ways to run the 1,600-column products (``--variants``): the transposed problem (cuBLAS picks tiles by
+    the output's shape), the three q/k/v weight gradients as one batched product (243 tiles of 192 x 192 against 81
+    each), and the packed q/k/v products (one 4,800-wide operand). (name, M, N, K, a function of no arguments) with
+    2 M N K the FLOPs."""
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, dy, w = torch.randn(tokens, d, **bf16), torch.randn(tokens, d, **bf16), torch.randn(d, d, **bf16)
+    g3 = torch.randn(3, tokens, d, **bf16)  # dq, dk, dv in one buffer, head-major
+    gp = torch.randn(tokens, 3 * d, **bf16)  # token-major: [dq dk dv] a row
+    w3 = torch.randn(3 * d, d, **bf16)
+    return [
+        ("q/k/v/o forward, transposed", tokens, d, d, lambda: (w @ x.T).T),
+        ("q/k/v/o dx, transposed", tokens, d, d, lambda: (w.T @ dy.T).T),
+        ("q/k/v/o dW, transposed", d, d, tokens, lambda: (x.T @ dy).T),
+        ("q/k/v dW x3 as bmm", 3 * d, d, tokens, lambda: torch.bmm(g3.mT, x.expand(3, tokens, d))),
+        ("q/k/v dW x3 as bmm, transposed", 3 * d, d, tokens, lambda: torch.bmm(x.T.expand(3, d, tokens), g3)),
+        ("q/k/v forward packed", tokens, 3 * d, d, lambda: x @ w3.T),
+        ("q/k/v dx packed", tokens, d, 3 * d, lambda: gp @ w3),
+        ("q/k/v dW packed", 3 * d, d, tokens, lambda: gp.T @ x),
+    ]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="xl")
     p.add_argument("--context-length", type=int, default=2048)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--variants", action="store_true", help="also time other forms of the 1,600-column products")
     args = p.parse_args()
     cfg = get_preset(args.preset)
     tokens = cfg.batch_size * args.context_length
@@ -64,6 +88,11 @@ def main() -> None:
         ms = do_bench(lambda a=a, b=b: a @ b, warmup=50, rep=300, return_mode="median")
         tflops = 2 * m * n * k / ms / 1e9
         rows.append(dict(name=name, m=m, n=n, k=k, layout=layout, calls_a_block=calls, ms=ms, tflops=tflops))
+    if args.variants:
+        for name, m, n, k, fn in variants(tokens, cfg.d_model):
+            ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+            rows.append(dict(name=name, m=m, n=n, k=k, layout="variant", calls_a_block=0, ms=ms,
+                             tflops=2 * m * n * k / ms / 1e9))
     best = max(r["tflops"] for r in rows)
     layers = cfg.num_layers
     for r in rows:
