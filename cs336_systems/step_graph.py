@@ -14,7 +14,9 @@ on static copies of its inputs, then every call copies its inputs into those and
 * fixed shapes, dtypes and devices of the inputs (checked), and no host synchronisation inside the step
   (``.item()``, data-dependent shapes); capture fails with a ``RuntimeError`` that says so;
 * the optimizer reads its per-step values from device memory: ``FusedAdamW`` (its ``before_graph_replay`` runs
-  before each replay: step counts, learning rate, bias corrections, seeds); a changed ``lr`` applies;
+  before each replay: learning rate, bias corrections, seeds; its ``after_graph_replay`` once the replay is
+  launched: the step counts and the next step's values, uploaded ahead while the GPU runs); a changed ``lr``
+  applies;
 * gradients set to None at the start of the step (the graph allocates them from its private pool);
 * autocast without its weight-cast cache (``cache_enabled=False``): cached casts would outlive the capture;
 * anything the host writes for the graph between replays allocated before the capture: memory allocated during
@@ -80,6 +82,8 @@ class CapturedStep:
         if self.optimizer is not None:
             self.optimizer.before_graph_replay()
         self.graph.replay()
+        if self.optimizer is not None and hasattr(self.optimizer, "after_graph_replay"):
+            self.optimizer.after_graph_replay()  # host work under the replay, which the GPU is running
         return self.outputs
 
     def _eager(self, inputs: tuple[Tensor, ...]):

@@ -447,6 +447,39 @@ def test_captured_step_bad_input():
         FusedAdamW([torch.nn.Parameter(torch.zeros(2))]).before_graph_replay()
 
 
+def test_fused_adamw_replay_bookkeeping_uploads_each_steps_values():
+    """The host's side of replaying a captured step (no CUDA graph on a CPU: the captured launches are stood in for
+    by the eager ones, whose device table the replays would read). Before each replay the table holds that step's
+    bias corrections and learning rate, whether ``after_graph_replay`` uploaded them ahead or a changed ``lr``
+    made ``before_graph_replay`` upload them again, or ``after_graph_replay`` was never called; the step counts
+    advance once a replay."""
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in ((37, 5), (11,))]
+    opt = FusedAdamW(ps, lr=1e-2, betas=(0.9, 0.99), use_triton=True)
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()  # builds the launch table; stands for the step a capture records (it counts itself)
+    opt._captured, opt._replayed = [(launch, 0, 0) for launch in opt._launches.values()], False
+    (launch, _, _), = opt._captured
+
+    def uploaded_step_size():
+        flat = launch.table[len(ps):].reshape(-1)
+        return flat[1:8].view(torch.float64)[6].item()  # -lr / (1 - beta1^step)
+
+    opt.before_graph_replay()  # the first replay: the values the capture filled in (step 1)
+    assert uploaded_step_size() == pytest.approx(-1e-2 / (1 - 0.9), rel=1e-12)
+    opt.after_graph_replay()
+    for step, lr, after in ((2, 1e-2, True), (3, 5e-3, True), (4, 5e-3, False), (5, 2e-3, False), (6, 2e-3, True)):
+        opt.param_groups[0]["lr"] = lr
+        opt.before_graph_replay()
+        assert uploaded_step_size() == pytest.approx(-lr / (1 - 0.9**step), rel=1e-12)
+        if after:
+            opt.after_graph_replay()
+            assert all(opt.state[p]["step"] == step for p in ps)
+    assert opt.state_dict()["state"][0]["step"] == 6  # counted before the state leaves
+    opt.step()  # an eager step after replays counts on from there
+    assert all(opt.state[p]["step"] == 7 for p in ps)
+
+
 @pytest.mark.gpu
 def test_gpu_captured_step_replays_the_eager_updates(seed):
     """A step captured as a CUDA graph (FusedAdamW with bf16 weights and fp32 masters, autocast) against the same

@@ -17,7 +17,7 @@ moments and the bf16 copy in one pass:
   and parameters are taken once: do not reallocate parameters after construction. The step's
   hyperparameters (learning rate, bias corrections, seed) travel in the same device table, so a CUDA graph of
   the whole training step (``cs336_systems.step_graph.CapturedStep``) replays the kernel with each step's values
-  (``before_graph_replay``).
+  (``before_graph_replay``; ``after_graph_replay`` moves the host's per-step work under the running replay).
 * CPU (and ``use_triton=False``): the same arithmetic with ``torch._foreach`` ops, then a copy.
 
 Update and its order are ``cs336_basics.optimizer.AdamW``'s: decay, lerp of m, v, bias corrections,
@@ -196,6 +196,7 @@ class _Launch:
             self.table = torch.empty_like(self.host_rows, device=device)
             self.graph_table = torch.empty_like(self.table)
         self.turn = 0
+        self.prepared: tuple | None = None  # the (seed, hyperparameters) uploaded ahead for the next replay
 
     def fill(self, seed: int, hyper: tuple[float, ...], grads: bool = True) -> None:
         """Write the step's values into the host table (``grads``: the gradients' current addresses too)."""
@@ -350,6 +351,7 @@ class FusedAdamW(torch.optim.Optimizer):
         self._launches: dict[tuple, _Launch] = {}  # multi-tensor launch tables by bucket
         self._captured: list[tuple[_Launch, int, int]] = []  # the launches of a step captured in a CUDA graph
         self._replayed = True  # False between a capture and its first replay
+        self._uncounted = False  # a replay was launched whose step the host has not counted yet
         self._group_index = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
         low = set(low_precision) if compute_dtype not in (None, torch.float32) else set()
         for group in self.param_groups:
@@ -382,6 +384,7 @@ class FusedAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._count_replay()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -452,6 +455,7 @@ class FusedAdamW(torch.optim.Optimizer):
         kind = _master_kind(state)
         seed = self._seed(gi, bucket, step, params[0].dtype, kind is not None)
         launch.fill(seed or 0, self._hyper(gi, step))
+        launch.prepared = None
         if not capturing:
             launch.upload()
         dtype = _TL_DTYPES[params[0].dtype]
@@ -465,21 +469,53 @@ class FusedAdamW(torch.optim.Optimizer):
     def before_graph_replay(self) -> None:
         """Make the step that a CUDA graph captured (``cs336_systems.step_graph.CapturedStep``) the next step: the
         captured step did its own bookkeeping while it was recorded, so the first replay only uploads what it
-        filled in; every later replay first counts a step for each parameter it updates and takes the groups'
-        current hyperparameters (a changed ``lr`` applies). Call it on the replaying stream, right before the
-        replay."""
+        filled in; every later replay takes the next step count and the groups' current hyperparameters (a changed
+        ``lr`` applies), uploaded unless ``after_graph_replay`` already uploaded the same values. Call it on the
+        replaying stream, right before the replay."""
         if not self._captured:
             raise ValueError("FusedAdamW.before_graph_replay: no step of this optimizer was captured in a CUDA graph")
+        self._count_replay()  # the previous replay's, where after_graph_replay was not called
         for launch, gi, bucket in self._captured:
-            if self._replayed:
-                for p in launch.params:
-                    self.state[p]["step"] += 1
-                step = self.state[launch.params[0]]["step"]
-                seed = self._seed(gi, bucket, step, launch.params[0].dtype,
-                                  _master_kind(self.state[launch.params[0]]) is not None)
-                launch.fill(seed or 0, self._hyper(gi, step), grads=False)
+            if not self._replayed:
+                launch.upload()
+            elif launch.prepared != (values := self._replay_values(launch, gi, bucket)):
+                launch.fill(*values, grads=False)
+                launch.upload()
+            launch.prepared = None
+        self._uncounted, self._replayed = self._replayed, True
+
+    def after_graph_replay(self) -> None:
+        """The host's share of a replay that can wait until the replay is launched (the GPU busy meanwhile): count
+        the step for every parameter it updates (checkpoints and resume read the counts) and upload the next
+        step's values, in stream order behind the replay, so that ``before_graph_replay`` uploads nothing unless
+        the hyperparameters change in between (a learning-rate schedule). Optional: without it
+        ``before_graph_replay`` does both."""
+        self._count_replay()
+        for launch, gi, bucket in self._captured:
+            values = self._replay_values(launch, gi, bucket)
+            launch.fill(*values, grads=False)
             launch.upload()
-        self._replayed = True
+            launch.prepared = values
+
+    def _replay_values(self, launch: _Launch, gi: int, bucket: int) -> tuple[int, tuple[float, ...]]:
+        """The seed and hyperparameters of a captured launch's next step."""
+        p = launch.params[0]
+        step = self.state[p]["step"] + 1
+        seed = self._seed(gi, bucket, step, p.dtype, _master_kind(self.state[p]) is not None)
+        return seed or 0, self._hyper(gi, step)
+
+    def _count_replay(self) -> None:
+        """Count a launched replay's step in every parameter's state (once)."""
+        if not self._uncounted:
+            return
+        self._uncounted = False
+        for launch, _, _ in self._captured:
+            for p in launch.params:
+                self.state[p]["step"] += 1
+
+    def state_dict(self) -> dict:
+        self._count_replay()
+        return super().state_dict()
 
     def _foreach_update(self, params: list[Tensor], step: int, lr, beta1, beta2, eps, wd, seed: int | None) -> None:
         if seed is not None:  # bf16 state rounded stochastically: the arithmetic on fp32 copies, one rounding each
@@ -515,7 +551,7 @@ class FusedAdamW(torch.optim.Optimizer):
             group.setdefault("stochastic_rounding", False)
             group.setdefault("seed", self.defaults["seed"])
         self._launches.clear()  # the state tensors are new: their addresses too
-        self._captured = []  # and a captured step would update the old ones
+        self._captured, self._uncounted = [], False  # and a captured step would update the old ones
 
     def master_of(self, p: nn.Parameter) -> Tensor:
         """The fp32 value of ``p``: its master, a new tensor joined from ``p`` and its low halves (split masters),

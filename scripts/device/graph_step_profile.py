@@ -162,18 +162,27 @@ def main() -> None:
     print(f"captured step: median {statistics.median(times):.2f} ms, mean {statistics.mean(times):.2f}, "
           f"min {min(times):.2f} (20 replays)")
     # the host's share of a step that bench times between synchronisations: the call up to the replay's launch
-    # (input copies, the optimizer's table upload, cudaGraphLaunch), the GPU idle meanwhile
-    host, bookkeeping = [], []
+    # (input copies, the optimizer's table upload, cudaGraphLaunch), the GPU idle meanwhile; by events, a call's
+    # wall time from a synchronised start, against graph.replay()'s alone below
+    host, bookkeeping, called = [], [], []
     for _ in range(10):
         torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         t0 = time.perf_counter()
         captured(x, y)
         host.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
+        stop.record()
+        stop.synchronize()
+        called.append(start.elapsed_time(stop))
+    after = []
     for _ in range(10):  # the optimizer's bookkeeping alone (counts steps the replays above do not take: a probe)
         t0 = time.perf_counter()
         optimizer.before_graph_replay()
         bookkeeping.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        optimizer.after_graph_replay()  # under the replay in a real call
+        after.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     launch, waited = [], []
     for _ in range(10):  # the graph's launch alone, and the wall time of a replay from a synchronised start
@@ -186,10 +195,11 @@ def main() -> None:
         stop.record()
         stop.synchronize()
         waited.append(start.elapsed_time(stop))
-    print(f"host time a call, synchronised before: median {statistics.median(host):.3f} ms (captured(x, y), up to "
-          f"the replay's launch); of it the optimizer's before_graph_replay {statistics.median(bookkeeping):.3f} ms; "
-          f"graph.replay() alone {statistics.median(launch):.3f} ms (a replay's wall time "
-          f"{statistics.median(waited):.2f} ms)")
+    print(f"host time a call, synchronised before: median {statistics.median(host):.3f} ms (captured(x, y)); the "
+          f"optimizer's before_graph_replay {statistics.median(bookkeeping):.3f} ms, after_graph_replay (under the "
+          f"replay) {statistics.median(after):.3f} ms; graph.replay() alone {statistics.median(launch):.3f} ms; wall "
+          f"time from a synchronised start: a call {statistics.median(called):.2f} ms, a replay alone "
+          f"{statistics.median(waited):.2f} ms")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(a.steps):
