@@ -41,6 +41,9 @@
 #      otherwise), after the GPU tests of the packed projections and the fused feed-forward
 #   gemm2 (session 31): the 1,600-column products in other forms (transposed, batched, packed) with and without
 #      cuBLAS's workspace, then the captured step's kernels with --qkv packed
+#   host (session 31): the fused optimizer's GPU tests (the captured step among them), the captured step's
+#      kernels and host share (graph_step_profile.py)
+#   peer: xl/2048 against the peer with bench's defaults (steady state)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -234,7 +237,15 @@ gemm2)
   step 90 gemm-default bash -c "cd scripts/device && python3 step_gemm_shapes.py --variants --out /tmp"
   step 300 profile-packed bash -c "cd scripts/device && python3 graph_step_profile.py --qkv packed --steps 2"
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv|gemm2 (see the header)"; exit 2;;
+host)
+  step 120 tests-graph python3 -m pytest -q -m gpu tests/test_fused.py -p no:cacheprovider
+  step 240 profile bash -c "cd scripts/device && python3 graph_step_profile.py --steps 1"
+  ;;
+peer)
+  step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --steps 20
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv|gemm2|host|peer (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
