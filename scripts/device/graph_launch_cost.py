@@ -3,8 +3,8 @@ GPU sooner (issue 19: the captured xl/2048 step, about 2,200 nodes, is timed bet
 before its first kernel runs counts in every step).
 
 Captures ``N`` small kernels (in-place adds on a 1 MiB tensor) as one graph and as ``S`` graphs of N/S each, then
-times, from a synchronised start: the host's ``replay()`` calls, and the wall time to the end of the work (events),
-against the GPU's time for the same kernels launched back to back inside one graph (their busy time).
+times, from a synchronised start: the host's ``replay()`` calls, the wall time to the end of the work (events), and
+the time to the graph's first node (an event recorded inside the graph).
 
     python scripts/device/graph_launch_cost.py [--out DIR]
 """
@@ -20,7 +20,8 @@ import time
 import torch
 
 
-def capture(nodes: int, x: torch.Tensor, pool=None) -> torch.cuda.CUDAGraph:
+def capture(nodes: int, x: torch.Tensor, pool=None, first: torch.cuda.Event | None = None) -> torch.cuda.CUDAGraph:
+    """``nodes`` in-place adds as one graph; ``first``: an external event recorded as the graph's first node."""
     g = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -28,9 +29,24 @@ def capture(nodes: int, x: torch.Tensor, pool=None) -> torch.cuda.CUDAGraph:
         x.add_(1.0)  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     with torch.cuda.graph(g, pool=pool, stream=stream):
+        if first is not None:
+            first.record()
         for _ in range(nodes):
             x.add_(1.0)
     return g
+
+
+def time_to_first_node(g: torch.cuda.CUDAGraph, first: torch.cuda.Event, reps: int = 20) -> float:
+    """Median ms from an event recorded right before ``replay()`` (synchronised start) to the graph's first node."""
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(first))
+    return statistics.median(out)
 
 
 def time_launches(graphs: list[torch.cuda.CUDAGraph], reps: int = 20) -> tuple[float, float]:
@@ -59,10 +75,13 @@ def main() -> None:
     for nodes in (250, 1000, 2000, 4000):
         one = [capture(nodes, x)]
         host1, wall1 = time_launches(one)
+        first = torch.cuda.Event(enable_timing=True, external=True)
+        latency = time_to_first_node(capture(nodes, x, first=first), first)
+        print(f"{nodes:5d} nodes: {latency:.3f} ms from before replay() to the graph's first node", flush=True)
         for splits in (1, 2, 4, 8):
             graphs = one if splits == 1 else [capture(nodes // splits, x) for _ in range(splits)]
             host, wall = time_launches(graphs)
-            rows.append(dict(nodes=nodes, graphs=splits, host_ms=host, wall_ms=wall))
+            rows.append(dict(nodes=nodes, graphs=splits, host_ms=host, wall_ms=wall, first_node_ms=latency))
             print(f"{nodes:5d} nodes as {splits} graph(s): host {host:.3f} ms, wall {wall:.3f} ms "
                   f"(one graph: host {host1:.3f}, wall {wall1:.3f})", flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -43,6 +43,7 @@
 #      cuBLAS's workspace, then the captured step's kernels with --qkv packed
 #   host (session 31): the fused optimizer's GPU tests (the captured step among them), the captured step's
 #      kernels and host share (graph_step_profile.py)
+#   launch (session 31): a graph's time to its first node by node count, and the captured step's
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
 set -u
 source scripts/device/step.sh
@@ -241,11 +242,15 @@ host)
   step 120 tests-graph python3 -m pytest -q -m gpu tests/test_fused.py -p no:cacheprovider
   step 240 profile bash -c "cd scripts/device && python3 graph_step_profile.py --steps 1"
   ;;
+launch)
+  step 120 launch bash -c "cd scripts/device && python3 graph_launch_cost.py"
+  step 240 profile bash -c "cd scripts/device && python3 graph_step_profile.py --steps 1"
+  ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv|gemm2|host|peer (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv|gemm2|host|launch|peer (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
