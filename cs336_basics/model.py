@@ -160,11 +160,6 @@ class CausalMultiHeadSelfAttention(nn.Module):
     ``attention_window`` W: each query sees the W most recent keys, itself included (keys i-W+1..i, the
     convention of Hugging Face transformers' sliding-window mask for Mistral, ``kv_idx > q_idx - W``);
     ``None``: all earlier keys.
-
-    ``qkv_kernel``: None, or a function ``(x, wq, wk, wv, cos, sin) -> (q, k, v)`` with the same arithmetic that
-    computes the RoPE-rotated q and k and v (..., T, d_model) together instead, given the RoPE tables gathered at the
-    tokens' positions (..., T, head_dim / 2) (a fused kernel, e.g. ``cs336_systems.fused.qkv.qkv_rope``); used where
-    q, k and v have the same heads and there is RoPE.
     """
 
     def __init__(
@@ -203,7 +198,6 @@ class CausalMultiHeadSelfAttention(nn.Module):
                 f"num_kv_heads={kv} (of {num_heads} heads) or attention_window={attention_window}; use one that "
                 "takes window= and doc_ids= (reference, sdpa)"
             )
-        self.qkv_kernel = None
 
     def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """x: (..., T, D); doc_ids: optional (B, T) ints, attention stays within equal ids (packed documents)."""
@@ -211,20 +205,14 @@ class CausalMultiHeadSelfAttention(nn.Module):
         # RoPE rotates q and k in the projections' own (..., T, H, Dh) layout (reads and writes contiguous; in the
         # (..., H, T, Dh) views they are strided, which made the compiled rotation and its backward half as fast
         # and added layout copies); the attention kernel then takes (..., H, T, Dh) views
-        rope = self.positional_encoder
-        if rope is not None and token_positions is None:
-            token_positions = torch.arange(T, device=x.device)
-        if rope is not None and self.qkv_kernel is not None and self.num_kv_heads == self.num_heads:
-            q, k, v = self.qkv_kernel(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                                      rope.cos[token_positions], rope.sin[token_positions])
-            q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
-        else:
-            q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (B, T, H, Dh)
-            k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))  # (B, T, Hkv, Dh)
-            v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-            if rope is not None:
-                pos = token_positions.unsqueeze(-1)  # (..., T, 1): one position for all heads of a token
-                q, k = rope(q, pos), rope(k, pos)
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (B, T, H, Dh)
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))  # (B, T, Hkv, Dh)
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.positional_encoder is not None:
+            if token_positions is None:
+                token_positions = torch.arange(T, device=x.device)
+            pos = token_positions.unsqueeze(-1)  # (..., T, 1): one position for all heads of a token
+            q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (B, H, T, Dh) views
         extras = {}
         if self.attention_window is not None and self.attention_window < T:  # a wider window hides nothing

@@ -25,9 +25,6 @@ ROPE_KERNELS = ("torch", "triton")
 # the SwiGLU feed-forward (the names of bench's and train's --ffn): the model's PyTorch code (compiled or eager), or
 # cs336_systems.fused.swiglu (the elementwise passes in the matmuls' epilogues; Gluon kernels on Hopper)
 FFN_KERNELS = ("torch", "fused")
-# the q/k/v projections (the names of bench's and train's --qkv): three matmuls (the model's code), or packed: one
-# matmul against the stacked weights, RoPE and the gradients' packing in one pass each (cs336_systems.fused.qkv)
-QKV_LAYOUTS = ("separate", "packed")
 # cuBLAS's workspace (the names of bench's and train's --cublas-workspace): PyTorch's default, or none
 # (CUBLAS_WORKSPACE_CONFIG=:0:0), where cuBLAS picks GEMM algorithms that need no workspace and issues no memset
 # of it before each call (apply_cublas_workspace)
@@ -46,7 +43,6 @@ class FastSettings:
     residual_dtype: str  # one of RESIDUAL_DTYPES; applies under bf16 with optimizer "fused"
     rope: str  # one of ROPE_KERNELS
     ffn: str  # one of FFN_KERNELS
-    qkv: str  # one of QKV_LAYOUTS
     cublas_workspace: str  # one of CUBLAS_WORKSPACES (apply_cublas_workspace)
 
     def describe(self) -> str:
@@ -98,10 +94,10 @@ def fast_settings(device: torch.device | str | None = None, vocab_size: int | No
         loss = "fused" if vocab_size is not None and vocab_size >= FUSED_LOSS_MIN_VOCAB else "unfused"
         ffn = "fused" if _fused_ffn_applies(device, d_model, tokens) else "torch"
         return FastSettings(attention="flash_auto", compile=True, compile_scope="model", optimizer="fused",
-                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", ffn=ffn, qkv="separate",
+                            loss=loss, cuda_graph=True, residual_dtype="bf16", rope="triton", ffn=ffn,
                             cublas_workspace="none")
     return FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="ours", loss="unfused",
-                        cuda_graph=False, residual_dtype="fp32", rope="torch", ffn="torch", qkv="separate",
+                        cuda_graph=False, residual_dtype="fp32", rope="torch", ffn="torch",
                         cublas_workspace="default")
 
 

@@ -51,7 +51,6 @@ from cs336_systems.devices import resolve_device
 from cs336_systems.fast import (
     CUBLAS_WORKSPACES,
     FFN_KERNELS,
-    QKV_LAYOUTS,
     RESIDUAL_DTYPES,
     ROPE_KERNELS,
     apply_cublas_workspace,
@@ -69,7 +68,7 @@ LOSSES = ("unfused", "fused")  # LM head then cross_entropy, or cs336_systems.fu
 COMPILE_SCOPES = ("model", "blocks")  # model.compile(), or each block's .compile() (regional)
 # None in TrainConfig: fast_settings picks
 FAST_FIELDS = ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph", "residual_dtype",
-               "rope", "ffn", "qkv", "cublas_workspace")
+               "rope", "ffn", "cublas_workspace")
 TIME_FIELD = "{time}"  # in checkpoint_dir: replaced by the run's UTC start time (the same on every rank)
 METRICS_FILE = "metrics.jsonl"
 
@@ -105,7 +104,6 @@ class TrainConfig:
     residual_dtype: str | None = None  # "bf16": the token embedding a bf16 copy too (bf16, optimizer fused); "fp32"
     rope: str | None = None  # "torch" (the model's code) or "triton" (cs336_systems.fused.rope, CUDA)
     ffn: str | None = None  # "torch" (the model's code) or "fused" (cs336_systems.fused.swiglu, CUDA)
-    qkv: str | None = None  # "separate" (the model's code) or "packed" (cs336_systems.fused.qkv)
     cublas_workspace: str | None = None  # "default" or "none" (cs336_systems.fast.apply_cublas_workspace)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
     num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: the preset's (= num_heads)
@@ -188,13 +186,13 @@ class TrainConfig:
                                  "heads, --attention-window, --eos-id); use one that does, e.g. sdpa or reference")
         for name, allowed in (("compile_scope", COMPILE_SCOPES), ("optimizer", OPTIMIZERS), ("loss", LOSSES),
                               ("residual_dtype", RESIDUAL_DTYPES), ("rope", ROPE_KERNELS),
-                              ("ffn", FFN_KERNELS), ("qkv", QKV_LAYOUTS), ("cublas_workspace", CUBLAS_WORKSPACES)):
+                              ("ffn", FFN_KERNELS), ("cublas_workspace", CUBLAS_WORKSPACES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise ValueError(f"train: unknown --{name.replace('_', '-')} {value!r}; choose from "
                                  f"{', '.join(allowed)}")
         for name in ("compile", "optimizer", "loss", "activation_checkpointing", "cuda_graph",
-                     "residual_dtype", "ffn", "qkv"):
+                     "residual_dtype", "ffn"):
             reason = unsupported(self.parallel, name, getattr(self, name))
             if reason is not None:
                 raise ValueError(f"train: {reason}")
@@ -251,10 +249,6 @@ def unsupported(parallel: str, name: str, value) -> str | None:
         unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
         return (f"--ffn fused reads the feed-forward's weights outside their modules' forward, which --parallel "
                 f"{parallel} gathers; use --ffn torch or one of {unsharded}")
-    if name == "qkv" and value == "packed" and sharded:
-        unsharded = ", ".join(n for n, s in STRATEGIES.items() if not s.shards_gradients)
-        return (f"--qkv packed reads the q, k and v projections' weights outside their modules' forward, which "
-                f"--parallel {parallel} gathers; use --qkv separate or one of {unsharded}")
     if name == "residual_dtype" and value == "bf16" and parallel != "none":
         return f"--residual-dtype bf16 works with --parallel none only (--optimizer fused), not {parallel}"
     if name == "compile" and value and sharded:
@@ -265,7 +259,7 @@ def unsupported(parallel: str, name: str, value) -> str | None:
 
 # where a fast setting does not apply
 _SAFE = {"compile": False, "optimizer": "ours", "loss": "unfused", "cuda_graph": False, "residual_dtype": "fp32",
-         "ffn": "torch", "qkv": "separate"}
+         "ffn": "torch"}
 
 
 def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfig, str]:
@@ -624,7 +618,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
             if saved["config"].get(k) != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'].get(k)} -> {getattr(cfg, k)}")
         for k in ("precision", "optimizer", "loss", "activation_checkpointing", "eos_id", "residual_dtype", "rope",
-                  "ffn", "qkv"):
+                  "ffn"):
             # keys of later versions
             if k in saved["config"] and saved["config"][k] != getattr(cfg, k):
                 notes.append(f"{k} {saved['config'][k]} -> {getattr(cfg, k)}")
@@ -643,10 +637,6 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
         from cs336_systems.fused.swiglu import use_fused_swiglu
 
         use_fused_swiglu(model)
-    if cfg.qkv == "packed":
-        from cs336_systems.fused.qkv import use_packed_qkv
-
-        use_packed_qkv(model)
     if cfg.loss == "fused":
         defer_lm_head(model)  # model(x) returns the final hidden states; lm_head.weight keeps its key
     # Activation checkpointing wraps the blocks (layers.3.x -> layers.3.blocks.0.x): checkpoints, the export and

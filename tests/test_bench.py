@@ -401,7 +401,7 @@ def test_residual_dtype_default_applies_only_where_it_can(monkeypatch):
 
     cuda_like = FastSettings(attention="reference", compile=False, compile_scope="model", optimizer="fused",
                              loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="torch", ffn="torch",
-                             qkv="separate", cublas_workspace="default")
+                             cublas_workspace="default")
     monkeypatch.setattr(bench_cmd, "fast_settings", lambda device, vocab_size=None, **kw: cuda_like)
     said = []
     args = _bench_args(["--preset", "tiny", "--device", "cpu", "--precision", "fp32", "bf16", "--optimizer",

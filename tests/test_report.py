@@ -229,6 +229,25 @@ def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_cont
     assert "context 256" not in versus
 
 
+def test_training_step_shows_a_dropped_experiment_s_setting_only_where_records_have_it(tmp_path):
+    """Session 31's records carry ``qkv`` (``--qkv``, since moved to experiments/packed_qkv_rope): they load, and the
+    table has a qkv column only where some row has one."""
+    def header(res):
+        section = build_report(res, tmp_path / "REPORT.md").read_text().split("## training_step\n")[1]
+        return [c.strip() for c in next(line for line in section.splitlines() if line.startswith("|")).split("|")]
+
+    plain = tmp_path / "plain"
+    write_records("training_step", [_step_row("peer", 2048, 270.0), _step_row("ours", 2048, 227.0)], plain,
+                  device="cpu")
+    assert "qkv" not in header(plain)
+    legacy = tmp_path / "legacy"
+    write_records("training_step", [{**_step_row("ours", 2048, 229.1), "qkv": "separate"},
+                                    {**_step_row("ours", 2048, 229.3), "qkv": "packed"}], legacy, device="cpu")
+    assert {r["qkv"] for r in read_records("training_step", legacy)} == {"separate", "packed"}
+    columns = header(legacy)
+    assert columns.index("qkv") == columns.index("ffn") + 1
+
+
 def test_training_step_target_needs_the_median_ratio_too(tmp_path):
     """A peer's few slow steps can pull the mean ratio under the target while the median steps are not: the verdict
     is met only where both ratios are, and both are printed."""

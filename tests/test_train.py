@@ -327,7 +327,7 @@ def test_fast_settings_are_printed_and_not_applied_on_cpu():
     (line,) = [s for s in lines if "fast settings" in s]
     assert line == ("train: fast settings for cpu: attention=reference, compile=False, compile_scope=model, "
                     "optimizer=ours, loss=unfused, cuda_graph=False, residual_dtype=fp32, rope=torch, ffn=torch, "
-                    "qkv=separate, cublas_workspace=default")
+                    "cublas_workspace=default")
     assert {k: out["config"][k] for k in ("attention", "compile", "optimizer", "loss")} == dict(
         attention="reference", compile=False, optimizer="ours", loss="unfused")
 
@@ -340,15 +340,16 @@ def test_explicit_flags_beat_fast_settings(monkeypatch):
 
     cuda_like = FastSettings(attention="sdpa", compile=True, compile_scope="model", optimizer="fused", loss="fused",
                              cuda_graph=False, residual_dtype="bf16", rope="triton", ffn="torch",
-                             qkv="separate", cublas_workspace="default")
+                             cublas_workspace="default")
     monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size, *shape: cuda_like)
     cpu = torch.device("cpu")
     cfg, line = train_mod.resolve_settings(TrainConfig(attention="reference", compile=False), cpu)
     assert (cfg.attention, cfg.compile, cfg.compile_scope, cfg.optimizer, cfg.loss) == (
         "reference", False, "model", "fused", "fused")
     assert line == ("train: fast settings for cpu: compile_scope=model, optimizer=fused, loss=fused, cuda_graph=False, "
-                    "residual_dtype=fp32, rope=torch, ffn=torch, qkv=separate, cublas_workspace=default")
-    # fp32 training: autocast's residual stream does not apply; RoPE's Triton kernel needs CUDA
+                    "residual_dtype=fp32, rope=torch, ffn=torch, "
+                    "cublas_workspace=default")  # fp32 training: autocast's residual stream does not apply;
+    # RoPE's Triton kernel needs CUDA
     cfg, line = train_mod.resolve_settings(TrainConfig(parallel="fsdp"), cpu)
     assert (cfg.attention, cfg.compile, cfg.optimizer, cfg.loss) == ("sdpa", False, "ours", "unfused")
     assert "optimizer=fused not with --parallel fsdp" in line and "compile=True not with --parallel fsdp" in line
@@ -371,7 +372,7 @@ def test_cuda_graph_applies_only_where_it_can(monkeypatch):
 
     cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
                              loss="unfused", cuda_graph=True, residual_dtype="bf16", rope="triton", ffn="torch",
-                             qkv="separate", cublas_workspace="default")
+                             cublas_workspace="default")
     monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size, *shape: cuda_like)
     cuda = torch.device("cuda")
     cfg, line = train_mod.resolve_settings(TrainConfig(optimizer="ours"), cuda)
@@ -396,7 +397,7 @@ def test_residual_dtype_applies_only_where_it_can(monkeypatch):
 
     cuda_like = FastSettings(attention="sdpa", compile=False, compile_scope="model", optimizer="fused",
                              loss="unfused", cuda_graph=False, residual_dtype="bf16", rope="triton", ffn="torch",
-                             qkv="separate", cublas_workspace="default")
+                             cublas_workspace="default")
     monkeypatch.setattr(train_mod, "fast_settings", lambda device, vocab_size, *shape: cuda_like)
     cpu = torch.device("cpu")
     resolve = train_mod.resolve_settings

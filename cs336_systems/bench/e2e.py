@@ -30,14 +30,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import (
-    CUBLAS_WORKSPACES,
-    FFN_KERNELS,
-    QKV_LAYOUTS,
-    RESIDUAL_DTYPES,
-    ROPE_KERNELS,
-    apply_cublas_workspace,
-)
+from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -74,7 +67,6 @@ class BenchConfig:
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
     rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
     ffn: str = "torch"  # "fused": the SwiGLU feed-forward by cs336_systems.fused.swiglu (ours, CUDA)
-    qkv: str = "separate"  # "packed": q, k, v from one matmul by cs336_systems.fused.qkv (ours)
     # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, read at its first
     # matmul, so it holds where the configuration runs in a fresh process (isolated) or is the process's first
     cublas_workspace: str = "default"
@@ -128,11 +120,6 @@ class BenchConfig:
         if self.ffn == "fused" and self.precision != "bf16":
             raise ValueError(f"benchmarking_script: --ffn fused runs 16-bit kernels: it needs --precision bf16 (got "
                              f"{self.precision})")
-        if self.qkv not in QKV_LAYOUTS:
-            raise ValueError(f"benchmarking_script: unknown qkv layout {self.qkv!r}; choose from "
-                             f"{', '.join(QKV_LAYOUTS)}")
-        if self.qkv == "packed" and self.impl != "ours":
-            raise ValueError(f"benchmarking_script: --qkv packed runs our model (got impl {self.impl})")
         if self.cublas_workspace not in CUBLAS_WORKSPACES:
             raise ValueError(f"benchmarking_script: unknown cuBLAS workspace {self.cublas_workspace!r}; choose from "
                              f"{', '.join(CUBLAS_WORKSPACES)}")
@@ -222,10 +209,6 @@ def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
         from cs336_systems.fused.swiglu import use_fused_swiglu
 
         use_fused_swiglu(model)
-    if cfg.qkv == "packed":
-        from cs336_systems.fused.qkv import use_packed_qkv
-
-        use_packed_qkv(model)
     if cfg.loss == "fused":
         from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
 

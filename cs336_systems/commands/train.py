@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, QKV_LAYOUTS, RESIDUAL_DTYPES, ROPE_KERNELS
+from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS
 from cs336_systems.parallel import STRATEGIES
 from cs336_systems.parallel.ddp import GRAD_COMM_DTYPES
 from cs336_systems.records import write_records
@@ -92,10 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, bf16); "
                    "default: fused on Hopper under bf16 for steps of >= 8,192 tokens a device at d_model >= 1,600, "
                    "else torch")
-    p.add_argument("--qkv", choices=QKV_LAYOUTS, default=None,
-                   help="the q/k/v projections: separate (the model's three matmuls) or packed (one matmul against "
-                   "the stacked weights, RoPE and the gradients' packing in one pass each: cs336_systems.fused.qkv); "
-                   "default: separate")
     p.add_argument("--cublas-workspace", choices=CUBLAS_WORKSPACES, default=None,
                    help="cuBLAS's workspace: PyTorch's default, or none (no workspace memsets before GEMMs; a "
                    "CUBLAS_WORKSPACE_CONFIG already set is kept); default: none on CUDA")
@@ -141,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                       compile=None if args.compile is None else args.compile == "yes",
                       compile_scope=args.compile_scope, optimizer=args.optimizer, loss=args.loss,
                       cuda_graph=None if args.cuda_graph is None else args.cuda_graph == "yes",
-                      residual_dtype=args.residual_dtype, rope=args.rope, ffn=args.ffn, qkv=args.qkv,
+                      residual_dtype=args.residual_dtype, rope=args.rope, ffn=args.ffn,
                       cublas_workspace=args.cublas_workspace,
                       activation_checkpointing=args.activation_checkpointing, num_kv_heads=args.num_kv_heads,
                       attention_window=args.attention_window, eos_id=args.eos_id, device=args.device,

@@ -33,18 +33,15 @@ _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interp
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, x_tok, out_tok, HALF: tl.constexpr,
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, HALF: tl.constexpr,
                  BLOCK_HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr, INVERSE: tl.constexpr):
     """Rotate BLOCK_ROWS rows of 2 * HALF values: pairs (x[2k], x[2k+1]) by the angle of row // heads (mod n_pos)
-    and frequency k; INVERSE rotates by minus the angle (the backward). Row r is head r % heads of token r // heads,
-    whose heads start x_tok (out_tok) elements apart in x (out): heads * 2 * HALF where a token's heads are all."""
+    and frequency k; INVERSE rotates by minus the angle (the backward)."""
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, 2 * BLOCK_HALF)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols < 2 * HALF)[None, :]
-    tok, head = (rows // heads).to(tl.int64), (rows % heads).to(tl.int64)
-    offs = (tok * x_tok + head * (2 * HALF))[:, None] + cols[None, :]
-    out_offs = (tok * out_tok + head * (2 * HALF))[:, None] + cols[None, :]
+    offs = rows.to(tl.int64)[:, None] * (2 * HALF) + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_ROWS, BLOCK_HALF, 2)))
     k = tl.arange(0, BLOCK_HALF)
@@ -57,22 +54,19 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, x_tok, 
     out_even = x_even * cos - x_odd * sin
     out_odd = x_even * sin + x_odd * cos
     out = tl.reshape(tl.join(out_even, out_odd), (BLOCK_ROWS, 2 * BLOCK_HALF))
-    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, x_tok, out_tok, HALF: tl.constexpr,
+def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, HALF: tl.constexpr,
                        BLOCK_HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr, INVERSE: tl.constexpr,
                        DTYPE: tl.constexpr):
     """``_rope_kernel`` for 16-bit ``x`` read and written as 32-bit words, one (even, odd) pair each (little
-    endian: the even value in the low half), unpacked and packed with bit operations in registers; x_tok and
-    out_tok count words."""
+    endian: the even value in the low half), unpacked and packed with bit operations in registers."""
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     k = tl.arange(0, BLOCK_HALF)
     mask = (rows < n_rows)[:, None] & (k < HALF)[None, :]
-    tok, head = (rows // heads).to(tl.int64), (rows % heads).to(tl.int64)
-    offs = (tok * x_tok + head * HALF)[:, None] + k[None, :]
-    out_offs = (tok * out_tok + head * HALF)[:, None] + k[None, :]
+    offs = rows.to(tl.int64)[:, None] * HALF + k[None, :]
     words = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + offs, mask=mask, other=0)
     x_even = (words & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
     x_odd = ((words >> 16) & 0xFFFF).to(tl.int16).to(DTYPE, bitcast=True).to(tl.float32)
@@ -83,7 +77,7 @@ def _rope_pairs_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, n_rows, heads, n_pos, x
         sin = -sin
     out_even = (x_even * cos - x_odd * sin).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     out_odd = (x_even * sin + x_odd * cos).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32)
-    tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + out_offs, out_even | (out_odd << 16), mask=mask)
+    tl.store(out_ptr.to(tl.pointer_type(tl.int32)) + offs, out_even | (out_odd << 16), mask=mask)
 
 
 BLOCK_VALUES, NUM_WARPS = 4096, 4  # values of x a program rotates; warps a program
@@ -94,36 +88,21 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, heads: int, inverse: bool) -> T
     x = x.contiguous()
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     half = cos.shape[-1]
-    rotate_rows(x, out, cos, sin, heads, heads * 2 * half, heads * 2 * half, inverse,
-                wrap=torch.library.wrap_triton)
-    return out
-
-
-def rotate_rows(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, heads: int, x_tok: int, out_tok: int,
-                inverse: bool, wrap=lambda kernel: kernel) -> None:
-    """``out`` = ``x`` rotated (``inverse``: by minus the angles), both holding ``heads`` head vectors of 2 * Dh/2
-    values a token, the tokens x_tok and out_tok elements apart (unit stride within a token's heads): token t uses
-    table row t % P of ``cos`` / ``sin`` (P, Dh/2), contiguous fp32. ``wrap``: ``torch.library.wrap_triton`` inside
-    a ``triton_op``. CUDA (or Triton's interpreter)."""
-    half = cos.shape[-1]
-    n_rows = x.numel() // (2 * half)  # head vectors
-    if n_rows == 0:  # an empty batch: a grid of no programs is not a launch
-        return
+    n_rows = x.numel() // (2 * half)
     block_half = triton.next_power_of_2(half)
     block_rows = max(1, BLOCK_VALUES // (2 * block_half))
     grid = (triton.cdiv(n_rows, block_rows),)
-    # 32-bit words need 4-byte aligned rows: even offsets and token strides into (aligned) allocations; data_ptr()
-    # would not trace
-    if (x.dtype in _PAIR_DTYPES and out.dtype == x.dtype and x.storage_offset() % 2 == 0
-            and out.storage_offset() % 2 == 0 and x_tok % 2 == 0 and out_tok % 2 == 0):
-        wrap(_rope_pairs_kernel)[grid](
-            x, cos, sin, out, n_rows, heads, cos.numel() // half, x_tok // 2, out_tok // 2, HALF=half,
+    # 32-bit words need 4-byte aligned rows: an even offset into an (aligned) allocation; data_ptr() would not trace
+    if x.dtype in _PAIR_DTYPES and x.storage_offset() % 2 == 0:
+        torch.library.wrap_triton(_rope_pairs_kernel)[grid](
+            x, cos, sin, out, n_rows, heads, cos.numel() // half, HALF=half,
             BLOCK_HALF=block_half, BLOCK_ROWS=block_rows, INVERSE=inverse, DTYPE=_PAIR_DTYPES[x.dtype],
             num_warps=NUM_WARPS)
-        return
-    wrap(_rope_kernel)[grid](
-        x, cos, sin, out, n_rows, heads, cos.numel() // half, x_tok, out_tok, HALF=half, BLOCK_HALF=block_half,
+        return out
+    torch.library.wrap_triton(_rope_kernel)[grid](
+        x, cos, sin, out, n_rows, heads, cos.numel() // half, HALF=half, BLOCK_HALF=block_half,
         BLOCK_ROWS=block_rows, INVERSE=inverse, num_warps=NUM_WARPS)
+    return out
 
 
 @torch.library.triton_op("cs336_systems::rope_rotate", mutates_args=())

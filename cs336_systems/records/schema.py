@@ -168,7 +168,10 @@ def _timing(prefix: str) -> dict[str, tuple[type, ...]]:
 _STEP_CONFIG = {**_f("preset attention checkpoint mode precision optimizer study status", STR),
                 **_f("context_length batch_size warmup steps", INT), "compile": BOOL, "device": STR}
 # the step's settings
-_STEP_MEASURED = {**_f("loss impl residual_dtype rope ffn qkv cublas_workspace cublas_workspace_config", STR),
+_STEP_MEASURED = {**_f("loss impl residual_dtype rope ffn cublas_workspace cublas_workspace_config", STR),
+                  # --qkv separate / packed: in the records of session 31's runs only (since moved to
+                  # experiments/packed_qkv_rope/)
+                  "qkv": STR,
                   **_f("peer_compiled cuda_graph isolated peak_tflops_shared", BOOL),
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
@@ -300,7 +303,7 @@ _kind(TRAIN, "cs336-systems train: one logged step of a training run, with the r
       {**_f("preset precision parallel attention", STR), **_f("step steps world_size", INT)},
       {**_f("context_length batch_size grad_accum warmup_steps seed log_every", INT),
        **_f("lr min_lr weight_decay grad_clip bucket_size_mb loss step_s tokens_per_s mfu peak_memory_gib", NUM),
-       **_f("data device grad_comm_dtype residual_dtype rope ffn qkv cublas_workspace", STR), "experiment": DICT,
+       **_f("data device grad_comm_dtype residual_dtype rope ffn cublas_workspace", STR), "experiment": DICT,
        # the run's speed and model settings (TrainConfig; its loss setting as loss_fn: loss is the step's value)
        **_f("compile_scope optimizer loss_fn activation_checkpointing checkpoint_dir export metrics tensorboard", STR),
        **_f("compile cuda_graph resume", BOOL), **_f("num_kv_heads attention_window eos_id checkpoint_every", INT),

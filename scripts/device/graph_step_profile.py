@@ -107,7 +107,6 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="replays profiled")
     p.add_argument("--out", default=None, help="folder for the captured replays' trace (gzip)")
     p.add_argument("--variant", default="base", help="step_variants.py's PATCHES, joined with +")
-    p.add_argument("--qkv", default="separate", help="bench's --qkv (the q/k/v projections' layout)")
     p.add_argument("--uncaptured", action="store_true", help="also profile the step launched from the host")
     p.add_argument("--around", default=None, help="print the kernels on either side of the first calls of kernels "
                    "whose name contains this (where a kernel sits in the step)")
@@ -123,13 +122,12 @@ def main() -> None:
     # left cuBLAS its default workspace: at xl/2048 531 memset nodes more a step, and graph.replay() took 6.1 ms of
     # host time against 0.05)
     workspace = apply_cublas_workspace(fast.cublas_workspace)
-    print(torch.cuda.get_device_name(), torch.__version__, a.preset, a.context_length, a.variant, f"qkv={a.qkv}",
-          fast.describe(),
+    print(torch.cuda.get_device_name(), torch.__version__, a.preset, a.context_length, a.variant, fast.describe(),
           f"CUBLAS_WORKSPACE_CONFIG={workspace!r}")
     cfg = BenchConfig(preset=a.preset, context_length=a.context_length, precision="bf16", compile=fast.compile,
                       compile_scope=fast.compile_scope, attention=fast.attention, optimizer=fast.optimizer,
                       loss=fast.loss, cuda_graph=True, residual_dtype=fast.residual_dtype, rope=fast.rope, ffn=fast.ffn,
-                      cublas_workspace=fast.cublas_workspace, qkv=a.qkv,
+                      cublas_workspace=fast.cublas_workspace,
                       warmup=3 + a.steps)  # eager calls: two that compile, the profiled ones, then the capture
     model, optimizer, loss_fn, _ = build_ours(cfg, model_cfg.model_kwargs(), device)
     batch = model_cfg.batch_size

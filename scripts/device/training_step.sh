@@ -37,13 +37,14 @@
 #      the fused feed-forward, xl/2048 against the peer with bench's defaults (the ping-pong backward there)
 #   pp2 (session 30): the GPU tests of the fused feed-forward, the captured step's kernels (graph_step_profile.py),
 #      xl/2048 against the peer with bench's defaults
-#   qkv (session 30): ours with --qkv separate and packed at xl/2048 in the steady state (bench's defaults
-#      otherwise), after the GPU tests of the packed projections and the fused feed-forward
+#   (session 31, qkv at 1f9c62b: the GPU tests of the packed projections and the fused feed-forward, then --qkv
+#      separate against packed at xl/2048 in the steady state; --qkv packed is now experiments/packed_qkv_rope/)
 #   gemm2 (session 31): the 1,600-column products in other forms (transposed, batched, packed) with and without
-#      cuBLAS's workspace, then the captured step's kernels with --qkv packed
+#      cuBLAS's workspace (at 3cd4fc5 also the captured step's kernels with --qkv packed)
 #   host (session 31): the fused optimizer's GPU tests (the captured step among them), the captured step's
 #      kernels and host share (graph_step_profile.py)
-#   launch (session 31): a graph's time to its first node by node count, and the captured step's
+#   launch (session 31): a graph's time to its first node by node count; the captured step's kernels, host share
+#      and time to its first node
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
 set -u
 source scripts/device/step.sh
@@ -228,15 +229,9 @@ pp2)
   step 330 pp2-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-qkv)
-  step 200 tests-qkv python3 -m pytest -q -m gpu tests/test_fused_qkv.py tests/test_fused_swiglu.py -p no:cacheprovider
-  step 300 qkv-steady $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl ours --preset xl --context-length 2048 --qkv separate packed --steps 20 --isolate
-  ;;
 gemm2)
   step 90 gemm-none bash -c "cd scripts/device && CUBLAS_WORKSPACE_CONFIG=:0:0 python3 step_gemm_shapes.py --variants"
   step 90 gemm-default bash -c "cd scripts/device && python3 step_gemm_shapes.py --variants --out /tmp"
-  step 300 profile-packed bash -c "cd scripts/device && python3 graph_step_profile.py --qkv packed --steps 2"
   ;;
 host)
   step 120 tests-graph python3 -m pytest -q -m gpu tests/test_fused.py -p no:cacheprovider
@@ -250,7 +245,7 @@ peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|qkv|gemm2|host|launch|peer (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|peer (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -11,7 +11,10 @@ from cs336_systems.report.sections._common import load, ok, provenance, table
 
 PROBLEM_IDS = ("training_step",)
 SETTINGS = ("preset", "context_length", "batch_size", "precision", "compile_scope", "attention", "optimizer", "loss",
-            "checkpoint", "cuda_graph", "residual_dtype", "rope", "ffn", "qkv")
+            "checkpoint", "cuda_graph", "residual_dtype", "rope", "ffn")
+# settings of experiments since moved to experiments/, in the records of the runs that timed them only: a column
+# where a row has one (qkv: --qkv separate / packed, session 31, experiments/packed_qkv_rope/)
+LEGACY_SETTINGS = ("qkv",)
 # What a peer must share with a row of ours to be its peer (besides the run): the peer has none of our other
 # settings, and bench times one peer of each kind per (preset, context, precision, mode) of a run.
 PEER_KEY = ("preset", "context_length", "batch_size", "precision", "mode")
@@ -33,6 +36,11 @@ def _fastest_peers(run: list[dict]) -> dict[tuple, dict]:
     return peers
 
 
+def _without_empty(df: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """``df`` without those of ``columns`` that no row has a value in."""
+    return df.drop(columns=[c for c in columns if df[c].isna().all()])
+
+
 def _steps(ctx, rows: list[dict]) -> list[str]:
     bench = ok([r for r in rows if "impl" in r and r.get("step_mean_ms") is not None])
     if not bench:
@@ -48,7 +56,7 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
             if r["impl"] != "ours":
                 continue
             peer = peers.get(tuple(r.get(k) for k in PEER_KEY))
-            row = {k: r.get(k) for k in SETTINGS}
+            row = {k: r.get(k) for k in (*SETTINGS, *LEGACY_SETTINGS)}
             row.update({"step ms (mean ± std)": f"{r['step_mean_ms']:.2f} ± {r['step_std_ms']:.2f}",
                         "tokens/s": r["tokens_per_s"], "MFU": r["mfu"], "peak GiB": r["peak_memory_gib"],
                         "fastest peer (same run)": peer["impl"] if peer else None,
@@ -67,7 +75,8 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
              "length, batch size and precision (`--impl peer`: the compiled script; `--impl peer-graphs`: the same "
              "with `torch.compile(mode=\"reduce-overhead\")`), empty where the run timed no peer.\n",
              provenance(bench) + "\n",
-             table(pd.DataFrame(table_rows).astype(object).fillna(""), ".4g") + "\n"]
+             table(_without_empty(pd.DataFrame(table_rows).astype(object), LEGACY_SETTINGS).fillna(""), ".4g")
+             + "\n"]
     answers = []
     for (preset, context, batch, precision), (_, ratio, r, peer, run_peak) in sorted(best.items()):
         what = f"{preset}, context {context}, batch {batch}, {precision}, {r['provenance']['device']}"
@@ -89,7 +98,6 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                     + (", bf16 residual stream" if r.get("residual_dtype") == "bf16" else "")
                     + (", Triton RoPE" if r.get("rope") == "triton" else "")
                     + (", fused SwiGLU feed-forward" if r.get("ffn") == "fused" else "")
-                    + (", packed q/k/v" if r.get("qkv") == "packed" else "")
                     + (", no cuBLAS workspace" if r.get("cublas_workspace_config") == ":0:0" else ""))
         peer_sdpa = (f", SDPA backend {peer['peer_sdpa']}" if peer.get("peer_sdpa") else "") + (
             ", no cuBLAS workspace" if peer.get("cublas_workspace_config") == ":0:0" else "")
@@ -125,7 +133,7 @@ def _attention_backends(ctx, runs: dict[str, list[dict]]) -> list[str]:
     for date, run in sorted(runs.items()):
         ours = [r for r in run if r["impl"] == "ours"]
         for r in (r for r in ours if r["attention"] == "flash_triton"):
-            others = {k: r.get(k) for k in SETTINGS if k != "attention"}
+            others = {k: r.get(k) for k in (*SETTINGS, *LEGACY_SETTINGS) if k != "attention"}
             sdpa = [s for s in ours if s["attention"] == "sdpa" and all(s.get(k) == v for k, v in others.items())]
             if sdpa:
                 newest[(r["preset"], r["context_length"], r["precision"])] = (date, r, sdpa[0])

@@ -1,3 +1,4 @@
+# Snapshot of tests/test_fused_qkv.py at 3cd4fc5 (session 31): see README.md here.
 """q, k and v from one matmul (``cs336_systems.fused.qkv``): its autograd wiring against the attention module on the
 CPU (the RoPE kernels in Triton's interpreter, or the ops' PyTorch arithmetic where it is off), and on the GPU the
 compiled LM against the module's code."""

@@ -1,3 +1,4 @@
+# Snapshot of cs336_systems/fused/qkv.py at 3cd4fc5 (session 31): see README.md here.
 """q, k and v from one matmul, with RoPE and the gradients' packing in one pass each (``--qkv packed``; CUDA).
 
 ``use_packed_qkv(model)`` makes every ``cs336_basics.model.CausalMultiHeadSelfAttention`` whose q, k and v have the same
