@@ -181,7 +181,7 @@ def test_flash_features_section_compares_ours_with_the_fastest_peer_of_its_run(t
     assert "No ratio: ours did not run (error: ImportError: no flash_attention)" in section
     versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
     assert "| [flash_features](#flash_features) | attention fwd+bwd, gqa (" in versus
-    assert "| 6.000 ms | sdpa_cudnn 7.500 ms | 0.80x |" in versus and "| 4.000 ms | flex 5.000 ms | 0.80x |" in versus
+    assert "| 6.000 ms | sdpa_cudnn 7.500 ms | 0.800x |" in versus and "| 4.000 ms | flex 5.000 ms | 0.800x |" in versus
     assert "| error: ImportError: no flash_attention | flex 3.000 ms | – |" in versus
     assert "- `flash_features`" not in text.split("## Not yet measured")[1]
 
@@ -224,8 +224,8 @@ def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_cont
     assert "the fastest peer (peer) 400.00 ms: 0.750x its time; target <= 0.85x (mean and median): met" in section
     assert "MFU >= 72%" not in section  # no matmul peak recorded: no MFU verdict
     versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
-    assert "| 90.00 ms, MFU 30.0% | peer-graphs 95.00 ms | 0.95x |" in versus
-    assert "| 300.00 ms, MFU 30.0% | peer 400.00 ms | 0.75x |" in versus
+    assert "| 90.00 ms, MFU 30.0% | peer-graphs 95.00 ms | 0.947x |" in versus
+    assert "| 300.00 ms, MFU 30.0% | peer 400.00 ms | 0.750x |" in versus
     assert "context 256" not in versus
 
 

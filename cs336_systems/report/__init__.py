@@ -150,7 +150,7 @@ def _summary(ctx: ReportContext, present: set[str]) -> str:
               "| target | configuration | ours | best PyTorch peer | ratio | goal |",
               "|:--|:--|:--|:--|--:|:--|"]
     for v in ctx.comparisons:
-        ratio = f"{v.ratio:.2f}x" if v.ratio is not None else "–"
+        ratio = f"{v.ratio:.3f}x" if v.ratio is not None else "–"  # 3 places: 0.851 must not read as 0.85
         lines.append(f"| {link(v.target, v.target)} | {_cell(v.what)} | {_cell(v.ours)} | {_cell(v.peer)} | "
                      f"{ratio} | {_cell(v.goal)} |")
     return "\n".join(lines) + "\n"

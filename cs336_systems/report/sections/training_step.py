@@ -114,7 +114,7 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                      f"{r['mfu']:.1%}{memory}), the fastest peer ({peer['impl']}{peer_sdpa}) "
                      f"{peer['step_mean_ms']:.2f} ms: {ratio:.3f}x its time{median_text}; target <= {TARGET}x "
                      f"(mean and median): {'met' if met else 'missed'}{memory_target}.\n")
-        answers.append(f"{preset}/{context}: {ratio:.2f}x ({r['step_mean_ms']:.1f} vs {peer['impl']} "
+        answers.append(f"{preset}/{context}: {ratio:.3f}x ({r['step_mean_ms']:.1f} vs {peer['impl']} "
                        f"{peer['step_mean_ms']:.1f} ms{median_text})")
         ctx.versus("training_step", f"full training step, {what}",
                    f"{r['step_mean_ms']:.2f} ms, MFU {r['mfu']:.1%}"
