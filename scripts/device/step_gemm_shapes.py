@@ -51,7 +51,7 @@ def operands(m: int, n: int, k: int, layout: str):
     return torch.randn(k, m, **bf16).T, torch.randn(k, n, **bf16)  # tn: dW = dy^T x
 
 
-def variants(tokens: int, d: int) -> list[tuple[str, int, int, int, object]]:
+def variants(tokens: int, d: int, d_ff: int) -> list[tuple[str, int, int, int, object]]:
     """Other ways to run the 1,600-column products (``--variants``): the transposed problem (cuBLAS picks tiles by
     the output's shape), the three q/k/v weight gradients as one batched product (243 tiles of 192 x 192 against 81
     each), and the packed q/k/v products (one 4,800-wide operand). (name, M, N, K, a function of no arguments) with
@@ -61,7 +61,18 @@ def variants(tokens: int, d: int) -> list[tuple[str, int, int, int, object]]:
     g3 = torch.randn(3, tokens, d, **bf16)  # dq, dk, dv in one buffer, head-major
     gp = torch.randn(tokens, 3 * d, **bf16)  # token-major: [dq dk dv] a row
     w3 = torch.randn(3 * d, d, **bf16)
+    # the input gradients as the forward's layout (y = x W^T: "NT") against a transposed copy of W, made per step
+    wt = w.T.contiguous()
+    g, w1 = torch.randn(tokens, d_ff, **bf16), torch.randn(d_ff, d, **bf16)
+    w1t, acc = w1.T.contiguous(), torch.randn(tokens, d, **bf16)
     return [
+        ("q/k/v/o dx as NT (W^T copy)", tokens, d, d, lambda: dy @ wt.T),
+        ("transpose of a q/k/v/o weight", d, d, 1, lambda: w.T.contiguous()),
+        ("w1/w3 dx", tokens, d, d_ff, lambda: g @ w1),
+        ("w1/w3 dx as NT (W^T copy)", tokens, d, d_ff, lambda: g @ w1t.T),
+        ("w1/w3 dx accumulated", tokens, d, d_ff, lambda: acc.addmm_(g, w1)),
+        ("w1/w3 dx accumulated as NT", tokens, d, d_ff, lambda: acc.addmm_(g, w1t.T)),
+        ("transpose of w1", d_ff, d, 1, lambda: w1.T.contiguous()),
         ("q/k/v/o forward, transposed", tokens, d, d, lambda: (w @ x.T).T),
         ("q/k/v/o dx, transposed", tokens, d, d, lambda: (w.T @ dy.T).T),
         ("q/k/v/o dW, transposed", d, d, tokens, lambda: (x.T @ dy).T),
@@ -89,7 +100,7 @@ def main() -> None:
         tflops = 2 * m * n * k / ms / 1e9
         rows.append(dict(name=name, m=m, n=n, k=k, layout=layout, calls_a_block=calls, ms=ms, tflops=tflops))
     if args.variants:
-        for name, m, n, k, fn in variants(tokens, cfg.d_model):
+        for name, m, n, k, fn in variants(tokens, cfg.d_model, cfg.d_ff):
             ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
             rows.append(dict(name=name, m=m, n=n, k=k, layout="variant", calls_a_block=0, ms=ms,
                              tflops=2 * m * n * k / ms / 1e9))
