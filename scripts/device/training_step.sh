@@ -45,6 +45,8 @@
 #      kernels and host share (graph_step_profile.py)
 #   launch (session 31): a graph's time to its first node by node count; the captured step's kernels, host share
 #      and time to its first node
+#   frope (session 31): the GPU tests of RoPE with our attention as one op, then xl/2048 against the peer with
+#      --rope triton and flash (dQ's inverse rotation in our attention's dQ postprocess)
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
 set -u
 source scripts/device/step.sh
@@ -241,11 +243,16 @@ launch)
   step 120 launch bash -c "cd scripts/device && python3 graph_launch_cost.py"
   step 240 profile bash -c "cd scripts/device && python3 graph_step_profile.py --steps 1"
   ;;
+frope)
+  step 150 tests-frope python3 -m pytest -q -m gpu tests/test_flash_rope.py -p no:cacheprovider
+  step 450 frope-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --rope triton flash --steps 20
+  ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|peer (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
