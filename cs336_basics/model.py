@@ -160,11 +160,6 @@ class CausalMultiHeadSelfAttention(nn.Module):
     ``attention_window`` W: each query sees the W most recent keys, itself included (keys i-W+1..i, the
     convention of Hugging Face transformers' sliding-window mask for Mistral, ``kv_idx > q_idx - W``);
     ``None``: all earlier keys.
-
-    ``rope_attention``: None, or a function ``(q, k, v, cos, sin) -> out`` with the same arithmetic that rotates q
-    and k (B, T, H, Dh) by the RoPE tables at the tokens' positions (T, Dh / 2) and runs causal attention, out
-    (B, H, T, Dh) (a fused op, e.g. ``cs336_systems.attention.flash_rope``); used for (B, T, D) inputs with RoPE,
-    one position per token for the whole batch, no grouped heads, window or documents.
     """
 
     def __init__(
@@ -203,7 +198,6 @@ class CausalMultiHeadSelfAttention(nn.Module):
                 f"num_kv_heads={kv} (of {num_heads} heads) or attention_window={attention_window}; use one that "
                 "takes window= and doc_ids= (reference, sdpa)"
             )
-        self.rope_attention = None
 
     def forward(self, x: Tensor, token_positions: Tensor | None = None, doc_ids: Tensor | None = None) -> Tensor:
         """x: (..., T, D); doc_ids: optional (B, T) ints, attention stays within equal ids (packed documents)."""
@@ -214,15 +208,9 @@ class CausalMultiHeadSelfAttention(nn.Module):
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))  # (B, T, H, Dh)
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))  # (B, T, Hkv, Dh)
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        rope = self.positional_encoder
-        if rope is not None and token_positions is None:
-            token_positions = torch.arange(T, device=x.device)
-        if (rope is not None and self.rope_attention is not None and x.dim() == 3 and token_positions.dim() == 1
-                and self.num_kv_heads == self.num_heads and doc_ids is None
-                and (self.attention_window is None or self.attention_window >= T)):
-            out = self.rope_attention(q, k, v, rope.cos[token_positions], rope.sin[token_positions])
-            return self.output_proj(rearrange(out, "... h t d -> ... t (h d)"))
-        if rope is not None:
+        if self.positional_encoder is not None:
+            if token_positions is None:
+                token_positions = torch.arange(T, device=x.device)
             pos = token_positions.unsqueeze(-1)  # (..., T, 1): one position for all heads of a token
             q, k = self.positional_encoder(q, pos), self.positional_encoder(k, pos)
         q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # (B, H, T, Dh) views

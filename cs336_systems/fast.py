@@ -19,12 +19,9 @@ import torch
 # the residual stream's dtype under bf16 (the names of bench's and train's --residual-dtype): autocast's fp32, or
 # bf16 with the token embedding a bf16 copy in the fused optimizer (cs336_systems.fused.adamw.is_compute_weight)
 RESIDUAL_DTYPES = ("fp32", "bf16")
-# RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager),
-# cs336_systems.fused.rope's Triton kernel (CUDA), or flash: that kernel with dQ's inverse rotation inside our
-# attention's backward where our attention kernel runs (cs336_systems.attention.flash_rope; CUDA)
-ROPE_KERNELS = ("torch", "triton", "flash")
-# the attention backends with which --rope flash applies (our kernel's; flash_auto where its table picks ours)
-FLASH_ROPE_ATTENTION = ("flash_triton", "flash_auto")
+# RoPE's kernel (the names of bench's and train's --rope): the model's PyTorch code (compiled or eager), or
+# cs336_systems.fused.rope's Triton kernel (CUDA)
+ROPE_KERNELS = ("torch", "triton")
 # the SwiGLU feed-forward (the names of bench's and train's --ffn): the model's PyTorch code (compiled or eager), or
 # cs336_systems.fused.swiglu (the elementwise passes in the matmuls' epilogues; Gluon kernels on Hopper)
 FFN_KERNELS = ("torch", "fused")

@@ -51,7 +51,6 @@ from cs336_systems.devices import resolve_device
 from cs336_systems.fast import (
     CUBLAS_WORKSPACES,
     FFN_KERNELS,
-    FLASH_ROPE_ATTENTION,
     RESIDUAL_DTYPES,
     ROPE_KERNELS,
     apply_cublas_workspace,
@@ -103,7 +102,7 @@ class TrainConfig:
     loss: str | None = None  # "unfused" or "fused" (chunked LM head + cross-entropy, no logits tensor)
     cuda_graph: bool | None = None  # the whole step captured once and replayed (CUDA, optimizer fused, no parallel)
     residual_dtype: str | None = None  # "bf16": the token embedding a bf16 copy too (bf16, optimizer fused); "fp32"
-    rope: str | None = None  # "torch" (the model's code), "triton" (cs336_systems.fused.rope, CUDA) or "flash"
+    rope: str | None = None  # "torch" (the model's code) or "triton" (cs336_systems.fused.rope, CUDA)
     ffn: str | None = None  # "torch" (the model's code) or "fused" (cs336_systems.fused.swiglu, CUDA)
     cublas_workspace: str | None = None  # "default" or "none" (cs336_systems.fast.apply_cublas_workspace)
     activation_checkpointing: str = "none"  # "none", "selective", "nested" or k (every k blocks); not checkpoint_dir
@@ -269,11 +268,8 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
     what was picked. Explicit settings are kept as given."""
     if cfg.cuda_graph and device.type != "cuda":
         raise ValueError(f"train: --cuda-graph yes needs a CUDA device, got {device}; use --cuda-graph no")
-    if cfg.rope == "flash" and cfg.attention is not None and cfg.attention not in FLASH_ROPE_ATTENTION:
-        raise ValueError(f"train: --rope flash rotates dQ back inside our attention kernel's backward: it needs "
-                         f"--attention {' or '.join(FLASH_ROPE_ATTENTION)} (got {cfg.attention})")
-    if cfg.rope in ("triton", "flash") and device.type != "cuda":
-        raise ValueError(f"train: --rope {cfg.rope} needs a CUDA device, got {device}; use --rope torch")
+    if cfg.rope == "triton" and device.type != "cuda":
+        raise ValueError(f"train: --rope triton needs a CUDA device, got {device}; use --rope torch")
     if cfg.ffn == "fused" and device.type != "cuda":
         raise ValueError(f"train: --ffn fused needs a CUDA device, got {device}; use --ffn torch")
     if cfg.ffn == "fused" and cfg.precision != "bf16":
@@ -299,17 +295,11 @@ def resolve_settings(cfg: TrainConfig, device: torch.device) -> tuple[TrainConfi
         if name == "residual_dtype" and value == "bf16" and (
                 cfg.precision != "bf16" or (picked.get("optimizer") or cfg.optimizer) != "fused"):
             value = "fp32"  # autocast's: bf16 applies only under bf16 with the fused optimizer
-        if name == "rope" and value in ("triton", "flash") and device.type != "cuda":
-            value = "torch"  # the kernels are CUDA's
-        if name == "rope" and value == "flash" and picked.get("attention", cfg.attention) not in FLASH_ROPE_ATTENTION:
-            value = "triton"  # dQ's rotation rides in our attention kernel's backward
+        if name == "rope" and value == "triton" and device.type != "cuda":
+            value = "torch"  # the kernel is CUDA's
         if name == "ffn" and value == "fused" and (device.type != "cuda" or cfg.precision != "bf16"):
             value = "torch"  # 16-bit kernels, CUDA's
         picked[name] = value
-    attention = picked.get("attention", cfg.attention)
-    if cfg.rope == "flash" and attention not in FLASH_ROPE_ATTENTION:
-        raise ValueError(f"train: --rope flash rotates dQ back inside our attention kernel's backward: it needs "
-                         f"--attention {' or '.join(FLASH_ROPE_ATTENTION)} (got {attention})")
     if not picked:
         return cfg, "train: settings as given (nothing left to fast_settings): " + _describe(cfg)
     line = (f"train: fast settings for {device.type}: " + ", ".join(f"{k}={v}" for k, v in picked.items())
@@ -639,14 +629,10 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, log=print) -> dict:
     model = BasicsTransformerLM(**model_cfg.model_kwargs(), attention_backend=cfg.attention,
                                 check_inputs=cfg.data is not None, device=device)
     n_params = sum(p.numel() for p in model.parameters())  # before FSDP replaces weights by shards
-    if cfg.rope in ("triton", "flash"):
+    if cfg.rope == "triton":
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
-    if cfg.rope == "flash":
-        from cs336_systems.attention.flash_rope import use_flash_rope
-
-        use_flash_rope(model)
     if cfg.ffn == "fused":
         from cs336_systems.fused.swiglu import use_fused_swiglu
 

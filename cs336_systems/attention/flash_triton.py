@@ -71,7 +71,6 @@ import triton.language as tl
 from torch import Tensor
 
 from cs336_basics.attention import register_attention_backend
-from cs336_basics.model import rotate_pairs
 from cs336_systems.attention import _tuning, flash_hopper, flash_hopper_bwd
 from cs336_systems.attention._common import (
     check_attention_inputs,
@@ -569,28 +568,6 @@ def _flash_bwd_dq_postprocess(DQ_ACC, DQ, stride_dqb, stride_dqm, stride_dqd, N_
                   other=0.0)
     tl.store(DQ + _head(bh, stride_dqb, FOLD_Q, HEAD_DIM) + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              (acc * sm_scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
-
-
-@triton.jit
-def _flash_bwd_dq_postprocess_rope(DQ_ACC, DQ, COS, SIN, stride_dqb, stride_dqm, stride_dqd, N_Q, sm_scale,
-                                   HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                                   FOLD_Q: tl.constexpr = 0):
-    """``_flash_bwd_dq_postprocess`` for queries that RoPE rotated: dQ of the unrotated q, the rotation's transpose
-    (pairs (2k, 2k + 1) by minus the angle of the row's position) applied to the fp32 accumulator before the one
-    rounding. COS, SIN: (N_Q, HEAD_DIM / 2) fp32, row i the angles of query i."""
-    bh = tl.program_id(1).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    rows = offs_m[:, None] < N_Q
-    acc = tl.load(DQ_ACC + (bh * N_Q + offs_m[:, None]) * D_PAD + offs_d[None, :], mask=rows, other=0.0) * sm_scale
-    even, odd = tl.split(tl.reshape(acc, (BLOCK_M, D_PAD // 2, 2)))
-    k = tl.arange(0, D_PAD // 2)
-    table = offs_m[:, None].to(tl.int64) * (HEAD_DIM // 2) + k[None, :]
-    cos = tl.load(COS + table, mask=rows & (k[None, :] < HEAD_DIM // 2), other=0.0)
-    sin = tl.load(SIN + table, mask=rows & (k[None, :] < HEAD_DIM // 2), other=0.0)
-    dq = tl.reshape(tl.join(even * cos + odd * sin, odd * cos - even * sin), (BLOCK_M, D_PAD))
-    tl.store(DQ + _head(bh, stride_dqb, FOLD_Q, HEAD_DIM) + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             dq.to(DQ.dtype.element_ty), mask=rows & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -1238,14 +1215,11 @@ def flash_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
 
 def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, config: FlashConfig | None,
               deterministic: bool, left: int | None, right: int | None, doc_ids: Tensor | None,
-              doc_span: Tensor | None, scale: float, dq_rope: tuple[Tensor, Tensor] | None = None
-              ) -> tuple[Tensor, Tensor, Tensor]:
-    """flash_backward on validated inputs (dO is checked against O when its layout is first planned).
-    ``dq_rope``: (cos, sin) (Nq, d / 2) fp32 of queries that RoPE rotated: dQ comes back rotated by minus those
-    angles (the gradient of the unrotated queries; in the dQ postprocess where the backward has one)."""
+              doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """flash_backward on validated inputs (dO is checked against O when its layout is first planned)."""
     if _INTERPRETED and Q.dtype == torch.bfloat16:  # see _interpreter_upcast
         grads = _backward(*_interpreter_upcast(Q, K, V, O), L, dO.float(), config, deterministic, left, right,
-                          doc_ids, doc_span, scale, dq_rope)
+                          doc_ids, doc_span, scale)
         return tuple(g.to(t.dtype) for g, t in zip(grads, (Q, K, V), strict=True))
     if dO.dtype != Q.dtype:
         dO = dO.to(Q.dtype)
@@ -1255,7 +1229,7 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
            Q.dtype == torch.float32 and torch.get_float32_matmul_precision())
     plan = _plan(key, lambda: _plan_backward(Q, K, V, O, L, dO, config, deterministic, left, right,
                                              doc_ids is not None))
-    return _launch_backward(plan, Q, K, V, O, L, dO, doc_ids, doc_span, scale, dq_rope)
+    return _launch_backward(plan, Q, K, V, O, L, dO, doc_ids, doc_span, scale)
 
 
 def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
@@ -1277,19 +1251,13 @@ def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor,
 
 
 def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
-                     doc_ids: Tensor | None, doc_span: Tensor | None, scale: float,
-                     dq_rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches.
-    ``dq_rope``: see ``_backward`` (forms without a dQ postprocess rotate dQ after it is written)."""
+                     doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches."""
     dev = Q.device
     mode, copy, launches, bh, n_q, d_pad, (fq, fkv) = plan
     dq, dk, dv = _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
     if mode is None:
         return dq, dk, dv
-    if dq_rope is not None and mode != "atomic":
-        dq, dk, dv = _launch_backward(plan, Q, K, V, O, L, dO, doc_ids, doc_span, scale)
-        cos, sin = dq_rope
-        return dq.copy_(rotate_pairs(dq, cos, -sin)), dk, dv  # in place: the layout the op's fake promises
     if copy:
         Q, O, dO = (_side_rows(t, fq)[0] for t in (Q, O, dO))
         K, V = (_side_rows(t, fkv)[0] for t in (K, V))
@@ -1310,9 +1278,6 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
     dkdv(dkdv_grid, (Q, K, V, dO, L, delta, dk, dv, dq_acc, doc, span), (*dkdv_scalars, *sides))
     if mode == "deterministic":
         last(last_grid, (Q, K, V, dO, L, delta, dq, doc, span), (*last_scalars, *sides))
-    elif dq_rope is not None:  # the postprocess with the rotation: constexprs as the plain one's
-        _flash_bwd_dq_postprocess_rope[last_grid](dq_acc, dq, *dq_rope, *last_scalars, scale, **last.constexprs,
-                                                  num_warps=last.cfg.num_warps, num_stages=last.cfg.num_stages)
     else:
         last(last_grid, (dq_acc, dq), (*last_scalars, scale))
     return dq, dk, dv

@@ -30,14 +30,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import (
-    CUBLAS_WORKSPACES,
-    FFN_KERNELS,
-    FLASH_ROPE_ATTENTION,
-    RESIDUAL_DTYPES,
-    ROPE_KERNELS,
-    apply_cublas_workspace,
-)
+from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -72,8 +65,7 @@ class BenchConfig:
     impl: str = "ours"  # "peer": the settings above that concern our model (compile, attention, ...) do not apply
     cuda_graph: bool = False  # the whole step as one CUDA graph (cs336_systems.step_graph): train-step, fused, CUDA
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
-    rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA); "flash": and dQ's inverse in
-    # our attention's backward (cs336_systems.attention.flash_rope)
+    rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
     ffn: str = "torch"  # "fused": the SwiGLU feed-forward by cs336_systems.fused.swiglu (ours, CUDA)
     # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, read at its first
     # matmul, so it holds where the configuration runs in a fresh process (isolated) or is the process's first
@@ -116,12 +108,8 @@ class BenchConfig:
         if self.rope not in ROPE_KERNELS:
             raise ValueError(f"benchmarking_script: unknown rope kernel {self.rope!r}; choose from "
                              f"{', '.join(ROPE_KERNELS)}")
-        if self.rope == "flash" and self.attention not in FLASH_ROPE_ATTENTION:
-            raise ValueError(f"benchmarking_script: --rope flash rotates dQ back inside our attention kernel's "
-                             f"backward: it needs --attention {' or '.join(FLASH_ROPE_ATTENTION)} (got "
-                             f"{self.attention})")
-        if self.rope in ("triton", "flash") and (self.impl != "ours" or self.torch_device.type != "cuda"):
-            raise ValueError(f"benchmarking_script: --rope {self.rope} runs our model on a CUDA device (got impl "
+        if self.rope == "triton" and (self.impl != "ours" or self.torch_device.type != "cuda"):
+            raise ValueError(f"benchmarking_script: --rope triton runs our model on a CUDA device (got impl "
                              f"{self.impl}, device {self.torch_device})")
         if self.ffn not in FFN_KERNELS:
             raise ValueError(f"benchmarking_script: unknown ffn kernel {self.ffn!r}; choose from "
@@ -213,14 +201,10 @@ def _make_optimizer(cfg: BenchConfig, model: torch.nn.Module):
 def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
     """Our model with ``cfg``'s settings: (model, optimizer or None, loss_fn(x, y), step_model)."""
     model = BasicsTransformerLM(**model_kwargs, attention_backend=cfg.attention, check_inputs=False, device=device)
-    if cfg.rope in ("triton", "flash"):
+    if cfg.rope == "triton":
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
-    if cfg.rope == "flash":
-        from cs336_systems.attention.flash_rope import use_flash_rope
-
-        use_flash_rope(model)
     if cfg.ffn == "fused":
         from cs336_systems.fused.swiglu import use_fused_swiglu
 

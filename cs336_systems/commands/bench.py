@@ -100,10 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "optimizer keeps the token embedding as a bf16 copy too); default: the fast settings' (bf16 "
                         "on CUDA where it applies: bf16, --optimizer fused, train-step)")
     p.add_argument("--rope", nargs="+", choices=ROPE_KERNELS, default=None,
-                   help="RoPE's kernel in our model: torch (the model's code, compiled with it), triton "
-                        "(cs336_systems.fused.rope, CUDA) or flash (triton, with dQ's inverse rotation inside our "
-                        "attention's backward where our kernel runs: cs336_systems.attention.flash_rope; needs "
-                        "--attention flash_triton or flash_auto); default: the fast settings' (triton on CUDA)")
+                   help="RoPE's kernel in our model: torch (the model's code, compiled with it) or triton "
+                        "(cs336_systems.fused.rope, CUDA); default: the fast settings' (triton on CUDA)")
     p.add_argument("--ffn", nargs="+", choices=FFN_KERNELS, default=None,
                    help="the SwiGLU feed-forward in our model: torch (the model's code, compiled with it) or fused "
                         "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, bf16); "

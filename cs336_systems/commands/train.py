@@ -85,10 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "optimizer keeps the token embedding as a bf16 copy of an fp32 master too, as Megatron-LM and "
                    "torchtitan run it); default: bf16 where it applies (bf16, --optimizer fused), else fp32")
     p.add_argument("--rope", choices=ROPE_KERNELS, default=None,
-                   help="RoPE's kernel: torch (the model's code, compiled with it), triton "
-                   "(cs336_systems.fused.rope; CUDA) or flash (triton, with dQ's inverse rotation inside our "
-                   "attention's backward where our kernel runs: cs336_systems.attention.flash_rope; needs --attention "
-                   "flash_triton or flash_auto); default: triton on CUDA")
+                   help="RoPE's kernel: torch (the model's code, compiled with it) or triton "
+                   "(cs336_systems.fused.rope; CUDA); default: triton on CUDA")
     p.add_argument("--ffn", choices=FFN_KERNELS, default=None,
                    help="the SwiGLU feed-forward: torch (the model's code, compiled with it) or fused "
                    "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, bf16); "

@@ -97,8 +97,6 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                     + (", CUDA graph" if r.get("cuda_graph") else "")
                     + (", bf16 residual stream" if r.get("residual_dtype") == "bf16" else "")
                     + (", Triton RoPE" if r.get("rope") == "triton" else "")
-                    + (", Triton RoPE with dQ's inverse in our attention's backward" if r.get("rope") == "flash"
-                       else "")
                     + (", fused SwiGLU feed-forward" if r.get("ffn") == "fused" else "")
                     + (", no cuBLAS workspace" if r.get("cublas_workspace_config") == ":0:0" else ""))
         peer_sdpa = (f", SDPA backend {peer['peer_sdpa']}" if peer.get("peer_sdpa") else "") + (

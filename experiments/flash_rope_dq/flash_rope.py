@@ -1,3 +1,4 @@
+# Snapshot of cs336_systems/attention/flash_rope.py at 159053a (session 31): see README.md here.
 # ruff: noqa: E741  (O, the attention output, is the handout's name)
 """RoPE and our causal attention as one differentiable op, so that dQ's inverse rotation rides in the backward.
 

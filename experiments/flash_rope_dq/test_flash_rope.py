@@ -1,3 +1,4 @@
+# Snapshot of tests/test_flash_rope.py at 159053a (session 31): see README.md here.
 """RoPE and our attention as one op (``cs336_systems.attention.flash_rope``): dQ's inverse rotation inside the
 attention backward's dQ postprocess, against fp64 references and against RoPE's kernel followed by our attention,
 in the model too (Triton's interpreter on CPU; the compiled model on the GPU)."""
