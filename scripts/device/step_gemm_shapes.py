@@ -54,7 +54,8 @@ def operands(m: int, n: int, k: int, layout: str):
 def variants(tokens: int, d: int, d_ff: int) -> list[tuple[str, int, int, int, object]]:
     """Other ways to run the 1,600-column products (``--variants``): the transposed problem (cuBLAS picks tiles by
     the output's shape), the three q/k/v weight gradients as one batched product (243 tiles of 192 x 192 against 81
-    each), and the packed q/k/v products (one 4,800-wide operand). (name, M, N, K, a function of no arguments) with
+    each), the packed q/k/v products (one 4,800-wide operand), and the input gradients in the forward's NT layout
+    against transposed weight copies (with the copies' own time). (name, M, N, K, a function of no arguments) with
     2 M N K the FLOPs."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     x, dy, w = torch.randn(tokens, d, **bf16), torch.randn(tokens, d, **bf16), torch.randn(d, d, **bf16)
