@@ -17,7 +17,8 @@ by ``register``):
   when the consumers of both CTAs have released it;
 - the kernel gets ``.reqnctapercluster 2, 1, 1`` (a plain launch then forms the pairs from consecutive CTAs).
 
-The kernel itself must sync the cluster after initialising its barriers (``cluster_sync``) and keep its remote
+The kernel itself must call ``cluster_sync`` after initialising its barriers (the rewrite has the worker warps join
+that cluster barrier where they branch off at the kernel's entry) and keep its remote
 arrives to stages that the other CTA's producer will claim again (so that no CTA signals a CTA that has exited).
 PTX without the marker (the kernel compiled without pairs) passes through unchanged, so one kernel source serves
 both forms.
@@ -39,9 +40,11 @@ _installed = False
 
 @gluon.jit
 def cluster_sync(x):
-    """Every thread of both CTAs waits here, after this CTA's mbarrier inits are visible to the cluster (before any
-    multicast or remote arrive may reach them). ``x``: any scalar (inline asm needs an operand); returns it."""
-    # Triton's cache key covers this source, not ``patch``: change this line when ``patch`` changes (rewrite 1).
+    """The default partition's side of a cluster barrier, after this CTA's mbarrier inits (made visible to the
+    cluster), before warp specialisation: the other warps join it where they branch off (``patch``), so nothing
+    multicasts into a CTA or arrives on its barriers before it has initialised them. ``x``: any scalar (inline asm
+    needs an operand); returns it."""
+    # Triton's cache key covers this source, not ``patch``: change this line when ``patch`` changes (rewrite 2).
     return gl.inline_asm_elementwise(
         "fence.mbarrier_init.release.cluster;\nbarrier.cluster.arrive.release.aligned;\n"
         "barrier.cluster.wait.acquire.aligned;\nmov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
@@ -74,11 +77,19 @@ def patch(ptx: str, name: str, param_index: int) -> str:
     regs = _param_registers(lines, f"{name}_param_{param_index}")
     load = re.compile(r"^(\s*(?:@%p\d+\s+)?cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global"
                       r"\.mbarrier::complete_tx::bytes)(\s+\[%r\d+\],\s*\[(%rd\d+),\s*\{[^}]*\}\],\s*\[%r\d+\]);\s*$")
-    out, loads, entry, body = [], 0, False, False
-    for line in lines:
+    split = re.compile(r"^\s*@(%p\d+)\s+bra\s+\S+;\s*$")
+    out, loads, entry, body, workers = [], 0, False, False, 0
+    for i, line in enumerate(lines):
         m = marker.match(line)
         ld = load.match(line)
-        if m:
+        sp = split.match(line) if body and not workers else None
+        if sp and re.match(r"^\s*setp\.lt\.u32\s+" + re.escape(sp.group(1)) + r",\s*%r\d+,\s*4;", lines[i - 1]) \
+                and re.match(r"^\s*bra\.uni\s+\S+;\s*$", lines[i + 1]):
+            # the warps past the default partition's four branch off here to wait for their partitions: they join
+            # the cluster barrier that the default partition enters after initialising the barriers (cluster_sync)
+            out += [line, "\tbarrier.cluster.arrive.relaxed.aligned;", "\tbarrier.cluster.wait.acquire.aligned;"]
+            workers += 1
+        elif m:
             indent, pred, addr = m.group(1), m.group(2) or "", m.group(3)
             out.append(f"{indent}mapa.shared::cluster.u32 %mcaddr, {addr}, %mcpeer;")
             out.append(f"{indent}{pred}mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%mcaddr];")
@@ -95,9 +106,10 @@ def patch(ptx: str, name: str, param_index: int) -> str:
                     "\tmov.u32 %mcrank, %cluster_ctarank;", "\txor.b32 %mcpeer, %mcrank, 1;"]
         else:
             out.append(line)
-    if not body or loads == 0:
+    if not body or loads == 0 or workers != 1:
         raise ValueError(f"cluster_ptx: {name}'s PTX has remote arrives but {loads} multicast loads of parameter "
-                         f"{param_index} and {'a' if body else 'no'} kernel body: not a form this rewrite knows")
+                         f"{param_index}, {'a' if body else 'no'} kernel body and {workers} worker-warp branches (one "
+                         "expected): not a form this rewrite knows")
     return "\n".join(out)
 
 
