@@ -17,8 +17,9 @@ by ``register``):
   when the consumers of both CTAs have released it;
 - the kernel gets ``.reqnctapercluster 2, 1, 1`` (a plain launch then forms the pairs from consecutive CTAs).
 
-The kernel itself must call ``cluster_sync`` after initialising its barriers (the rewrite has the worker warps join
-that cluster barrier where they branch off at the kernel's entry) and keep its remote
+The kernel itself must call ``cluster_sync`` after initialising its barriers and ``cluster_wait`` at the start of each
+worker partition (the rewrite has the worker warps arrive at that cluster barrier where they branch off at the
+kernel's entry), and keep its remote
 arrives to stages that the other CTA's producer will claim again (so that no CTA signals a CTA that has exited).
 PTX without the marker (the kernel compiled without pairs) passes through unchanged, so one kernel source serves
 both forms.
@@ -41,13 +42,21 @@ _installed = False
 @gluon.jit
 def cluster_sync(x):
     """The default partition's side of a cluster barrier, after this CTA's mbarrier inits (made visible to the
-    cluster), before warp specialisation: the other warps join it where they branch off (``patch``), so nothing
-    multicasts into a CTA or arrives on its barriers before it has initialised them. ``x``: any scalar (inline asm
-    needs an operand); returns it."""
-    # Triton's cache key covers this source, not ``patch``: change this line when ``patch`` changes (rewrite 2).
+    cluster), before warp specialisation: the other warps arrive where they branch off (``patch``) and each worker
+    partition that multicasts or arrives remotely waits at its start (``cluster_wait``), so nothing reaches a CTA's
+    barriers before it has initialised them. ``x``: any scalar (inline asm needs an operand); returns it."""
+    # Triton's cache key covers this source, not ``patch``: change this line when ``patch`` changes (rewrite 3).
     return gl.inline_asm_elementwise(
         "fence.mbarrier_init.release.cluster;\nbarrier.cluster.arrive.release.aligned;\n"
         "barrier.cluster.wait.acquire.aligned;\nmov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def cluster_wait(x):
+    """A worker partition's wait at the cluster barrier of ``cluster_sync`` (its warps arrived at the kernel's
+    entry); once per partition, never in the default one. ``x`` as ``cluster_sync``'s."""
+    return gl.inline_asm_elementwise("barrier.cluster.wait.acquire.aligned;\nmov.u32 $0, $1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=False, pack=1)
 
 
 def _param_registers(lines: list[str], param: str) -> set[str]:
@@ -85,9 +94,10 @@ def patch(ptx: str, name: str, param_index: int) -> str:
         sp = split.match(line) if body and not workers else None
         if sp and re.match(r"^\s*setp\.lt\.u32\s+" + re.escape(sp.group(1)) + r",\s*%r\d+,\s*4;", lines[i - 1]) \
                 and re.match(r"^\s*bra\.uni\s+\S+;\s*$", lines[i + 1]):
-            # the warps past the default partition's four branch off here to wait for their partitions: they join
-            # the cluster barrier that the default partition enters after initialising the barriers (cluster_sync)
-            out += [line, "\tbarrier.cluster.arrive.relaxed.aligned;", "\tbarrier.cluster.wait.acquire.aligned;"]
+            # the warps past the default partition's four branch off here to wait for their partitions: they arrive
+            # at the cluster barrier that the default partition enters after initialising the barriers
+            # (cluster_sync). Not a wait: the default partition's setmaxnreg.inc waits for these warps' registers.
+            out += [line, "\tbarrier.cluster.arrive.relaxed.aligned;"]
             workers += 1
         elif m:
             indent, pred, addr = m.group(1), m.group(2) or "", m.group(3)

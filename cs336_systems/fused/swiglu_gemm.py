@@ -141,6 +141,8 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
     start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
+    if CLUSTER == 2:
+        cluster_ptx.cluster_wait(rank)
     it = 0
     for t in range(n_mine):
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, rank, GROUP_M, CLUSTER)
@@ -187,6 +189,8 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
+    if CLUSTER == 2 and WG == 1:  # the default partition (WG 0) waited in cluster_sync
+        cluster_ptx.cluster_wait(rank)
     acc_a = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
     acc_b = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
     out = out_s.index(WG)
@@ -240,6 +244,8 @@ def _bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: g
     BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
     start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
+    if CLUSTER == 2:
+        cluster_ptx.cluster_wait(rank)
     it = 0
     for t in range(n_mine):
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, rank, GROUP_M, CLUSTER)
@@ -291,6 +297,8 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
+    if CLUSTER == 2 and WG == 1:  # the default partition (WG 0) waited in cluster_sync
+        cluster_ptx.cluster_wait(rank)
     total = n_mine * k_tiles
     a_s = ab_s.index(2 * WG)
     b_s = ab_s.index(2 * WG + 1)

@@ -250,8 +250,10 @@ frope)
     --impl peer ours --preset xl --context-length 2048 --rope triton flash --steps 20
   ;;
 cl)
-  step 150 cluster-ab python3 scripts/device/swiglu_cluster_ab.py --out "$OUT"
-  step 200 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
+  step 100 tests-cluster python3 -m pytest -q -x -m gpu tests/test_fused_swiglu.py -k clusters -p no:cacheprovider
+  grep -q "passed" "$OUT/log-tests-cluster.txt" && grep -qv "failed" "$OUT/log-tests-cluster.txt" \
+    && step 150 cluster-ab python3 scripts/device/swiglu_cluster_ab.py --out "$OUT" \
+    && step 200 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
   ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
