@@ -251,7 +251,7 @@ frope)
   ;;
 cl)
   step 100 tests-cluster python3 -m pytest -q -x -m gpu tests/test_fused_swiglu.py -k clusters -p no:cacheprovider
-  grep -q "passed" "$OUT/log-tests-cluster.txt" && grep -qv "failed" "$OUT/log-tests-cluster.txt" \
+  grep -q "passed" "$OUT/log-tests-cluster.txt" && ! grep -q "failed" "$OUT/log-tests-cluster.txt" \
     && step 150 cluster-ab python3 scripts/device/swiglu_cluster_ab.py --out "$OUT" \
     && step 200 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
   ;;
