@@ -13,8 +13,8 @@ by ``register``):
 - the TMA loads through the descriptor that is the kernel's first argument become
   ``.multicast::cluster`` loads to both CTAs (each CTA issues half of the shared tile, predicated on its rank);
 - ``mbarrier.arrive(bar, count=REMOTE_ARRIVE)`` becomes an arrive on the *other* CTA's barrier at the same offset
-  (``mapa`` + ``mbarrier.arrive.release.cluster.shared::cluster``), so a ring stage goes back to a producer only
-  when the consumers of both CTAs have released it;
+  (``mapa`` + ``mbarrier.arrive.shared::cluster``, default semantics as in CUTLASS's ``ClusterBarrier::arrive``),
+  so a ring stage goes back to a producer only when the consumers of both CTAs have released it;
 - the kernel gets ``.reqnctapercluster 2, 1, 1`` (a plain launch then forms the pairs from consecutive CTAs).
 
 The kernel itself must call ``cluster_sync`` after initialising its barriers and ``cluster_wait`` at the start of each
@@ -45,7 +45,7 @@ def cluster_sync(x):
     cluster), before warp specialisation: the other warps arrive where they branch off (``patch``) and each worker
     partition that multicasts or arrives remotely waits at its start (``cluster_wait``), so nothing reaches a CTA's
     barriers before it has initialised them. ``x``: any scalar (inline asm needs an operand); returns it."""
-    # Triton's cache key covers this source, not ``patch``: change this line when ``patch`` changes (rewrite 3).
+    # Triton's cache key covers this source, not ``patch``: change this line when ``patch`` changes (rewrite 4).
     return gl.inline_asm_elementwise(
         "fence.mbarrier_init.release.cluster;\nbarrier.cluster.arrive.release.aligned;\n"
         "barrier.cluster.wait.acquire.aligned;\nmov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
@@ -102,7 +102,7 @@ def patch(ptx: str, name: str, param_index: int) -> str:
         elif m:
             indent, pred, addr = m.group(1), m.group(2) or "", m.group(3)
             out.append(f"{indent}mapa.shared::cluster.u32 %mcaddr, {addr}, %mcpeer;")
-            out.append(f"{indent}{pred}mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%mcaddr];")
+            out.append(f"{indent}{pred}mbarrier.arrive.shared::cluster.b64 _, [%mcaddr];")
         elif ld and ld.group(3) in regs:
             out.append(f"{ld.group(1)}.multicast::cluster{ld.group(2)}, %mcmask;")
             loads += 1
