@@ -26,6 +26,8 @@ Scope: sm_90, bf16 or fp16, 2-D row-major operands with 16-byte aligned rows and
 
 from __future__ import annotations
 
+import os
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -46,7 +48,9 @@ from cs336_systems.fused import cluster_ptx
 # for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
-CLUSTER = 1  # CTAs a cluster: 2 multicasts the row operand's tiles to a pair of column tiles (cluster_ptx)
+# CTAs a cluster: 2 multicasts the row operand's tiles to a pair of column tiles (cluster_ptx). CS336_SWIGLU_CLUSTER
+# overrides the default for a whole process (what a benchmark of both forms needs).
+CLUSTER = int(os.environ.get("CS336_SWIGLU_CLUSTER", "1"))
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
 
 
@@ -392,18 +396,20 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int, 
     return cluster * min(units, torch.cuda.get_device_properties(device).multi_processor_count // cluster)
 
 
-def _check_cluster(cluster: int) -> None:
+def _check_cluster(cluster: int | None) -> int:
+    cluster = CLUSTER if cluster is None else cluster
     if cluster not in (1, 2):
-        raise ValueError(f"cluster must be 1 or 2 CTAs, got {cluster}")
+        raise ValueError(f"cluster must be 1 or 2 CTAs (CS336_SWIGLU_CLUSTER), got {cluster}")
+    return cluster
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, cluster: int = CLUSTER
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, cluster: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``cluster``:
     CTAs a cluster, 2 sharing x's tiles by multicast."""
-    _check_cluster(cluster)
+    cluster = _check_cluster(cluster)
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
     h = x.new_empty(m, n)
@@ -417,11 +423,11 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS, cluster: int = CLUSTER
+                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS, cluster: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
     ``config`` and ``cluster`` as ``dual_swiglu``'s (2: dy's tiles shared by multicast)."""
-    _check_cluster(cluster)
+    cluster = _check_cluster(cluster)
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)

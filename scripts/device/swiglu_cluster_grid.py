@@ -39,7 +39,7 @@ try:
 except Exception as e:
     print("occupancy query failed:", repr(e), flush=True)
 
-caps = [132, 128, 124, 120, 112, 96]
+caps = [int(c) for c in sys.argv[1:]] or [132, 128, 124, 120, 112, 96]
 fns = {}
 for c in caps:
     fns[f"fwd c2 p{c}"] = (c, lambda: swiglu_gemm.dual_swiglu(x, w1, w3, cluster=2))
