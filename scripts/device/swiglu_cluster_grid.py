@@ -1,9 +1,12 @@
 # session 32 probe (temporary)
 """Cluster kernels at several persistent grid sizes (programs = 2 x clusters), xl_2048, alternate rounds; also the
 driver's cuOccupancyMaxActiveClusters for each kernel."""
-import ctypes, os, sys
+import ctypes
+import sys
+
 import torch
 from triton.testing import do_bench
+
 from cs336_systems.fused import swiglu_gemm
 
 m, k, n = 8192, 1600, 6400
@@ -27,7 +30,8 @@ class Config(ctypes.Structure):
 try:
     cuda = ctypes.CDLL("libcuda.so.1")
     for kern in (swiglu_gemm._dual_swiglu_kernel, swiglu_gemm._swiglu_bwd_kernel):
-        swiglu_gemm.dual_swiglu(x, w1, w3, cluster=2); swiglu_gemm.swiglu_backward(dy, w2, a, b, cluster=2)
+        swiglu_gemm.dual_swiglu(x, w1, w3, cluster=2)
+        swiglu_gemm.swiglu_backward(dy, w2, a, b, cluster=2)
         dev = torch.cuda.current_device()
         for ck in kern.device_caches[dev][0].values():
             ck._init_handles()
