@@ -145,30 +145,6 @@ def test_gpu_gluon_kernels_within_twice_the_unfused_error(seed, m, k, n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon kernels are sm_90's")
-@pytest.mark.parametrize("m,k,n", [(777, 200, 328), (2048, 1600, 6400), (130, 64, 136), (64, 64, 3000)])
-def test_gpu_gluon_kernels_in_clusters_of_two_give_the_same_bits(seed, m, k, n):
-    """Two CTAs a cluster sharing the row operand by multicast run the same products in the same order as one: h,
-    a, b, da and db equal bit for bit, with an odd number of column tiles (one CTA of the last pair past N) and
-    fewer tiles than SMs."""
-    from cs336_systems.fused import swiglu_gemm
-
-    dev, bf16 = "cuda", torch.bfloat16
-    x, dy = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(m, k, device=dev, dtype=bf16)
-    w1, w3 = (torch.randn(n, k, device=dev, dtype=bf16) / k**0.5 for _ in range(2))
-    w2 = torch.randn(k, n, device=dev, dtype=bf16) / n**0.5
-    for u, v in zip(swiglu_gemm.dual_swiglu(x, w1, w3, cluster=1), swiglu_gemm.dual_swiglu(x, w1, w3, cluster=2),
-                    strict=True):
-        assert torch.equal(u, v)
-    a, b = x @ w1.T, x @ w3.T
-    for u, v in zip(swiglu_gemm.swiglu_backward(dy, w2, a, b, cluster=1),
-                    swiglu_gemm.swiglu_backward(dy, w2, a, b, cluster=2), strict=True):
-        assert torch.equal(u, v)
-    with pytest.raises(ValueError, match="cluster"):
-        swiglu_gemm.dual_swiglu(x, w1, w3, cluster=4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon kernels are sm_90's")
 def test_gpu_compiled_model_with_fused_ffn_matches_the_modules(seed):
     """The LM in bf16 autocast with bf16 weights, compiled: logits and gradients as the module's code gives them."""
     check_compiled_lm(SwiGLU, fused_swiglu.use_fused_swiglu)

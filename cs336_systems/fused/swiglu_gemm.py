@@ -26,8 +26,6 @@ Scope: sm_90, bf16 or fp16, 2-D row-major operands with 16-byte aligned rows and
 
 from __future__ import annotations
 
-import os
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -40,64 +38,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from cs336_systems.fused import cluster_ptx
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), measured at the xl shapes on an H100
 # (scripts/device/swiglu_dual_gemm_probe.py; docs/training_step.md, session 29). Shared memory sets the stages: the
 # forward's ring takes 48 KiB a stage beside 32 KiB of output buffers, the backward's 32 KiB a stage beside 64 KiB
 # for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
-# CTAs a cluster: 2 multicasts the row operand's tiles to a pair of column tiles (cluster_ptx). CS336_SWIGLU_CLUSTER
-# overrides the default for a whole process (what a benchmark of both forms needs).
-CLUSTER = int(os.environ.get("CS336_SWIGLU_CLUSTER", "1"))
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
 
 
 @gluon.jit
-def _tile_coords(tile, n_m, n_n, rank, GROUP_M: gl.constexpr, CLUSTER: gl.constexpr):
-    """(row tile, column tile) of ``tile`` in groups of GROUP_M row tiles; ``n_n`` column units of CLUSTER tiles, of
-    which this CTA takes number ``rank``."""
+def _tile_coords(tile, n_m, n_n, GROUP_M: gl.constexpr):
+    """(row tile, column tile) of ``tile`` in groups of GROUP_M row tiles."""
     per_group = GROUP_M * n_n
     first_m = (tile // per_group) * GROUP_M
     rows = gl.minimum(n_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % rows, ((tile % per_group) // rows) * CLUSTER + rank
-
-
-@gluon.jit
-def _load_rows(desc, row, k, bar, dst0, dst1, rank, CLUSTER: gl.constexpr):
-    """Both 64-row halves of a 128-row operand tile at (row, k). With CLUSTER = 2 the other CTA of the pair needs the
-    same tile: each CTA issues one half, which the PTX rewrite multicasts to both (``cluster_ptx``)."""
-    ROWS: gl.constexpr = desc.block_type.shape[0]
-    if CLUSTER == 1:
-        tma.async_copy_global_to_shared(desc, [row, k], bar, dst0)
-        tma.async_copy_global_to_shared(desc, [row + ROWS, k], bar, dst1)
-    else:
-        tma.async_copy_global_to_shared(desc, [row, k], bar, dst0, pred=rank == 0)
-        tma.async_copy_global_to_shared(desc, [row + ROWS, k], bar, dst1, pred=rank == 1)
-
-
-@gluon.jit
-def _release(empty, released, total, STAGES: gl.constexpr, CLUSTER: gl.constexpr):
-    """Give the stage of K slice ``released`` back to the producer; with CLUSTER = 2 also to the other CTA's, whose
-    multicast writes into it, but only while that producer will claim the stage again (``total`` slices in all), so
-    no arrive reaches a CTA that may have exited."""
-    stage = released % STAGES
-    mbarrier.arrive(empty.index(stage))
-    if CLUSTER == 2:
-        mbarrier.arrive(empty.index(stage), count=cluster_ptx.REMOTE_ARRIVE, pred=released + STAGES < total)
-
-
-@gluon.jit
-def _init_ring(full, empty, arrivals: gl.constexpr, STAGES: gl.constexpr, CLUSTER: gl.constexpr):
-    """The ring's barriers: a full barrier per stage (the producer's expect), an empty one taking ``arrivals``
-    releases from each CTA of the cluster; with CLUSTER = 2 both CTAs then sync before any multicast or remote
-    arrive can reach them."""
-    for i in gl.static_range(STAGES):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=arrivals * CLUSTER)
-    if CLUSTER == 2:
-        cluster_ptx.cluster_sync(gl.program_id(0))
+    return first_m + (tile % per_group) % rows, (tile % per_group) // rows
 
 
 @gluon.jit
@@ -126,46 +82,42 @@ def _claim_stage(full, empty, it, nbytes, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _ws_tiles(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, CLUSTER: gl.constexpr):
-    """The persistent programs' schedule: (first tile, stride, row tiles, column units, tiles of this program, K
-    slices, rank). A unit is CLUSTER adjacent column tiles; with CLUSTER = 2 the two CTAs of a cluster (consecutive
-    programs) walk the same units in step, rank r taking column tile 2 * unit + r (``_tile_coords``)."""
-    start = gl.program_id(0) // CLUSTER
-    step = gl.num_programs(0) // CLUSTER
+def _ws_tiles(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """This program's first tile, its stride, the tile grid and the K slices: the persistent programs' schedule."""
+    start = gl.program_id(0)
+    step = gl.num_programs(0)
     n_m = gl.cdiv(M, BLOCK_M)
-    n_n = gl.cdiv(gl.cdiv(N, BLOCK_N), CLUSTER)
-    return (start, step, n_m, n_n, gl.cdiv(n_m * n_n - start, step), gl.cdiv(K, BLOCK_K),
-            gl.program_id(0) % CLUSTER)
+    n_n = gl.cdiv(N, BLOCK_N)
+    return start, step, n_m, n_n, gl.cdiv(n_m * n_n - start, step), gl.cdiv(K, BLOCK_K)
 
 
 @gluon.jit
 def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M: gl.constexpr,
-                      STAGES: gl.constexpr, CLUSTER: gl.constexpr):
+                      STAGES: gl.constexpr):
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
-    start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
-    if CLUSTER == 2:
-        cluster_ptx.cluster_wait(rank)
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
     it = 0
     for t in range(n_mine):
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, rank, GROUP_M, CLUSTER)
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         for kk in range(k_tiles):
             stage, bar = _claim_stage(full, empty, it, 2 * x_desc.block_type.nbytes + 2 * w1_desc.block_type.nbytes,
                                       STAGES)
             k = kk * BLOCK_K
-            _load_rows(x_desc, pid_m * 2 * ROWS, k, bar, x_s.index(2 * stage), x_s.index(2 * stage + 1), rank, CLUSTER)
+            tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS, k], bar, x_s.index(2 * stage))
+            tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS + ROWS, k], bar, x_s.index(2 * stage + 1))
             tma.async_copy_global_to_shared(w1_desc, [pid_n * BLOCK_N, k], bar, w1_s.index(stage))
             tma.async_copy_global_to_shared(w3_desc, [pid_n * BLOCK_N, k], bar, w3_s.index(stage))
             it += 1
 
 
 @gluon.jit
-def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, total, WG: gl.constexpr,
-                   STAGES: gl.constexpr, CLUSTER: gl.constexpr):
+def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: gl.constexpr,
+                   STAGES: gl.constexpr):
     """One tile's two products for consumer WG (its 64 rows of x's tiles against both weights' tiles), from the
-    ring's ``it``-th K slice on (of ``total``); each stage goes back to the producer once its MMAs are done.
-    Returns (acc_a, acc_b, it) with ``it`` past the tile's slices."""
+    ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. Returns (acc_a,
+    acc_b, it) with ``it`` past the tile's slices."""
     for kk in range(k_tiles):
         stage = it % STAGES
         mbarrier.wait(full.index(stage), (it // STAGES) & 1)
@@ -174,16 +126,16 @@ def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, tota
         tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
         acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
         if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
-            _release(empty, it - 1, total, STAGES, CLUSTER)
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         it += 1
     acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
-    _release(empty, it - 1, total, STAGES, CLUSTER)
+    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
     return acc_a, acc_b, it
 
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, CLUSTER: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -192,17 +144,14 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     dtype: gl.constexpr = h_desc.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
-    if CLUSTER == 2 and WG == 1:  # the default partition (WG 0) waited in cluster_sync
-        cluster_ptx.cluster_wait(rank)
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
     acc_a = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
     acc_b = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, n_mine * k_tiles,
-                                          WG, STAGES, CLUSTER)
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, rank, GROUP_M, CLUSTER)
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
         b = acc_b.to(dtype)
@@ -216,7 +165,7 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, CLUSTER: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -229,36 +178,34 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
     out_s = gl.allocate_shared_memory(dtype, [2, ROWS, BLOCK_N], h_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    _init_ring(full, empty, 2, STAGES, CLUSTER)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, CLUSTER)),
+                             SAVE_AB)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, CLUSTER)),
-        (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES,
-                             CLUSTER)),
+                             SAVE_AB)),
+        (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
 
 @gluon.jit
-def _bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                  CLUSTER: gl.constexpr):
+def _bwd_producer(dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """The ring's loads, tile after tile: each tile's K slices go to the consumer that owns the tile."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
-    start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
-    if CLUSTER == 2:
-        cluster_ptx.cluster_wait(rank)
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
     it = 0
     for t in range(n_mine):
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, rank, GROUP_M, CLUSTER)
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         for kk in range(k_tiles):
             stage, bar = _claim_stage(full, empty, it, 2 * dy_desc.block_type.nbytes + w2_desc.block_type.nbytes,
                                       STAGES)
             k = kk * BLOCK_K
-            _load_rows(dy_desc, pid_m * 2 * ROWS, k, bar, dy_s.index(2 * stage), dy_s.index(2 * stage + 1), rank,
-                       CLUSTER)
+            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS, k], bar, dy_s.index(2 * stage))
+            tma.async_copy_global_to_shared(dy_desc, [pid_m * 2 * ROWS + ROWS, k], bar, dy_s.index(2 * stage + 1))
             tma.async_copy_global_to_shared(w2_desc, [k, pid_n * BLOCK_N], bar, w2_s.index(stage))
             it += 1
 
@@ -290,7 +237,7 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc
 
 @gluon.jit
 def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, CLUSTER: gl.constexpr):
+                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
     consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
     kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs."""
@@ -300,15 +247,12 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
     dtype: gl.constexpr = da_desc.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    start, step, n_m, n_n, n_mine, k_tiles, rank = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K, CLUSTER)
-    if CLUSTER == 2 and WG == 1:  # the default partition (WG 0) waited in cluster_sync
-        cluster_ptx.cluster_wait(rank)
-    total = n_mine * k_tiles
+    start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
     a_s = ab_s.index(2 * WG)
     b_s = ab_s.index(2 * WG + 1)
     bar = ab_bar.index(WG)
     for t in range(WG, n_mine, 2):
-        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, rank, GROUP_M, CLUSTER)
+        pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS
         on = pid_n * BLOCK_N
         acc0 = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)  # fresh each tile: nothing live across epilogues
@@ -327,13 +271,13 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
             tok1 = warpgroup_mma(dy_s.index(2 * stage + 1), w, acc1, is_async=True)
             acc0, acc1 = warpgroup_mma_wait(2, deps=(tok0, tok1))
             if kk > 0:
-                _release(empty, it - 1, total, STAGES, CLUSTER)
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
             else:
                 _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on)
             it += 1
         mbarrier.arrive(turn.index(1 - WG))  # the other consumer's products may start behind these
         acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
-        _release(empty, it - 1, total, STAGES, CLUSTER)
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         dh0 = acc0.to(dtype)
         dh1 = acc1.to(dtype)
         _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
@@ -344,7 +288,7 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
 
 @gluon.jit
 def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, REGS: gl.constexpr, CLUSTER: gl.constexpr):
+                       STAGES: gl.constexpr, REGS: gl.constexpr):
     """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
     (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). Ping-pong
     schedule (CUTLASS's name): each consumer warpgroup owns whole 128-row tiles, alternating with the other, so one's
@@ -360,16 +304,18 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ab_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(ab_bar.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
-    _init_ring(full, empty, 1, STAGES, CLUSTER)
     gl.warp_specialize([
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 0,
-                         GROUP_M, STAGES, CLUSTER)),
+                         GROUP_M, STAGES)),
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 1,
-                         GROUP_M, STAGES, CLUSTER)),
-        (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES, CLUSTER)),
+                         GROUP_M, STAGES)),
+        (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
 
@@ -389,55 +335,37 @@ def _desc(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, layout)
 
 
-def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int, cluster: int) -> int:
-    """Persistent programs: one an SM at most, in whole clusters (a cluster's CTAs share its units of tiles)."""
-    col_tiles = -(-n // block_n)
-    units = -(-m // block_m) * -(-col_tiles // cluster)
-    return cluster * min(units, torch.cuda.get_device_properties(device).multi_processor_count // cluster)
-
-
-def _check_cluster(cluster: int | None) -> int:
-    cluster = CLUSTER if cluster is None else cluster
-    if cluster not in (1, 2):
-        raise ValueError(f"cluster must be 1 or 2 CTAs (CS336_SWIGLU_CLUSTER), got {cluster}")
-    return cluster
+def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) -> int:
+    tiles = -(-m // block_m) * -(-n // block_n)
+    return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, cluster: int | None = None
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``cluster``:
-    CTAs a cluster, 2 sharing x's tiles by multicast."""
-    cluster = _check_cluster(cluster)
+    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
     h = x.new_empty(m, n)
     a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
     rows = [block_m // 2, block_n]
-    _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n, cluster),)](
+    _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, CLUSTER=cluster, num_warps=4)
+        REGS=regs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS, cluster: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
-    ``config`` and ``cluster`` as ``dual_swiglu``'s (2: dy's tiles shared by multicast)."""
-    cluster = _check_cluster(cluster)
+    ``config`` as ``dual_swiglu``'s."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     rows = [block_m // 2, block_n]
-    _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n, cluster),)](
+    _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
-        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, CLUSTER=cluster,
-        num_warps=4)
+        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, num_warps=4)
     return da, db
-
-
-cluster_ptx.register(_dual_swiglu_kernel)
-cluster_ptx.register(_swiglu_bwd_kernel)

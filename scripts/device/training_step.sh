@@ -48,7 +48,6 @@
 #   frope (session 31): the GPU tests of RoPE with our attention as one op, then xl/2048 against the peer with
 #      --rope triton and flash (dQ's inverse rotation in our attention's dQ postprocess)
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
-#   cl (session 32): the fused feed-forward's kernels in clusters of two (multicast) against one, and its GPU tests
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -249,17 +248,11 @@ frope)
   step 450 frope-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --rope triton flash --steps 20
   ;;
-cl)
-  step 100 tests-cluster python3 -m pytest -q -x -m gpu tests/test_fused_swiglu.py -k clusters -p no:cacheprovider
-  grep -q "passed" "$OUT/log-tests-cluster.txt" && ! grep -q "failed" "$OUT/log-tests-cluster.txt" \
-    && step 150 cluster-ab python3 scripts/device/swiglu_cluster_ab.py --out "$OUT" \
-    && step 200 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
-  ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|cl (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -1,13 +1,12 @@
-# session 32 probe (temporary)
+# session 32 probe
 """Cluster kernels at several persistent grid sizes (programs = 2 x clusters), xl_2048, alternate rounds; also the
 driver's cuOccupancyMaxActiveClusters for each kernel."""
 import ctypes
 import sys
 
+import swiglu_gemm_cluster as swiglu_gemm  # beside this file
 import torch
 from triton.testing import do_bench
-
-from cs336_systems.fused import swiglu_gemm
 
 m, k, n = 8192, 1600, 6400
 g = torch.Generator(device="cuda").manual_seed(1)
