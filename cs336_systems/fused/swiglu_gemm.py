@@ -44,7 +44,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
-DEFER_AB = True  # the forward's a and b stored under the next tile's products (session 32)
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
 
 
@@ -114,26 +113,17 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 
 @gluon.jit
-def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, out, a_desc, b_desc, a_prev, b_prev,
-                   om_prev, on_prev, pending, WG: gl.constexpr, STAGES: gl.constexpr):
+def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: gl.constexpr,
+                   STAGES: gl.constexpr):
     """One tile's two products for consumer WG (its 64 rows of x's tiles against both weights' tiles), from the
-    ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. With ``pending``, the
-    previous tile's a and b (``a_prev``, ``b_prev`` at (om_prev, on_prev)) leave through ``out`` under this tile's
-    second and fourth slices' products instead of after the previous tile's. Returns (acc_a, acc_b, it) with ``it``
-    past the tile's slices."""
-    at_a = gl.minimum(1, k_tiles - 1)
-    at_b = gl.minimum(3, k_tiles - 1)
+    ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. Returns (acc_a,
+    acc_b, it) with ``it`` past the tile's slices."""
     for kk in range(k_tiles):
         stage = it % STAGES
         mbarrier.wait(full.index(stage), (it // STAGES) & 1)
         xs = x_s.index(2 * stage + WG)
         tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, use_acc=kk > 0, is_async=True)
         tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
-        if pending:
-            if kk == at_a:
-                _store_tile(a_desc, out, a_prev, om_prev, on_prev)
-            if kk == at_b:
-                _store_tile(b_desc, out, b_prev, om_prev, on_prev)
         acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
         if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
@@ -145,7 +135,7 @@ def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, out,
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, DEFER_AB: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -157,16 +147,10 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
     acc_a = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
     acc_b = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
-    a_prev = gl.zeros([ROWS, BLOCK_N], dtype, acc_layout)
-    b_prev = gl.zeros([ROWS, BLOCK_N], dtype, acc_layout)
-    om_prev = 0
-    on_prev = 0
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, out, a_desc,
-                                          b_desc, a_prev, b_prev, om_prev, on_prev, DEFER_AB and SAVE_AB and t > 0,
-                                          WG, STAGES)
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
@@ -174,23 +158,14 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
         af = a.to(gl.float32)
         _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
         if SAVE_AB:
-            if DEFER_AB:  # a and b leave under the next tile's products (or below, after the last tile)
-                a_prev = a
-                b_prev = b
-                om_prev = om
-                on_prev = pid_n * BLOCK_N
-            else:
-                _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
-                _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
-    if DEFER_AB and SAVE_AB and n_mine > 0:
-        _store_tile(a_desc, out, a_prev, om_prev, on_prev)
-        _store_tile(b_desc, out, b_prev, om_prev, on_prev)
+            _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
+            _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, DEFER_AB: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -208,9 +183,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, DEFER_AB)),
+                             SAVE_AB)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, DEFER_AB)),
+                             SAVE_AB)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -366,11 +341,10 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, defer_ab: bool = DEFER_AB
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``defer_ab``:
-    a tile's a and b stored under the next tile's products."""
+    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
     h = x.new_empty(m, n)
@@ -379,7 +353,7 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, DEFER_AB=defer_ab, num_warps=4)
+        REGS=regs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 

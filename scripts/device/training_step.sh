@@ -48,8 +48,7 @@
 #   frope (session 31): the GPU tests of RoPE with our attention as one op, then xl/2048 against the peer with
 #      --rope triton and flash (dQ's inverse rotation in our attention's dQ postprocess)
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
-#   dfr (session 32): the forward's a and b stored under the next tile's products against after its h; GPU tests;
-#      if faster at xl/2048, xl/2048 against the peer
+#   ncu (session 32): the fused feed-forward's Gluon GEMMs and cuBLAS's of the same sizes under Nsight Compute
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -250,18 +249,17 @@ frope)
   step 450 frope-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --rope triton flash --steps 20
   ;;
-dfr)
-  step 90 fwd-ab python3 scripts/device/swiglu_fwd_ab.py --out "$OUT"
-  step 120 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
-  python3 -c "import json,sys; r={x['shape']+x['kernel']: x['ms_median'] for x in json.load(open('$OUT/swiglu_fwd_ab.json'))['rows']}; sys.exit(0 if r['xl_2048defer_ab=True'] < r['xl_2048defer_ab=False'] else 1)" \
-    && step 420 dfr-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-      --impl peer ours --preset xl --context-length 2048 --steps 20
+ncu)
+  step 300 ncu-swiglu ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 8 \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    python3 scripts/device/ncu_swiglu.py
+  cp "$OUT/log-ncu-swiglu.txt" "$OUT/ncu-swiglu-full.txt"
   ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|dfr (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
