@@ -8,7 +8,6 @@ import argparse
 
 import pytest
 import torch
-import triton
 
 from cs336_basics.model import BasicsTransformerLM, SwiGLU
 from cs336_systems.bench.e2e import BenchConfig
@@ -142,80 +141,6 @@ def test_gpu_gluon_kernels_within_twice_the_unfused_error(seed, m, k, n):
                                ("db", db, base_db, dh64 * a.double() * sig)):
         err, base_err = _errors(got, bs, ref)
         assert err <= 2 * base_err + ref.abs().max().item() * 2**-8, (name, err, base_err)
-
-
-def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
-    """The rewrite restores a marked arrive's count to one and deletes the warpgroup bar.sync right before it;
-    unmarked arrives and other barriers stay; a marked arrive without that barrier is an error."""
-    from cs336_systems.fused import ptx_release
-
-    mark = ptx_release.RELEASE
-    ptx = "\n".join([
-        "\tbar.sync \t2, 128;", "\t// begin inline asm", f"\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9], {mark};",
-        "\t// end inline asm", "\tbar.sync \t2, 128;", "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r7];",
-        "\tbar.sync \t0, 128;", "\tst.shared.b32 [%r1], %r2;"])
-    out = ptx_release.patch(ptx).split("\n")
-    assert out == ["\t// begin inline asm", "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9];", "\t// end inline asm",
-                   "\tbar.sync \t2, 128;", "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r7];", "\tbar.sync \t0, 128;",
-                   "\tst.shared.b32 [%r1], %r2;"]
-    assert ptx_release.patch("\n".join(out)) == "\n".join(out)
-    with pytest.raises(ValueError, match=r"bar\.sync"):
-        ptx_release.patch(f"\tadd.s32 %r1, %r2, 4;\n\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9], {mark};")
-
-
-@pytest.mark.parametrize("kind", ["forward", "backward"])
-def test_ptx_release_applies_to_the_sm90_kernels(kind):
-    """Both Gluon kernels compiled for sm_90a on this host (Triton's ptxas, no GPU): with lean releases every ring
-    release loses its barrier (four in each kernel) and no marked arrive is left for a GPU to run."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    from cs336_systems.fused import ptx_release, swiglu_gemm
-
-    assert ptx_release.active()
-    bf16, rows = torch.bfloat16, [64, 128]
-    x, o = torch.empty(256, 128, dtype=bf16), torch.empty(256, 256, dtype=bf16)
-    if kind == "forward":
-        w = torch.empty(256, 128, dtype=bf16)
-        descs = [swiglu_gemm._desc(x, [64, 64]), swiglu_gemm._desc(w, [128, 64]), swiglu_gemm._desc(w, [128, 64])]
-        descs += [swiglu_gemm._desc(o, rows)] * 3
-        kernel, consts = swiglu_gemm._dual_swiglu_kernel, {"SAVE_AB": True}
-    else:
-        w2 = torch.empty(128, 256, dtype=bf16)
-        descs = [swiglu_gemm._desc(x, [64, 64]), swiglu_gemm._desc(w2, [64, 128])] + [swiglu_gemm._desc(o, rows)] * 4
-        kernel, consts = swiglu_gemm._swiglu_bwd_kernel, {}
-    names = list(kernel.arg_names)
-    counts = {}
-    for lean in (False, True):
-        c = {"GROUP_M": 8, "STAGES": 4, "REGS": swiglu_gemm.CONSUMER_REGS, "LEAN": lean, **consts}
-        sig = {names[i]: mangle_type(d) for i, d in enumerate(descs)} | dict.fromkeys(("M", "N", "K"), "i32")
-        sig |= dict.fromkeys(c, "constexpr")
-        src = GluonASTSource(kernel, sig, {(names.index(k),): v for k, v in c.items()})
-        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
-        assert f"], {ptx_release.RELEASE};" not in ptx
-        counts[lean] = ptx.count("bar.sync")
-    assert counts[False] - counts[True] == 4, counts
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon kernels are sm_90's")
-@pytest.mark.parametrize("m,k,n", [(777, 200, 328), (2048, 1600, 6400)])
-def test_gpu_lean_releases_give_the_same_bits(seed, m, k, n):
-    """Releasing ring stages without the warpgroup barrier changes no arithmetic: h, a, b, da, db bit for bit."""
-    from cs336_systems.fused import swiglu_gemm
-
-    dev, bf16 = "cuda", torch.bfloat16
-    x, dy = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(m, k, device=dev, dtype=bf16)
-    w1, w3 = (torch.randn(n, k, device=dev, dtype=bf16) / k**0.5 for _ in range(2))
-    w2 = torch.randn(k, n, device=dev, dtype=bf16) / n**0.5
-    for u, v in zip(swiglu_gemm.dual_swiglu(x, w1, w3, lean_release=False),
-                    swiglu_gemm.dual_swiglu(x, w1, w3, lean_release=True), strict=True):
-        assert torch.equal(u, v)
-    a, b = x @ w1.T, x @ w3.T
-    for u, v in zip(swiglu_gemm.swiglu_backward(dy, w2, a, b, lean_release=False),
-                    swiglu_gemm.swiglu_backward(dy, w2, a, b, lean_release=True), strict=True):
-        assert torch.equal(u, v)
 
 
 @pytest.mark.gpu

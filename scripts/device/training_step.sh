@@ -48,8 +48,6 @@
 #   frope (session 31): the GPU tests of RoPE with our attention as one op, then xl/2048 against the peer with
 #      --rope triton and flash (dQ's inverse rotation in our attention's dQ postprocess)
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
-#   lean (session 32): the fused feed-forward's ring releases without Gluon's warpgroup barrier against with it; GPU
-#      tests; if faster at xl/2048, xl/2048 against the peer
 #   ncu (session 32): the fused feed-forward's Gluon GEMMs and cuBLAS's of the same sizes under Nsight Compute
 set -u
 source scripts/device/step.sh
@@ -257,18 +255,11 @@ ncu)
     python3 scripts/device/ncu_swiglu.py
   cp "$OUT/log-ncu-swiglu.txt" "$OUT/ncu-swiglu-full.txt"
   ;;
-lean)
-  step 90 release-ab python3 scripts/device/swiglu_release_ab.py --out "$OUT"
-  step 120 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
-  python3 -c "import json,sys; r={x['shape']+x['kernel']: x['ms_median'] for x in json.load(open('$OUT/swiglu_release_ab.json'))['rows']}; sys.exit(0 if r['xl_2048fwd lean=True'] + r['xl_2048bwd lean=True'] < r['xl_2048fwd lean=False'] + r['xl_2048bwd lean=False'] else 1)" \
-    && step 400 lean-peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-      --impl peer ours --preset xl --context-length 2048 --steps 20
-  ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|lean (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -1,8 +1,8 @@
 """The fused feed-forward's Gluon kernels with ring stages released behind Gluon's warpgroup barrier
-(``lean_release=False``) against without it (``True``, ``cs336_systems.fused.ptx_release``): same outputs bit for
+(``lean_release=False``) against without it (``True``, ``ptx_release.py`` here): same outputs bit for
 bit, times taken in alternating rounds, the order reversed every other round.
 
-    python scripts/device/swiglu_release_ab.py [--rounds 6] [--out DIR]
+    python experiments/swiglu_gemm_epilogues/swiglu_release_ab.py [--rounds 6] [--out DIR]
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import argparse
 import json
 import os
 
+import swiglu_gemm_lean_release as swiglu_gemm  # the snapshot beside this script
 import torch
 import triton
 from triton.testing import do_bench
-
-from cs336_systems.fused import swiglu_gemm
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "odd": (777, 200, 328)}  # M, K, N
 

@@ -6,7 +6,8 @@ does not need it: a warpgroup MMA is one operation of all four warps (it writes 
 the arriving thread's wait returns, the MMAs that read the stage are done for the whole warpgroup, and every warp
 has passed its wait on the stage's full barrier (it issued its share of those MMAs). CUTLASS's Hopper pipelines
 release the same way, one thread and no barrier (``PipelineTmaAsync::consumer_release``). Under Nsight Compute the
-fused feed-forward's forward spent 35% of its stall cycles at these barriers (docs/training_step.md, session 32).
+fused feed-forward's forward spent 35% of its stall cycles at these barriers (docs/training_step.md, session 32;
+removing them gained nothing: README.md here).
 
 A kernel opts in through ``register`` and marks each such arrive with ``count=RELEASE``: the PTX stage of its
 compilation (a compiler stage hook) turns the marked arrive back into a count of one and deletes the ``bar.sync``
