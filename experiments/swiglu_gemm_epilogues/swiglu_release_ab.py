@@ -11,10 +11,11 @@ import argparse
 import json
 import os
 
-import swiglu_gemm_lean_release as swiglu_gemm  # the snapshot beside this script
 import torch
 import triton
 from triton.testing import do_bench
+
+from cs336_systems.fused import swiglu_gemm  # with the patch beside this script applied
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "odd": (777, 200, 328)}  # M, K, N
 
