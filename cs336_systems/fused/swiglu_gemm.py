@@ -44,7 +44,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
-WIDE = True  # the forward as one m64n256 product a K slice (session 32)
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
 
 
@@ -94,7 +93,7 @@ def _ws_tiles(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl
 
 @gluon.jit
 def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M: gl.constexpr,
-                      STAGES: gl.constexpr, WIDE: gl.constexpr):
+                      STAGES: gl.constexpr):
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
@@ -108,14 +107,8 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
             k = kk * BLOCK_K
             tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS, k], bar, x_s.index(2 * stage))
             tma.async_copy_global_to_shared(x_desc, [pid_m * 2 * ROWS + ROWS, k], bar, x_s.index(2 * stage + 1))
-            if WIDE:  # W1's tile over the first BLOCK_N rows of one buffer, W3's over the rest
-                tma.async_copy_global_to_shared(w1_desc, [pid_n * BLOCK_N, k], bar,
-                                                w1_s.index(stage).slice(0, BLOCK_N))
-                tma.async_copy_global_to_shared(w3_desc, [pid_n * BLOCK_N, k], bar,
-                                                w1_s.index(stage).slice(BLOCK_N, BLOCK_N))
-            else:
-                tma.async_copy_global_to_shared(w1_desc, [pid_n * BLOCK_N, k], bar, w1_s.index(stage))
-                tma.async_copy_global_to_shared(w3_desc, [pid_n * BLOCK_N, k], bar, w3_s.index(stage))
+            tma.async_copy_global_to_shared(w1_desc, [pid_n * BLOCK_N, k], bar, w1_s.index(stage))
+            tma.async_copy_global_to_shared(w3_desc, [pid_n * BLOCK_N, k], bar, w3_s.index(stage))
             it += 1
 
 
@@ -141,26 +134,8 @@ def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: 
 
 
 @gluon.jit
-def _wide_mainloop(x_s, w_s, full, empty, acc, it, k_tiles, WG: gl.constexpr, STAGES: gl.constexpr):
-    """``_dual_mainloop`` as one m64n256 product a slice: x's 64 rows against W1's and W3's tiles side by side in
-    ``w_s``, into one accumulator whose columns are a's then b's."""
-    for kk in range(k_tiles):
-        stage = it % STAGES
-        mbarrier.wait(full.index(stage), (it // STAGES) & 1)
-        tok = warpgroup_mma(x_s.index(2 * stage + WG), w_s.index(stage).permute((1, 0)), acc, use_acc=kk > 0,
-                            is_async=True)
-        acc = warpgroup_mma_wait(1, deps=(tok,))
-        if kk > 0:
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-        it += 1
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-    return acc, it
-
-
-@gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, WIDE: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -170,26 +145,16 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
-    wide_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                          instr_shape=[16, 2 * BLOCK_N, 16])
     acc_a = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
     acc_b = gl.zeros([ROWS, BLOCK_N], gl.float32, acc_layout)
-    acc = gl.zeros([ROWS, 2 * BLOCK_N], gl.float32, wide_layout)
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        if WIDE:
-            acc, it = _wide_mainloop(x_s, w1_s, full, empty, acc, it, k_tiles, WG, STAGES)
-            ab = acc.to(dtype).reshape([ROWS, 2, BLOCK_N]).permute((0, 2, 1))
-            a, b = ab.split()
-            a = gl.convert_layout(a, acc_layout)
-            b = gl.convert_layout(b, acc_layout)
-        else:
-            acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
-            a = acc_a.to(dtype)
-            b = acc_b.to(dtype)
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
+        a = acc_a.to(dtype)
+        b = acc_b.to(dtype)
         af = a.to(gl.float32)
         _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
         if SAVE_AB:
@@ -200,7 +165,7 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, WIDE: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -208,12 +173,8 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
     BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
     dtype: gl.constexpr = x_desc.dtype
     x_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], x_desc.layout)
-    if WIDE:  # one buffer a stage holding both weights' tiles (w3_s unused)
-        w1_s = gl.allocate_shared_memory(dtype, [STAGES, 2 * BLOCK_N, BLOCK_K], w1_desc.layout)
-        w3_s = w1_s
-    else:
-        w1_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w1_desc.layout)
-        w3_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w3_desc.layout)
+    w1_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w1_desc.layout)
+    w3_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], w3_desc.layout)
     out_s = gl.allocate_shared_memory(dtype, [2, ROWS, BLOCK_N], h_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -222,11 +183,10 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, WIDE)),
+                             SAVE_AB)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, WIDE)),
-        (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES,
-                             WIDE)),
+                             SAVE_AB)),
+        (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
 
@@ -381,11 +341,10 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, wide: bool = WIDE
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``wide``: one
-    m64n256 product a K slice over both weights' tiles instead of two m64n128."""
+    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
     h = x.new_empty(m, n)
@@ -394,7 +353,7 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, WIDE=wide, num_warps=4)
+        REGS=regs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 

@@ -49,7 +49,6 @@
 #      --rope triton and flash (dQ's inverse rotation in our attention's dQ postprocess)
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
 #   ncu (session 32): the fused feed-forward's Gluon GEMMs and cuBLAS's of the same sizes under Nsight Compute
-#   wide (session 32): the fused forward as one m64n256 product a K slice against two m64n128; its GPU tests
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -256,15 +255,11 @@ ncu)
     python3 scripts/device/ncu_swiglu.py
   cp "$OUT/log-ncu-swiglu.txt" "$OUT/ncu-swiglu-full.txt"
   ;;
-wide)
-  step 90 wide-ab python3 scripts/device/swiglu_wide_ab.py --out "$OUT"
-  step 120 tests-swiglu python3 -m pytest -q -m gpu tests/test_fused_swiglu.py -p no:cacheprovider
-  ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|wide (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

@@ -2,7 +2,7 @@
 both weights' tiles side by side (``wide=True``, session 32): outputs compared (bit for bit, else the largest
 difference), times taken in alternating rounds, the order reversed every other round.
 
-    python scripts/device/swiglu_wide_ab.py [--rounds 6] [--out DIR]
+    python experiments/swiglu_gemm_epilogues/swiglu_wide_ab.py [--rounds 6] [--out DIR]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from cs336_systems.fused import swiglu_gemm
+from cs336_systems.fused import swiglu_gemm  # with wide.patch beside this script applied
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "odd": (777, 200, 328)}  # M, K, N
 
