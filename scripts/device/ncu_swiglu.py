@@ -1,7 +1,7 @@
 """The fused feed-forward's Gluon GEMMs and cuBLAS GEMMs of the same sizes at one model shape, a few calls each, for
 ``ncu`` to profile (session 32: neither L2 traffic nor the forward's epilogue turned out to set their speed):
 
-    ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 8 --section SpeedOfLight \\
+    ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 16 --section SpeedOfLight \\
         --section WarpStateStats --section ComputeWorkloadAnalysis python3 scripts/device/ncu_swiglu.py
 
 Ours: the dual forward (h, a, b from x, W1, W3) and the backward (da, db from dy, W2, a, b). cuBLAS: a = x W1^T (one

@@ -250,10 +250,9 @@ frope)
     --impl peer ours --preset xl --context-length 2048 --rope triton flash --steps 20
   ;;
 ncu)
-  step 300 ncu-swiglu ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 8 \
+  step 300 ncu-swiglu ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 16 \
     --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     python3 scripts/device/ncu_swiglu.py
-  cp "$OUT/log-ncu-swiglu.txt" "$OUT/ncu-swiglu-full.txt"
   ;;
 peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
