@@ -1,5 +1,6 @@
 """The fused feed-forward's Gluon GEMMs and cuBLAS GEMMs of the same sizes at one model shape, a few calls each, for
-``ncu`` to profile (session 32: neither L2 traffic nor the forward's epilogue turned out to set their speed):
+``ncu`` to profile (session 32: L2 traffic, the forward's epilogue, the release barriers and the MMA count all
+turned out not to set their speed; docs/training_step.md):
 
     ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 16 --section SpeedOfLight \\
         --section WarpStateStats --section ComputeWorkloadAnalysis python3 scripts/device/ncu_swiglu.py
