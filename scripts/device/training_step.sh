@@ -49,6 +49,7 @@
 #      --rope triton and flash (dQ's inverse rotation in our attention's dQ postprocess)
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
 #   ncu (session 32): the fused feed-forward's Gluon GEMMs and cuBLAS's of the same sizes under Nsight Compute
+#      (SourceCounters: the top stall locations)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -252,6 +253,7 @@ frope)
 ncu)
   step 300 ncu-swiglu ncu --kernel-name regex:'swiglu|nvjet' --launch-skip 2 --launch-count 16 \
     --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section SourceCounters \
     python3 scripts/device/ncu_swiglu.py
   ;;
 peer)
