@@ -73,6 +73,36 @@ def test_warmup_seconds_default_and_flag(monkeypatch):
     assert [(c.impl, c.warmup_seconds) for c in given] == [("peer", 1.5), ("ours", 1.5)]
 
 
+def test_timing_step_synchronises_around_whole_steps_only(monkeypatch):
+    """--timing step: no phase statistics and no synchronize inside a step (the GPU may run the backward while
+    the host still launches it); phases: each phase's own, and the step spans them."""
+    import cs336_systems.bench.harness as harness
+
+    syncs = {"n": 0}
+    real_sync = harness.synchronize
+    monkeypatch.setattr(harness, "synchronize", lambda d: (syncs.__setitem__("n", syncs["n"] + 1), real_sync(d)))
+    whole = run_benchmark(BenchConfig(**TINY, mode="train-step", warmup=1, steps=3, timing="step"))
+    assert whole["status"] == "ok" and whole["timing"] == "step" and len(whole["step_times_ms"]) == 3
+    assert not any(k.startswith(("forward_", "backward_", "optimizer_")) for k in whole)
+    assert syncs["n"] == 2 * 4  # one before and one after each of the 4 steps
+    syncs["n"] = 0
+    split = run_benchmark(BenchConfig(**TINY, mode="train-step", warmup=1, steps=3, timing="phases"))
+    assert split["timing"] == "phases" and syncs["n"] == 2 * 4 * 4  # the step and its three phases
+    assert split["forward_mean_ms"] + split["backward_mean_ms"] + split["optimizer_mean_ms"] <= split["step_mean_ms"]
+    with pytest.raises(ValueError, match=r"unknown timing 'events'.*phases, step"):
+        BenchConfig(**TINY, timing="events")
+
+
+def test_timing_default_is_whole_steps_against_a_peer(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    quiet = dict(log=lambda _: None)
+    assert [c.timing for c in configs_from_args(_bench_args(["--preset", "tiny"]), **quiet)] == ["phases"]
+    peers = configs_from_args(_bench_args(["--preset", "tiny", "--impl", "peer", "ours"]), **quiet)
+    assert [(c.impl, c.timing) for c in peers] == [("peer", "step"), ("ours", "step")]
+    given = configs_from_args(_bench_args(["--preset", "tiny", "--impl", "peer", "--timing", "phases"]), **quiet)
+    assert [c.timing for c in given] == ["phases"]
+
+
 def test_without_warmup_the_slow_steps_are_measured(monkeypatch):
     _slow_first_calls(monkeypatch, n_slow=2)
     rec = run_benchmark(BenchConfig(**TINY, mode="forward-backward", warmup=0, steps=3))

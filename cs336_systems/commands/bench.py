@@ -37,6 +37,7 @@ from cs336_systems.bench.e2e import (
     MODES,
     OPTIMIZERS,
     PRECISIONS,
+    TIMINGS,
     BenchConfig,
     compute_dtype,
     run_benchmark,
@@ -120,6 +121,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "GPU's clock and power settle on the timed work (default: 2 on CUDA, 0 on a CPU; 0 with "
                         "--warmup-study)")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--timing", choices=TIMINGS, default=None,
+                   help="phases: a device synchronize around each step's forward, backward and optimizer (the "
+                        "handout's breakdown); step: around whole steps only, as a training loop runs them. Default: "
+                        "step when a peer is timed (the ratio compares whole steps; our captured step has no phases), "
+                        "else phases")
     p.add_argument("--warmup-study", action="store_true",
                    help=f"run each configuration with {', '.join(map(str, WARMUP_STUDY))} warm-up steps, each in a "
                         "fresh process (overrides --warmup)")
@@ -194,14 +200,19 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     if settle > 0:
         log(f"bench: after the warm-up steps, {settle:g} s of untimed steps (the GPU's clock and power settle on the "
             "timed work; --warmup-seconds)")
+    impls = getattr(args, "impl", None) or ["ours"]
+    timing = getattr(args, "timing", None) or ("step" if set(impls) - {"ours"} else "phases")
+    if getattr(args, "timing", None) is None and timing == "step":
+        log("bench: timing whole steps (a synchronize around each step, none between its phases), as the ratio "
+            "against the peer compares; --timing phases for the breakdown")
     configs = []
-    for impl in getattr(args, "impl", None) or ["ours"]:
+    for impl in impls:
         if impl != "ours":  # one peer per size and precision: our settings do not apply to it
             grid = itertools.product(presets, contexts, args.mode, args.precision, warmups)
             configs += [BenchConfig(impl=impl, preset=p, context_length=c, batch_size=args.batch_size, mode=m,
                                     precision=pr, compile=device.type == "cuda", attention="sdpa",
                                     optimizer="torch-fused", warmup=w, warmup_seconds=settle, steps=args.steps,
-                                    device=args.device, cublas_workspace=peer_workspace)
+                                    timing=timing, device=args.device, cublas_workspace=peer_workspace)
                         for p, c, m, pr, w in grid]
             continue
         grid = [(p, c, m, pr, co, a, ck, o, lo, w) for p, c, m, pr, co, a, ck, o, w in itertools.product(
@@ -209,7 +220,8 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
             for lo in (chosen["loss"] or [vocab_loss[p]])]
         configs += [BenchConfig(preset=p, context_length=c, batch_size=args.batch_size, mode=m, precision=pr,
                                 compile=co, compile_scope=compile_scope, attention=a, checkpoint=ck, optimizer=o,
-                                loss=lo, warmup=w, warmup_seconds=settle, steps=args.steps, device=args.device,
+                                loss=lo, warmup=w, warmup_seconds=settle, steps=args.steps, timing=timing,
+                                device=args.device,
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
                                 residual_dtype=residual(r, pr, o, m), rope=rp, ffn=f, cublas_workspace=workspace)
                     for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes

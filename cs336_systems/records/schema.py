@@ -177,6 +177,8 @@ _STEP_MEASURED = {**_f("loss impl residual_dtype rope ffn cublas_workspace cubla
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),
                   # untimed steps after the warm-up steps: for how long, and how many ran (absent from older records)
                   "warmup_seconds": NUM,
+                  # phases or step: where the steps were synchronised (absent from older records: phases)
+                  "timing": STR,
                   **_f("model_flops_per_step n_params settle_steps", INT), "step_times_ms": LIST,
                   # bench --impl ours peer: the peer's step beside ours (peer_sdpa: the SDPA backend it ran first);
                   # attention_choice: what flash_auto ran at the model's shape (flash_triton or an SDPA backend)

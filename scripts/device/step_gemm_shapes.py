@@ -66,7 +66,16 @@ def variants(tokens: int, d: int, d_ff: int) -> list[tuple[str, int, int, int, o
     wt = w.T.contiguous()
     g, w1 = torch.randn(tokens, d_ff, **bf16), torch.randn(d_ff, d, **bf16)
     w1t, acc = w1.T.contiguous(), torch.randn(tokens, d, **bf16)
+    # the feed-forward's da and db side by side (as halves of one buffer) against W1 and W3 stacked
+    gab, w13 = torch.randn(tokens, 2 * d_ff, **bf16), torch.randn(2 * d_ff, d, **bf16)
+    ga, gb, w1v, w3v = gab[:, :d_ff], gab[:, d_ff:], w13[:d_ff], w13[d_ff:]
     return [
+        ("w1/w3 dx pair, second accumulated", tokens, d, 2 * d_ff, lambda: (ga @ w1v).addmm_(gb, w3v)),
+        ("w1/w3 dx packed (K = 2 d_ff)", tokens, d, 2 * d_ff, lambda: gab @ w13),
+        ("w1/w3 dx packed, transposed", tokens, d, 2 * d_ff, lambda: (w13.T @ gab.T).T),
+        ("w1/w3 dx, transposed", tokens, d, d_ff, lambda: (w1.T @ g.T).T),
+        ("w1/w3 dW pair", 2 * d_ff, d, tokens, lambda: (ga.T @ x, gb.T @ x)),
+        ("w1/w3 dW packed", 2 * d_ff, d, tokens, lambda: gab.T @ x),
         ("q/k/v/o dx as NT (W^T copy)", tokens, d, d, lambda: dy @ wt.T),
         ("transpose of a q/k/v/o weight", d, d, 1, lambda: w.T.contiguous()),
         ("w1/w3 dx", tokens, d, d_ff, lambda: g @ w1),

@@ -50,6 +50,8 @@
 #   peer: xl/2048 against the peer with bench's defaults (steady state)
 #   ncu (session 32): the fused feed-forward's Gluon GEMMs and cuBLAS's of the same sizes under Nsight Compute
 #      (SourceCounters: the top stall locations)
+#   timing (session 33): xl/2048, the peer timed phase by phase (a synchronize between forward, backward and
+#      optimizer) and by whole steps, ours by whole steps (one process each, bench's defaults otherwise)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -260,7 +262,13 @@ peer)
   step 560 peer $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer ours --preset xl --context-length 2048 --steps 20
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu (see the header)"; exit 2;;
+timing)
+  step 300 peer-phases $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer --preset xl --context-length 2048 --steps ${STEPS:-20} --timing phases
+  step 560 peer-step $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer ours --preset xl --context-length 2048 --steps ${STEPS:-20} --timing step
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
