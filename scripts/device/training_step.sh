@@ -53,7 +53,8 @@
 #   timing (session 33): xl/2048, the peer timed phase by phase (a synchronize between forward, backward and
 #      optimizer) and by whole steps, ours by whole steps (one process each, bench's defaults otherwise)
 #   timing512 (session 33): small/512 and xl/512 against both peers, whole steps (bench's defaults, steady state)
-#   timing-graphs (session 33): xl/2048, the reduce-overhead peer by whole steps
+#   timing-graphs (session 33): xl/512 against the reduce-overhead peer (the faster there), whole steps
+#   timing2048 (session 33): xl/2048 against both peers, whole steps
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -277,10 +278,14 @@ timing512)
     --impl peer peer-graphs ours --preset xl --context-length 512 --steps ${STEPS:-20}
   ;;
 timing-graphs)
-  step 400 peer-graphs $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl peer-graphs --preset xl --context-length 2048 --steps ${STEPS:-20}
+  step 400 xl-512 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer-graphs ours --preset xl --context-length 512 --steps ${STEPS:-20}
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs (see the header)"; exit 2;;
+timing2048)
+  step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048 (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
