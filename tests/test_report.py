@@ -201,7 +201,8 @@ def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_cont
     write_records("training_step", [
         _step_row("peer", 512, 100.0), _step_row("peer-graphs", 512, 95.0),
         _step_row("ours", 512, 90.0, "flash_triton"), _step_row("ours", 512, 120.0),
-        _step_row("peer", 2048, 400.0), _step_row("peer-graphs", 2048, 410.0),
+        {**_step_row("peer", 2048, 400.0), "timing": "step"},
+        {**_step_row("peer-graphs", 2048, 410.0), "timing": "step"},
         _step_row("ours", 2048, 300.0, "flash_triton"), _step_row("ours", 2048, 500.0),
         _step_row("ours", 256, 50.0),  # no peer of this context in the run: no ratio, no summary row
     ], res, device="cpu")
@@ -211,17 +212,22 @@ def test_training_step_rows_are_compared_with_the_fastest_peer_of_their_own_cont
              if line.startswith("|")]
     header, body = lines[0], [r for r in lines[2:] if r[0] == "xl"]
     col = {name: header.index(name) for name in ("context_length", "attention", "step ms (mean ± std)",
-                                                  "fastest peer (same run)", "peer step ms", "vs peer")}
+                                                  "fastest peer (same run)", "peer step ms", "vs peer",
+                                                  "peer timed by")}
     rows = {(int(r[col["context_length"]]), r[col["attention"]], r[col["step ms (mean ± std)"]].split(" ")[0]):
-            (r[col["fastest peer (same run)"]], r[col["peer step ms"]], r[col["vs peer"]]) for r in body}
-    assert rows == {(512, "flash_triton", "90.00"): ("peer-graphs", "95", "0.9474"),
-                    (512, "sdpa", "120.00"): ("peer-graphs", "95", "1.263"),
-                    (2048, "flash_triton", "300.00"): ("peer", "400", "0.75"),
-                    (2048, "sdpa", "500.00"): ("peer", "400", "1.25"), (256, "sdpa", "50.00"): ("", "", "")}
+            (r[col["fastest peer (same run)"]], r[col["peer step ms"]], r[col["vs peer"]], r[col["peer timed by"]])
+            for r in body}
+    # a record without a timing is an older one, timed phase by phase
+    assert rows == {(512, "flash_triton", "90.00"): ("peer-graphs", "95", "0.9474", "phases"),
+                    (512, "sdpa", "120.00"): ("peer-graphs", "95", "1.263", "phases"),
+                    (2048, "flash_triton", "300.00"): ("peer", "400", "0.75", "step"),
+                    (2048, "sdpa", "500.00"): ("peer", "400", "1.25", "step"),
+                    (256, "sdpa", "50.00"): ("", "", "", "")}
     # per configuration, the best of ours against the fastest peer, in the section and the summary
-    assert "the fastest peer (peer-graphs) 95.00 ms: 0.947x its time; target <= 0.85x (mean and median): missed" \
-        in section
-    assert "the fastest peer (peer) 400.00 ms: 0.750x its time; target <= 0.85x (mean and median): met" in section
+    assert ("the fastest peer (peer-graphs, timed by phases) 95.00 ms: 0.947x its time; target <= 0.85x (mean and "
+            "median): missed") in section
+    assert ("the fastest peer (peer, timed by step) 400.00 ms: 0.750x its time; target <= 0.85x (mean and median): "
+            "met") in section
     assert "MFU >= 72%" not in section  # no matmul peak recorded: no MFU verdict
     versus = text.split("### Versus PyTorch")[1].split("\n## ")[0]
     assert "| 90.00 ms, MFU 30.0% | peer-graphs 95.00 ms | 0.947x |" in versus

@@ -62,6 +62,8 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                         "fastest peer (same run)": peer["impl"] if peer else None,
                         "peer step ms": peer["step_mean_ms"] if peer else None,
                         "peer peak GiB": peer.get("peak_memory_gib") if peer else None,
+                        # records before session 33 carry no timing: they synchronised around each phase
+                        "peer timed by": peer.get("timing", "phases") if peer else None,
                         "vs peer": r["step_mean_ms"] / peer["step_mean_ms"] if peer else None,
                         "run": date})
             table_rows.append(row)
@@ -73,7 +75,10 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
     parts = ["Each row is one setting of ours (`cs336-systems bench --problem training_step`); *vs peer* is its "
              "step time over that of the fastest PyTorch peer timed in the same run at the same preset, context "
              "length, batch size and precision (`--impl peer`: the compiled script; `--impl peer-graphs`: the same "
-             "with `torch.compile(mode=\"reduce-overhead\")`), empty where the run timed no peer.\n",
+             "with `torch.compile(mode=\"reduce-overhead\")`), empty where the run timed no peer. *peer timed by*: "
+             "`phases` (a device synchronize between its forward, backward and optimizer too, the handout's "
+             "breakdown, which leaves the GPU idle while the host starts each phase: runs before 2026-11-27T21:59) or "
+             "`step` (around whole steps only, as ours, a captured step, always is; `bench --timing`).\n",
              provenance(bench) + "\n",
              table(_without_empty(pd.DataFrame(table_rows).astype(object), LEGACY_SETTINGS).fillna(""), ".4g")
              + "\n"]
@@ -110,6 +115,7 @@ def _steps(ctx, rows: list[dict]) -> list[str]:
                 verdict += (f"({r['mfu']:.1%} of its process's {r['peak_tflops']:.0f} TFLOP/s; {floor:.1%} of "
                             f"the run's highest peak, {run_peak:.0f})")
             memory_target += verdict
+        peer_sdpa += f", timed by {peer.get('timing', 'phases')}"
         parts.append(f"{what} (newest run): ours {r['step_mean_ms']:.2f} ms per step ({settings}, MFU "
                      f"{r['mfu']:.1%}{memory}), the fastest peer ({peer['impl']}{peer_sdpa}) "
                      f"{peer['step_mean_ms']:.2f} ms: {ratio:.3f}x its time{median_text}; target <= {TARGET}x "
