@@ -55,6 +55,8 @@
 #   timing512 (session 33): small/512 and xl/512 against both peers, whole steps (bench's defaults, steady state)
 #   timing-graphs (session 33): xl/512 against the reduce-overhead peer (the faster there), whole steps
 #   timing2048 (session 33): xl/2048 against both peers, whole steps
+#   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
+#      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
 source scripts/device/step.sh
 R=$OUT/results
@@ -285,7 +287,19 @@ timing2048)
   step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048 (see the header)"; exit 2;;
+lt)
+  step 60 lt-noworkspace env CUBLAS_WORKSPACE_CONFIG=:0:0 TORCH_BLAS_PREFER_CUBLASLT=1 python3 -c "import torch
+a = torch.randn(8192, 1600, device='cuda', dtype=torch.bfloat16)
+print('Lt without a workspace:', (a @ a[:1600].T).float().abs().mean().item())"
+  step 90 shapes-cublas env CUBLAS_WORKSPACE_CONFIG=:0:0 python3 scripts/device/step_gemm_shapes.py
+  step 90 shapes-lt env TORCH_BLAS_PREFER_CUBLASLT=1 python3 scripts/device/step_gemm_shapes.py
+  step 200 step-cublas $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl ours --preset xl --context-length 2048 --steps 20 --timing step
+  step 200 step-lt env TORCH_BLAS_PREFER_CUBLASLT=1 $CLI bench --problem training_step --results-dir $R \
+    --precision bf16 --warmup 12 --impl ours --preset xl --context-length 2048 --steps 20 --timing step \
+    --cublas-workspace default
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
