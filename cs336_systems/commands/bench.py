@@ -201,8 +201,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
         log(f"bench: after the warm-up steps, {settle:g} s of untimed steps (the GPU's clock and power settle on the "
             "timed work; --warmup-seconds)")
     impls = getattr(args, "impl", None) or ["ours"]
-    timing = getattr(args, "timing", None) or ("step" if set(impls) - {"ours"} else "phases")
-    if getattr(args, "timing", None) is None and timing == "step":
+    given_timing = getattr(args, "timing", None)
+    timing = given_timing or ("step" if set(impls) - {"ours"} else "phases")
+    if given_timing is None and timing == "step":
         log("bench: timing whole steps (a synchronize around each step, none between its phases), as the ratio "
             "against the peer compares; --timing phases for the breakdown")
     configs = []
