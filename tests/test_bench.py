@@ -244,6 +244,7 @@ def test_gpu_cuda_graph_step_runs_with_compiled_blocks_and_fused_loss(attention)
     for _ in range(3):
         rec = run_benchmark(cfg)
         assert rec["status"] == "ok" and rec["cuda_graph"] is True and "forward_mean_ms" not in rec
+        assert rec["timing"] == "step"  # asked for phases (the default), timed by whole replays
         assert rec["step_mean_ms"] > 0
         assert ("attention_choice" in rec) == (attention == "flash_auto")
         left.append(run_benchmark(probe)["memory_before_gib"])
