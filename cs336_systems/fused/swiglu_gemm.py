@@ -44,6 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
+BWD_PREFETCH_CONFIG = (128, 128, 64, 3, 8)  # eight a/b buffers (128 KiB) leave room for three stages
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
 
 
@@ -114,28 +115,29 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 @gluon.jit
 def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, INFLIGHT: gl.constexpr):
     """One tile's two products for consumer WG (its 64 rows of x's tiles against both weights' tiles), from the
-    ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. Returns (acc_a,
-    acc_b, it) with ``it`` past the tile's slices."""
+    ring's ``it``-th K slice on, with up to INFLIGHT slices' MMAs outstanding; each stage goes back to the producer
+    once its MMAs are done. Returns (acc_a, acc_b, it) with ``it`` past the tile's slices (k_tiles >= INFLIGHT)."""
     for kk in range(k_tiles):
         stage = it % STAGES
         mbarrier.wait(full.index(stage), (it // STAGES) & 1)
         xs = x_s.index(2 * stage + WG)
         tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, use_acc=kk > 0, is_async=True)
         tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
-        acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
-        if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        acc_a, acc_b = warpgroup_mma_wait(2 * INFLIGHT, deps=(tok_a, tok_b))
+        if kk >= INFLIGHT:  # the slice INFLIGHT back is done: its stage goes back to the producer
+            mbarrier.arrive(empty.index((it + STAGES - INFLIGHT) % STAGES))
         it += 1
     acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
-    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+    for i in gl.static_range(INFLIGHT):
+        mbarrier.arrive(empty.index((it + STAGES - INFLIGHT + i) % STAGES))
     return acc_a, acc_b, it
 
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, INFLIGHT: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -150,7 +152,8 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES,
+                                          INFLIGHT)
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
@@ -165,7 +168,7 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -183,9 +186,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB)),
+                             SAVE_AB, INFLIGHT)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB)),
+                             SAVE_AB, INFLIGHT)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -220,7 +223,7 @@ def _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on):
 
 
 @gluon.jit
-def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc, om, on):
+def _gate_grad_epilogue(dh, a_s, b_s, bar, phase, da_desc, db_desc, om, on):
     """da and db of a half tile from its dh (rounded to the input dtype) and the a, b in ``a_s``, ``b_s``, written
     over them (each thread writes exactly the elements it read) and stored by TMA."""
     mbarrier.wait(bar, phase)
@@ -237,10 +240,12 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc
 
 @gluon.jit
 def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
     consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
-    kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs."""
+    kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs. With
+    PREFETCH both halves' a and b come in during the products (four buffers a consumer), so the epilogue never waits
+    on memory; without it the second half's load waits for the first half's stores."""
     ROWS: gl.constexpr = da_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = da_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = dy_s.type.shape[2]
@@ -248,9 +253,13 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
-    a_s = ab_s.index(2 * WG)
-    b_s = ab_s.index(2 * WG + 1)
-    bar = ab_bar.index(WG)
+    BUFS: gl.constexpr = 4 if PREFETCH else 2
+    a_s = ab_s.index(BUFS * WG)
+    b_s = ab_s.index(BUFS * WG + 1)
+    a1_s = ab_s.index(BUFS * WG + BUFS - 2)  # the second half's buffers: the first half's without PREFETCH
+    b1_s = ab_s.index(BUFS * WG + BUFS - 1)
+    bar = ab_bar.index((BUFS // 2) * WG)
+    bar1 = ab_bar.index((BUFS // 2) * WG + BUFS // 2 - 1)
     for t in range(WG, n_mine, 2):
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS
@@ -274,21 +283,27 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
             else:
                 _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on)
+                if PREFETCH:
+                    _load_ab(a_desc, b_desc, a1_s, b1_s, bar1, om + ROWS, on)
             it += 1
         mbarrier.arrive(turn.index(1 - WG))  # the other consumer's products may start behind these
         acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         dh0 = acc0.to(dtype)
         dh1 = acc1.to(dtype)
-        _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
-        _load_ab(a_desc, b_desc, a_s, b_s, bar, om + ROWS, on)
-        _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on)
+        if PREFETCH:  # each barrier completes once a tile
+            _gate_grad_epilogue(dh0, a_s, b_s, bar, j & 1, da_desc, db_desc, om, on)
+            _gate_grad_epilogue(dh1, a1_s, b1_s, bar1, j & 1, da_desc, db_desc, om + ROWS, on)
+        else:  # twice a tile, one barrier
+            _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
+            _load_ab(a_desc, b_desc, a_s, b_s, bar, om + ROWS, on)
+            _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, REGS: gl.constexpr):
+                       STAGES: gl.constexpr, REGS: gl.constexpr, PREFETCH: gl.constexpr):
     """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
     (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). Ping-pong
     schedule (CUTLASS's name): each consumer warpgroup owns whole 128-row tiles, alternating with the other, so one's
@@ -299,22 +314,24 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
     dtype: gl.constexpr = dy_desc.dtype
     dy_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], dy_desc.layout)
     w2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, BLOCK_N], w2_desc.layout)
-    ab_s = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_N], a_desc.layout)
+    NBUF: gl.constexpr = 8 if PREFETCH else 4
+    ab_s = gl.allocate_shared_memory(dtype, [NBUF, ROWS, BLOCK_N], a_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ab_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ab_bar = gl.allocate_shared_memory(gl.int64, [NBUF // 2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
+    for i in gl.static_range(NBUF // 2):
         mbarrier.init(ab_bar.index(i), count=1)
+    for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 0,
-                         GROUP_M, STAGES)),
+                         GROUP_M, STAGES, PREFETCH)),
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 1,
-                         GROUP_M, STAGES)),
+                         GROUP_M, STAGES, PREFETCH)),
         (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -341,31 +358,37 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, inflight: int = 1
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
+    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``inflight``:
+    K slices whose MMAs may be outstanding (1 or 2, fewer than STAGES and no more than the K slices)."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
+    inflight = max(1, min(inflight, -(-k // block_k)))
     h = x.new_empty(m, n)
     a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
     rows = [block_m // 2, block_n]
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, num_warps=4)
+        REGS=regs, INFLIGHT=inflight, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple | None = None, regs: int = CONSUMER_REGS, prefetch: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
-    ``config`` as ``dual_swiglu``'s."""
+    ``config`` as ``dual_swiglu``'s (default: ``BWD_PREFETCH_CONFIG`` with ``prefetch``, else ``BWD_CONFIG``)."""
+    if config is None:
+        config = BWD_PREFETCH_CONFIG if prefetch else BWD_CONFIG
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     rows = [block_m // 2, block_n]
     _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
-        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, num_warps=4)
+        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, PREFETCH=prefetch,
+        num_warps=4)
     return da, db

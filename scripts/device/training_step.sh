@@ -55,6 +55,8 @@
 #   timing512 (session 33): small/512 and xl/512 against both peers, whole steps (bench's defaults, steady state)
 #   timing-graphs (session 33): xl/512 against the reduce-overhead peer (the faster there), whole steps
 #   timing2048 (session 33): xl/2048 against both peers, whole steps
+#   swab (session 34): the fused feed-forward's kernel variants timed alternately (swiglu_variant_ab.py), then
+#      the backward's two epilogue schedules under Nsight Compute (speed of light, warp states, memory)
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
@@ -299,7 +301,15 @@ print('Lt without a workspace:', (a @ a[:1600].T).float().abs().mean().item())"
     --precision bf16 --warmup 12 --impl ours --preset xl --context-length 2048 --steps 20 --timing step \
     --cublas-workspace default
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt (see the header)"; exit 2;;
+swab)
+  step 240 swiglu-ab python3 scripts/device/swiglu_variant_ab.py --rounds ${ROUNDS:-6} --out "$OUT"
+  for v in "bwd shipped" "bwd prefetch"; do
+    step 120 "ncu-${v// /-}" ncu --kernel-name regex:swiglu_bwd --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+      python3 scripts/device/swiglu_variant_ab.py --only "$v" --calls 4
+  done
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
