@@ -63,6 +63,13 @@ def _sigmoid(x):
 
 
 @gluon.jit
+def _silu_mul(a, b):
+    """silu(a) * b in fp32, rounded to a's dtype."""
+    af = a.to(gl.float32)
+    return (af * _sigmoid(af) * b.to(gl.float32)).to(a.dtype)
+
+
+@gluon.jit
 def _store_tile(desc, out_s, value, om, on):
     """``value`` to ``desc`` at (om, on) through ``out_s`` once the previous store has left it."""
     tma.store_wait(pendings=0)
@@ -137,7 +144,8 @@ def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: 
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, INFLIGHT: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, INFLIGHT: gl.constexpr,
+                      SPLIT: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -158,8 +166,17 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
         b = acc_b.to(dtype)
-        af = a.to(gl.float32)
-        _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
+        if SPLIT:  # h a quarter tile at a time (the whole half's fp32 temporaries spill)
+            HALF: gl.constexpr = BLOCK_N // 2
+            a0, a1 = _column_halves(a)
+            b0, b1 = _column_halves(b)
+            tma.store_wait(pendings=0)
+            out.slice(0, HALF, dim=1).store(_silu_mul(a0, b0))
+            out.slice(HALF, HALF, dim=1).store(_silu_mul(a1, b1))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(h_desc, [om, pid_n * BLOCK_N], out)
+        else:
+            _store_tile(h_desc, out, _silu_mul(a, b), om, pid_n * BLOCK_N)
         if SAVE_AB:
             _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
             _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
@@ -168,7 +185,8 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr,
+                        SPLIT: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -186,9 +204,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, INFLIGHT)),
+                             SAVE_AB, INFLIGHT, SPLIT)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, INFLIGHT)),
+                             SAVE_AB, INFLIGHT, SPLIT)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -223,16 +241,38 @@ def _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on):
 
 
 @gluon.jit
-def _gate_grad_epilogue(dh, a_s, b_s, bar, phase, da_desc, db_desc, om, on):
-    """da and db of a half tile from its dh (rounded to the input dtype) and the a, b in ``a_s``, ``b_s``, written
-    over them (each thread writes exactly the elements it read) and stored by TMA."""
-    mbarrier.wait(bar, phase)
-    a = a_s.load(dh.type.layout).to(gl.float32)
-    b = b_s.load(dh.type.layout).to(gl.float32)
-    g = dh.to(gl.float32)
+def _column_halves(x):
+    """x (R, N) split into its left and right N / 2 columns in registers: in the MMA layout each thread holds both
+    halves' values, so the split moves no data."""
+    R: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    return gl.split(x.reshape([R, 2, N // 2]).permute(0, 2, 1))
+
+
+@gluon.jit
+def _gate_grad_cols(g, a_s, b_s):
+    """da and db for the columns of ``a_s`` and ``b_s`` that ``g`` (dh, rounded) covers, written over them."""
+    a = a_s.load(g.type.layout).to(gl.float32)
+    b = b_s.load(g.type.layout).to(gl.float32)
+    gf = g.to(gl.float32)
     sig = _sigmoid(a)
-    a_s.store((g * b * sig * (1.0 + a * (1.0 - sig))).to(dh.dtype))
-    b_s.store((g * a * sig).to(dh.dtype))
+    a_s.store((gf * b * sig * (1.0 + a * (1.0 - sig))).to(g.dtype))
+    b_s.store((gf * a * sig).to(g.dtype))
+
+
+@gluon.jit
+def _gate_grad_epilogue(dh, a_s, b_s, bar, phase, da_desc, db_desc, om, on, SPLIT: gl.constexpr):
+    """da and db of a half tile from its dh (rounded to the input dtype) and the a, b in ``a_s``, ``b_s``, written
+    over them (each thread writes exactly the elements it read) and stored by TMA. SPLIT: a quarter tile at a time
+    (half the registers live: the whole half spills)."""
+    mbarrier.wait(bar, phase)
+    if SPLIT:
+        HALF: gl.constexpr = dh.shape[1] // 2
+        g0, g1 = _column_halves(dh)
+        _gate_grad_cols(g0, a_s.slice(0, HALF, dim=1), b_s.slice(0, HALF, dim=1))
+        _gate_grad_cols(g1, a_s.slice(HALF, HALF, dim=1), b_s.slice(HALF, HALF, dim=1))
+    else:
+        _gate_grad_cols(dh, a_s, b_s)
     fence_async_shared()
     tma.async_copy_shared_to_global(da_desc, [om, on], a_s)
     tma.async_copy_shared_to_global(db_desc, [om, on], b_s)
@@ -240,7 +280,8 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase, da_desc, db_desc, om, on):
 
 @gluon.jit
 def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
+                  SPLIT: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
     consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
     kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs. With
@@ -292,18 +333,18 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
         dh0 = acc0.to(dtype)
         dh1 = acc1.to(dtype)
         if PREFETCH:  # each barrier completes once a tile
-            _gate_grad_epilogue(dh0, a_s, b_s, bar, j & 1, da_desc, db_desc, om, on)
-            _gate_grad_epilogue(dh1, a1_s, b1_s, bar1, j & 1, da_desc, db_desc, om + ROWS, on)
+            _gate_grad_epilogue(dh0, a_s, b_s, bar, j & 1, da_desc, db_desc, om, on, SPLIT)
+            _gate_grad_epilogue(dh1, a1_s, b1_s, bar1, j & 1, da_desc, db_desc, om + ROWS, on, SPLIT)
         else:  # twice a tile, one barrier
-            _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
+            _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on, SPLIT)
             _load_ab(a_desc, b_desc, a_s, b_s, bar, om + ROWS, on)
-            _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on)
+            _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on, SPLIT)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, REGS: gl.constexpr, PREFETCH: gl.constexpr):
+                       STAGES: gl.constexpr, REGS: gl.constexpr, PREFETCH: gl.constexpr, SPLIT: gl.constexpr):
     """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
     (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). Ping-pong
     schedule (CUTLASS's name): each consumer warpgroup owns whole 128-row tiles, alternating with the other, so one's
@@ -329,9 +370,9 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 0,
-                         GROUP_M, STAGES, PREFETCH)),
+                         GROUP_M, STAGES, PREFETCH, SPLIT)),
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 1,
-                         GROUP_M, STAGES, PREFETCH)),
+                         GROUP_M, STAGES, PREFETCH, SPLIT)),
         (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -358,7 +399,7 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, inflight: int = 1
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, inflight: int = 1, split: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
     ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``inflight``:
@@ -372,13 +413,13 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, INFLIGHT=inflight, num_warps=4)
+        REGS=regs, INFLIGHT=inflight, SPLIT=split, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple | None = None, regs: int = CONSUMER_REGS, prefetch: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple | None = None, regs: int = CONSUMER_REGS, prefetch: bool = False,
+                    split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
     ``config`` as ``dual_swiglu``'s (default: ``BWD_PREFETCH_CONFIG`` with ``prefetch``, else ``BWD_CONFIG``)."""
     if config is None:
@@ -390,5 +431,5 @@ def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torc
     _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
         _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, PREFETCH=prefetch,
-        num_warps=4)
+        SPLIT=split, num_warps=4)
     return da, db

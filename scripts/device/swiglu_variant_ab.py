@@ -2,13 +2,14 @@
 
 Variants are keyword options of ``swiglu_gemm.dual_swiglu`` / ``swiglu_backward``: the forward with one or two K
 slices' MMAs outstanding (``inflight``), the backward with both halves' a and b loaded during the products
-(``prefetch``, three ring stages) or the second half's loaded after the first half's stores (five stages). Outputs
+(``prefetch``, three ring stages) or the second half's loaded after the first half's stores (five stages), and
+either epilogue a quarter tile at a time (``split``: fewer live registers, no spills in the backward). Outputs
 are compared bit for bit with the first variant of each kind (the arithmetic is the same), and each variant's time is
 the median over rounds of ``do_bench`` medians, the order reversed every other round (a probe's first variant has run
 slow before: docs/training_step.md, session 30).
 
     python scripts/device/swiglu_variant_ab.py [--rounds 6] [--shapes xl_2048 xl_512 odd] [--out DIR]
-    python scripts/device/swiglu_variant_ab.py --only "bwd prefetch" --calls 4   # a few calls, for ncu
+    python scripts/device/swiglu_variant_ab.py --only "bwd-split" --calls 4   # a few calls, for ncu
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from cs336_systems.fused import swiglu_gemm
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "odd": (777, 200, 328)}  # M, K, N
 VARIANTS = {
-    "fwd shipped": ("fwd", {}),
-    "fwd inflight=2": ("fwd", {"inflight": 2}),
-    "bwd shipped": ("bwd", {}),
-    "bwd prefetch": ("bwd", {"prefetch": True}),
-    "bwd prefetch group16": ("bwd", {"prefetch": True, "config": (128, 128, 64, 3, 16)}),
+    "fwd-shipped": ("fwd", {}),
+    "fwd-inflight2": ("fwd", {"inflight": 2}),
+    "fwd-split": ("fwd", {"split": True}),
+    "bwd-shipped": ("bwd", {}),
+    "bwd-prefetch": ("bwd", {"prefetch": True}),
+    "bwd-prefetch-group16": ("bwd", {"prefetch": True, "config": (128, 128, 64, 3, 16)}),
+    "bwd-split": ("bwd", {"split": True}),
 }
 
 

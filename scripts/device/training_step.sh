@@ -302,9 +302,10 @@ print('Lt without a workspace:', (a @ a[:1600].T).float().abs().mean().item())"
     --cublas-workspace default
   ;;
 swab)
-  step 240 swiglu-ab python3 scripts/device/swiglu_variant_ab.py --rounds ${ROUNDS:-6} --out "$OUT"
-  for v in "bwd shipped" "bwd prefetch"; do
-    step 120 "ncu-${v// /-}" ncu --kernel-name regex:swiglu_bwd --launch-skip 2 --launch-count 1 \
+  step 240 swiglu-ab python3 scripts/device/swiglu_variant_ab.py --rounds ${ROUNDS:-6} --out "$OUT" \
+    ${VARIANTS:+--variants $VARIANTS}
+  for v in ${NCU_VARIANTS:-bwd-shipped bwd-split}; do
+    step 120 "ncu-$v" ncu --kernel-name regex:swiglu_bwd --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
       python3 scripts/device/swiglu_variant_ab.py --only "$v" --calls 4
   done
