@@ -17,9 +17,10 @@ accumulators need, issuing the warpgroup MMAs one K slice in flight. The forward
 other's products (session 30, timed alternately: 0.353 against 0.360 ms at xl/2048, 0.106 against 0.104 at
 xl/512; a ping-pong forward, 64-row tiles a consumer, lost: 0.665 against 0.562). Programs take tiles in groups of
 ``GROUP_M`` row tiles (the Triton matmul tutorial's order). Rounding follows the unfused path: a, b and dh are
-rounded to the input dtype before the elementwise arithmetic, which runs in fp32. Variants measured and dropped
-(software-pipelined, Triton, epilogue stores from registers, other tiles, the ping-pong forward):
-``experiments/swiglu_gemm_epilogues/``.
+rounded to the input dtype before the elementwise arithmetic, which runs in fp32; the backward's epilogue works a
+quarter tile at a time, which keeps its temporaries in registers (session 34). Variants measured and dropped
+(software-pipelined, Triton, epilogue stores from registers, other tiles, the ping-pong forward, two K slices in
+flight, a and b of both halves loaded ahead): ``experiments/swiglu_gemm_epilogues/``.
 
 Scope: sm_90, bf16 or fp16, 2-D row-major operands with 16-byte aligned rows and bases (``supported``).
 """
@@ -44,7 +45,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # for half tiles of a and b (227 KiB in all).
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
-BWD_PREFETCH_CONFIG = (128, 128, 64, 3, 8)  # eight a/b buffers (128 KiB) leave room for three stages
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
 
 
@@ -60,13 +60,6 @@ def _tile_coords(tile, n_m, n_n, GROUP_M: gl.constexpr):
 @gluon.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + gl.exp(-x))
-
-
-@gluon.jit
-def _silu_mul(a, b):
-    """silu(a) * b in fp32, rounded to a's dtype."""
-    af = a.to(gl.float32)
-    return (af * _sigmoid(af) * b.to(gl.float32)).to(a.dtype)
 
 
 @gluon.jit
@@ -122,30 +115,28 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 @gluon.jit
 def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: gl.constexpr,
-                   STAGES: gl.constexpr, INFLIGHT: gl.constexpr):
+                   STAGES: gl.constexpr):
     """One tile's two products for consumer WG (its 64 rows of x's tiles against both weights' tiles), from the
-    ring's ``it``-th K slice on, with up to INFLIGHT slices' MMAs outstanding; each stage goes back to the producer
-    once its MMAs are done. Returns (acc_a, acc_b, it) with ``it`` past the tile's slices (k_tiles >= INFLIGHT)."""
+    ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. Returns (acc_a,
+    acc_b, it) with ``it`` past the tile's slices."""
     for kk in range(k_tiles):
         stage = it % STAGES
         mbarrier.wait(full.index(stage), (it // STAGES) & 1)
         xs = x_s.index(2 * stage + WG)
         tok_a = warpgroup_mma(xs, w1_s.index(stage).permute((1, 0)), acc_a, use_acc=kk > 0, is_async=True)
         tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
-        acc_a, acc_b = warpgroup_mma_wait(2 * INFLIGHT, deps=(tok_a, tok_b))
-        if kk >= INFLIGHT:  # the slice INFLIGHT back is done: its stage goes back to the producer
-            mbarrier.arrive(empty.index((it + STAGES - INFLIGHT) % STAGES))
+        acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
+        if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         it += 1
     acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
-    for i in gl.static_range(INFLIGHT):
-        mbarrier.arrive(empty.index((it + STAGES - INFLIGHT + i) % STAGES))
+    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
     return acc_a, acc_b, it
 
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, INFLIGHT: gl.constexpr,
-                      SPLIT: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -160,23 +151,13 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES,
-                                          INFLIGHT)
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
         b = acc_b.to(dtype)
-        if SPLIT:  # h a quarter tile at a time (the whole half's fp32 temporaries spill)
-            HALF: gl.constexpr = BLOCK_N // 2
-            a0, a1 = _column_halves(a)
-            b0, b1 = _column_halves(b)
-            tma.store_wait(pendings=0)
-            out.slice(0, HALF, dim=1).store(_silu_mul(a0, b0))
-            out.slice(HALF, HALF, dim=1).store(_silu_mul(a1, b1))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(h_desc, [om, pid_n * BLOCK_N], out)
-        else:
-            _store_tile(h_desc, out, _silu_mul(a, b), om, pid_n * BLOCK_N)
+        af = a.to(gl.float32)
+        _store_tile(h_desc, out, (af * _sigmoid(af) * b.to(gl.float32)).to(dtype), om, pid_n * BLOCK_N)
         if SAVE_AB:
             _store_tile(a_desc, out, a, om, pid_n * BLOCK_N)
             _store_tile(b_desc, out, b, om, pid_n * BLOCK_N)
@@ -185,8 +166,7 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, INFLIGHT: gl.constexpr,
-                        SPLIT: gl.constexpr):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
     descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
@@ -204,9 +184,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, INFLIGHT, SPLIT)),
+                             SAVE_AB)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, INFLIGHT, SPLIT)),
+                             SAVE_AB)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -251,7 +231,8 @@ def _column_halves(x):
 
 @gluon.jit
 def _gate_grad_cols(g, a_s, b_s):
-    """da and db for the columns of ``a_s`` and ``b_s`` that ``g`` (dh, rounded) covers, written over them."""
+    """da and db for the columns of ``a_s`` and ``b_s`` that ``g`` (dh, rounded) covers, written over them (each
+    thread writes exactly the elements it read)."""
     a = a_s.load(g.type.layout).to(gl.float32)
     b = b_s.load(g.type.layout).to(gl.float32)
     gf = g.to(gl.float32)
@@ -261,18 +242,15 @@ def _gate_grad_cols(g, a_s, b_s):
 
 
 @gluon.jit
-def _gate_grad_epilogue(dh, a_s, b_s, bar, phase, da_desc, db_desc, om, on, SPLIT: gl.constexpr):
+def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc, om, on):
     """da and db of a half tile from its dh (rounded to the input dtype) and the a, b in ``a_s``, ``b_s``, written
-    over them (each thread writes exactly the elements it read) and stored by TMA. SPLIT: a quarter tile at a time
-    (half the registers live: the whole half spills)."""
+    over them and stored by TMA. A quarter tile at a time: the whole half's fp32 temporaries beside the other half's
+    dh spilled (344 bytes a thread), and the kernel ran 7% slower (session 34)."""
+    HALF: gl.constexpr = dh.shape[1] // 2
     mbarrier.wait(bar, phase)
-    if SPLIT:
-        HALF: gl.constexpr = dh.shape[1] // 2
-        g0, g1 = _column_halves(dh)
-        _gate_grad_cols(g0, a_s.slice(0, HALF, dim=1), b_s.slice(0, HALF, dim=1))
-        _gate_grad_cols(g1, a_s.slice(HALF, HALF, dim=1), b_s.slice(HALF, HALF, dim=1))
-    else:
-        _gate_grad_cols(dh, a_s, b_s)
+    g0, g1 = _column_halves(dh)
+    _gate_grad_cols(g0, a_s.slice(0, HALF, dim=1), b_s.slice(0, HALF, dim=1))
+    _gate_grad_cols(g1, a_s.slice(HALF, HALF, dim=1), b_s.slice(HALF, HALF, dim=1))
     fence_async_shared()
     tma.async_copy_shared_to_global(da_desc, [om, on], a_s)
     tma.async_copy_shared_to_global(db_desc, [om, on], b_s)
@@ -280,13 +258,10 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase, da_desc, db_desc, om, on, SPLI
 
 @gluon.jit
 def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr,
-                  SPLIT: gl.constexpr):
+                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
     consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
-    kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs. With
-    PREFETCH both halves' a and b come in during the products (four buffers a consumer), so the epilogue never waits
-    on memory; without it the second half's load waits for the first half's stores."""
+    kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs."""
     ROWS: gl.constexpr = da_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = da_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = dy_s.type.shape[2]
@@ -294,13 +269,9 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     start, step, n_m, n_n, n_mine, k_tiles = _ws_tiles(M, N, K, 2 * ROWS, BLOCK_N, BLOCK_K)
-    BUFS: gl.constexpr = 4 if PREFETCH else 2
-    a_s = ab_s.index(BUFS * WG)
-    b_s = ab_s.index(BUFS * WG + 1)
-    a1_s = ab_s.index(BUFS * WG + BUFS - 2)  # the second half's buffers: the first half's without PREFETCH
-    b1_s = ab_s.index(BUFS * WG + BUFS - 1)
-    bar = ab_bar.index((BUFS // 2) * WG)
-    bar1 = ab_bar.index((BUFS // 2) * WG + BUFS // 2 - 1)
+    a_s = ab_s.index(2 * WG)
+    b_s = ab_s.index(2 * WG + 1)
+    bar = ab_bar.index(WG)
     for t in range(WG, n_mine, 2):
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS
@@ -324,27 +295,21 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
             else:
                 _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on)
-                if PREFETCH:
-                    _load_ab(a_desc, b_desc, a1_s, b1_s, bar1, om + ROWS, on)
             it += 1
         mbarrier.arrive(turn.index(1 - WG))  # the other consumer's products may start behind these
         acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         dh0 = acc0.to(dtype)
         dh1 = acc1.to(dtype)
-        if PREFETCH:  # each barrier completes once a tile
-            _gate_grad_epilogue(dh0, a_s, b_s, bar, j & 1, da_desc, db_desc, om, on, SPLIT)
-            _gate_grad_epilogue(dh1, a1_s, b1_s, bar1, j & 1, da_desc, db_desc, om + ROWS, on, SPLIT)
-        else:  # twice a tile, one barrier
-            _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on, SPLIT)
-            _load_ab(a_desc, b_desc, a_s, b_s, bar, om + ROWS, on)
-            _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on, SPLIT)
+        _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
+        _load_ab(a_desc, b_desc, a_s, b_s, bar, om + ROWS, on)
+        _gate_grad_epilogue(dh1, a_s, b_s, bar, 1, da_desc, db_desc, om + ROWS, on)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, REGS: gl.constexpr, PREFETCH: gl.constexpr, SPLIT: gl.constexpr):
+                       STAGES: gl.constexpr, REGS: gl.constexpr):
     """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
     (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). Ping-pong
     schedule (CUTLASS's name): each consumer warpgroup owns whole 128-row tiles, alternating with the other, so one's
@@ -355,24 +320,22 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
     dtype: gl.constexpr = dy_desc.dtype
     dy_s = gl.allocate_shared_memory(dtype, [2 * STAGES, ROWS, BLOCK_K], dy_desc.layout)
     w2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, BLOCK_N], w2_desc.layout)
-    NBUF: gl.constexpr = 8 if PREFETCH else 4
-    ab_s = gl.allocate_shared_memory(dtype, [NBUF, ROWS, BLOCK_N], a_desc.layout)
+    ab_s = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_N], a_desc.layout)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ab_bar = gl.allocate_shared_memory(gl.int64, [NBUF // 2, 1], mbarrier.MBarrierLayout())
+    ab_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(NBUF // 2):
-        mbarrier.init(ab_bar.index(i), count=1)
     for i in gl.static_range(2):
+        mbarrier.init(ab_bar.index(i), count=1)
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 0,
-                         GROUP_M, STAGES, PREFETCH, SPLIT)),
+                         GROUP_M, STAGES)),
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 1,
-                         GROUP_M, STAGES, PREFETCH, SPLIT)),
+                         GROUP_M, STAGES)),
         (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -399,37 +362,31 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, inflight: int = 1, split: bool = False
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128; ``inflight``:
-    K slices whose MMAs may be outstanding (1 or 2, fewer than STAGES and no more than the K slices)."""
+    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
-    inflight = max(1, min(inflight, -(-k // block_k)))
     h = x.new_empty(m, n)
     a, b = (x.new_empty(m, n), x.new_empty(m, n)) if save_ab else (h, h)
     rows = [block_m // 2, block_n]
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, INFLIGHT=inflight, SPLIT=split, num_warps=4)
+        REGS=regs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple | None = None, regs: int = CONSUMER_REGS, prefetch: bool = False,
-                    split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
-    ``config`` as ``dual_swiglu``'s (default: ``BWD_PREFETCH_CONFIG`` with ``prefetch``, else ``BWD_CONFIG``)."""
-    if config is None:
-        config = BWD_PREFETCH_CONFIG if prefetch else BWD_CONFIG
+    ``config`` as ``dual_swiglu``'s."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     rows = [block_m // 2, block_n]
     _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
-        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, PREFETCH=prefetch,
-        SPLIT=split, num_warps=4)
+        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, num_warps=4)
     return da, db

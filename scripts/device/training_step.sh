@@ -55,8 +55,9 @@
 #   timing512 (session 33): small/512 and xl/512 against both peers, whole steps (bench's defaults, steady state)
 #   timing-graphs (session 33): xl/512 against the reduce-overhead peer (the faster there), whole steps
 #   timing2048 (session 33): xl/2048 against both peers, whole steps
-#   swab (session 34): the fused feed-forward's kernel variants timed alternately (swiglu_variant_ab.py), then
-#      the backward's two epilogue schedules under Nsight Compute (speed of light, warp states, memory)
+#   swab (session 34): the fused feed-forward's kernel variants timed alternately
+#      (experiments/swiglu_gemm_epilogues/variant_ab_s34.py), then two of them under Nsight Compute
+#   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
@@ -301,16 +302,21 @@ print('Lt without a workspace:', (a @ a[:1600].T).float().abs().mean().item())"
     --precision bf16 --warmup 12 --impl ours --preset xl --context-length 2048 --steps 20 --timing step \
     --cublas-workspace default
   ;;
+s34)
+  step 200 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_swiglu.py
+  step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
+    --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
+  ;;
 swab)
-  step 240 swiglu-ab python3 scripts/device/swiglu_variant_ab.py --rounds ${ROUNDS:-6} --out "$OUT" \
+  step 240 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s34.py --rounds ${ROUNDS:-6} --out "$OUT" \
     ${VARIANTS:+--variants $VARIANTS}
   for v in ${NCU_VARIANTS:-bwd-shipped bwd-split}; do
     step 120 "ncu-$v" ncu --kernel-name regex:swiglu_bwd --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
-      python3 scripts/device/swiglu_variant_ab.py --only "$v" --calls 4
+      python3 experiments/swiglu_gemm_epilogues/variant_ab_s34.py --only "$v" --calls 4
   done
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34 (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80

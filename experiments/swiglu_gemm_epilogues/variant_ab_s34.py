@@ -1,6 +1,7 @@
-"""The fused feed-forward's Gluon kernels in their variants, timed in alternating rounds in one process (issue 19).
+"""Session 34: the fused feed-forward's Gluon kernels in their variants, timed in alternating rounds in one process.
 
-Variants are keyword options of ``swiglu_gemm.dual_swiglu`` / ``swiglu_backward``: the forward with one or two K
+Variants are keyword options of ``swiglu_gemm_s34_variants.py`` beside this script (the package module at c4eb521,
+the ``split`` backward being the package's since): the forward with one or two K
 slices' MMAs outstanding (``inflight``), the backward with both halves' a and b loaded during the products
 (``prefetch``, three ring stages) or the second half's loaded after the first half's stores (five stages), and
 either epilogue a quarter tile at a time (``split``: fewer live registers, no spills in the backward). Outputs
@@ -8,8 +9,8 @@ are compared bit for bit with the first variant of each kind (the arithmetic is 
 the median over rounds of ``do_bench`` medians, the order reversed every other round (a probe's first variant has run
 slow before: docs/training_step.md, session 30).
 
-    python scripts/device/swiglu_variant_ab.py [--rounds 6] [--shapes xl_2048 xl_512 odd] [--out DIR]
-    python scripts/device/swiglu_variant_ab.py --only "bwd-split" --calls 4   # a few calls, for ncu
+    python experiments/swiglu_gemm_epilogues/variant_ab_s34.py [--rounds 6] [--shapes xl_2048 xl_512 odd]
+    python experiments/swiglu_gemm_epilogues/variant_ab_s34.py --only bwd-split --calls 4   # for ncu
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import torch
 import triton
 from triton.testing import do_bench
 
-from cs336_systems.fused import swiglu_gemm
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import swiglu_gemm_s34_variants as swiglu_gemm  # the snapshot beside this script
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "odd": (777, 200, 328)}  # M, K, N
 VARIANTS = {
