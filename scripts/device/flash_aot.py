@@ -138,7 +138,7 @@ def main() -> None:
     # for a work counter on the device: an H100's numbers and a CPU tensor stand in
     torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(
         multi_processor_count=132, regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472,
-        max_threads_per_multi_processor=2048)
+        max_threads_per_multi_processor=2048, L2_cache_size=50 * 2**20)
     ft._work_counter = lambda device: torch.zeros(2, dtype=torch.int32)
     left, right = normalize_window(None, s.causal, s.seq_len, s.seq_len)
     scale = s.head_dim ** -0.5
