@@ -1,7 +1,8 @@
 """Session 34: the fused feed-forward's Gluon kernels in their variants, timed in alternating rounds in one process.
 
-Variants are keyword options of ``swiglu_gemm_s34_variants.py`` beside this script (the package module at c4eb521,
-the ``split`` backward being the package's since): the forward with one or two K
+Variants are keyword options that ``s34_variants.patch`` beside this script gives the package module (it applies at
+the repository root: ``git apply experiments/swiglu_gemm_epilogues/s34_variants.patch``; the module as it ran at
+c4eb521, whose ``split`` backward the package has kept): the forward with one or two K
 slices' MMAs outstanding (``inflight``), the backward with both halves' a and b loaded during the products
 (``prefetch``, three ring stages) or the second half's loaded after the first half's stores (five stages), and
 either epilogue a quarter tile at a time (``split``: fewer live registers, no spills in the backward). Outputs
@@ -18,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import swiglu_gemm_s34_variants as swiglu_gemm  # the snapshot beside this script
+from cs336_systems.fused import swiglu_gemm  # with s34_variants.patch applied
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "odd": (777, 200, 328)}  # M, K, N
 VARIANTS = {

@@ -55,8 +55,8 @@
 #   timing512 (session 33): small/512 and xl/512 against both peers, whole steps (bench's defaults, steady state)
 #   timing-graphs (session 33): xl/512 against the reduce-overhead peer (the faster there), whole steps
 #   timing2048 (session 33): xl/2048 against both peers, whole steps
-#   swab (session 34): the fused feed-forward's kernel variants timed alternately
-#      (experiments/swiglu_gemm_epilogues/variant_ab_s34.py), then two of them under Nsight Compute
+#   swab (session 34): the fused feed-forward's kernel variants (s34_variants.patch, applied first) timed
+#      alternately (experiments/swiglu_gemm_epilogues/variant_ab_s34.py), then two of them under Nsight Compute
 #   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
@@ -307,7 +307,8 @@ s34)
   step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
   ;;
-swab)
+swab)  # the device's copy of the tree takes the variants' patch
+  git apply experiments/swiglu_gemm_epilogues/s34_variants.patch || exit 1
   step 240 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s34.py --rounds ${ROUNDS:-6} --out "$OUT" \
     ${VARIANTS:+--variants $VARIANTS}
   for v in ${NCU_VARIANTS:-bwd-shipped bwd-split}; do
