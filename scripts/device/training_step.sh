@@ -58,6 +58,8 @@
 #   swab (session 34): the fused feed-forward's kernel variants (s34_variants.patch, applied first) timed
 #      alternately (experiments/swiglu_gemm_epilogues/variant_ab_s34.py), then two of them under Nsight Compute
 #   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
+#   s35ab (session 35): the fused feed-forward's kernels with their epilogues cut down, and the backward with both
+#      halves' a and b loaded ahead (s35_variants.patch, applied first), beside cuBLAS's products, timed alternately
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
@@ -317,7 +319,12 @@ swab)  # the device's copy of the tree takes the variants' patch
       python3 experiments/swiglu_gemm_epilogues/variant_ab_s34.py --only "$v" --calls 4
   done
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34 (see the header)"; exit 2;;
+s35ab)  # the device's copy of the tree takes the variants' patch
+  git apply experiments/swiglu_gemm_epilogues/s35_variants.patch || exit 1
+  step 300 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --rounds ${ROUNDS:-6} --out "$OUT" \
+    ${VARIANTS:+--variants $VARIANTS}
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
