@@ -37,6 +37,11 @@ VARIANTS = {  # name: (kind, options, whether the outputs must equal the shipped
     "bwd-prefetch-k32s6": ("bwd", {"prefetch": True, "config": (128, 128, 32, 6, 8)}, True),
     "bwd-cublas": ("bwd-cublas", {}, False),
 }
+# the tile order: GROUP_M row tiles at a time (8 shipped), which sets how long a weight's column panel stays in use
+# while a, b, h (forward) or a, b, da, db (backward) stream through the L2 cache
+for _g in (2, 4, 16, 64):
+    VARIANTS[f"fwd-group{_g}"] = ("fwd", {"config": (128, 128, 64, 4, _g)}, True)
+    VARIANTS[f"bwd-group{_g}"] = ("bwd", {"config": (128, 128, 64, 5, _g)}, True)
 
 
 def _inputs(m: int, k: int, n: int):
