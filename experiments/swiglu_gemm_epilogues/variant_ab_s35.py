@@ -36,6 +36,12 @@ VARIANTS = {  # name: (kind, options, whether the outputs must equal the shipped
     "bwd-k32s10": ("bwd", {"config": (128, 128, 32, 10, 8)}, True),
     "bwd-prefetch-k32s6": ("bwd", {"prefetch": True, "config": (128, 128, 32, 6, 8)}, True),
     "bwd-cublas": ("bwd-cublas", {}, False),
+    # epi 3, backward: the first half's a and b requested before the consumer's turn at the products, not inside
+    # their loop; forward: two output buffers a consumer (three ring stages then fit), stores in turn without
+    # waiting for the previous one to leave its buffer
+    "bwd-early-ab": ("bwd", {"epi": 3}, True),
+    "fwd-s3": ("fwd", {"config": (128, 128, 64, 3, 8)}, True),
+    "fwd-outring-s3": ("fwd", {"epi": 3, "config": (128, 128, 64, 3, 8)}, True),
 }
 # the tile order: GROUP_M row tiles at a time (8 shipped), which sets how long a weight's column panel stays in use
 # while a, b, h (forward) or a, b, da, db (backward) stream through the L2 cache
