@@ -42,6 +42,10 @@ VARIANTS = {  # name: (kind, options, whether the outputs must equal the shipped
     "bwd-early-ab": ("bwd", {"epi": 3}, True),
     "fwd-s3": ("fwd", {"config": (128, 128, 64, 3, 8)}, True),
     "fwd-outring-s3": ("fwd", {"epi": 3, "config": (128, 128, 64, 3, 8)}, True),
+    # epi 4, backward: a and b loaded into registers and da, db stored from them, an eighth of a tile (32 columns)
+    # at a time, no shared memory for them, so the ring can take seven stages
+    "bwd-regs": ("bwd", {"epi": 4}, True),
+    "bwd-regs-s7": ("bwd", {"epi": 4, "config": (128, 128, 64, 7, 8)}, True),
 }
 # the tile order: GROUP_M row tiles at a time (8 shipped), which sets how long a weight's column panel stays in use
 # while a, b, h (forward) or a, b, da, db (backward) stream through the L2 cache
