@@ -46,6 +46,10 @@ VARIANTS = {  # name: (kind, options, whether the outputs must equal the shipped
     # at a time, no shared memory for them, so the ring can take seven stages
     "bwd-regs": ("bwd", {"epi": 4}, True),
     "bwd-regs-s7": ("bwd", {"epi": 4, "config": (128, 128, 64, 7, 8)}, True),
+    # epi 5: the epilogue's loads and stores at coordinates wrapped into the first 256 x 256 (the forward's three
+    # stores, the backward's copy of epi 1): the same TMA and shared-memory work with its traffic held in L2, no DRAM
+    "fwd-l2-stores": ("fwd", {"epi": 5}, False),
+    "bwd-l2-copy": ("bwd", {"epi": 5}, False),
 }
 # the tile order: GROUP_M row tiles at a time (8 shipped), which sets how long a weight's column panel stays in use
 # while a, b, h (forward) or a, b, da, db (backward) stream through the L2 cache
