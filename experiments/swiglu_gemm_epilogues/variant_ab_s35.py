@@ -10,6 +10,7 @@ medians, the order reversed every other round; outputs of the shipped-arithmetic
 with the shipped kernel's.
 
     python experiments/swiglu_gemm_epilogues/variant_ab_s35.py [--rounds 6] [--shapes xl_2048 xl_512]
+    python experiments/swiglu_gemm_epilogues/variant_ab_s35.py --only bwd-copy --calls 4   # for ncu
 """
 
 from __future__ import annotations
@@ -102,7 +103,15 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--only", choices=list(VARIANTS), help="run this variant --calls times at the first shape (ncu)")
+    p.add_argument("--calls", type=int, default=4)
     args = p.parse_args()
+    if args.only:
+        fn = _calls(args.shapes[0], [args.only])[args.only]
+        for _ in range(args.calls):
+            fn()
+        torch.cuda.synchronize()
+        return
     rows = [row for shape in args.shapes for row in time_shape(shape, args.variants, args.rounds)]
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": os.environ.get("CS336_GIT_COMMIT", "")}
