@@ -58,8 +58,8 @@
 #   swab (session 34): the fused feed-forward's kernel variants (s34_variants.patch, applied first) timed
 #      alternately (experiments/swiglu_gemm_epilogues/variant_ab_s34.py), then two of them under Nsight Compute
 #   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
-#   s35ab (session 35): the fused feed-forward's kernels with their epilogues cut down, and the backward with both
-#      halves' a and b loaded ahead (s35_variants.patch, applied first), beside cuBLAS's products, timed alternately
+#   s35ab (session 35): the fused feed-forward's kernels with their epilogues cut down or in other forms
+#      (s35_variants.patch, applied first), beside cuBLAS's products, timed alternately; VARIANTS=... picks them
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
