@@ -22,6 +22,7 @@ import os
 import torch
 import triton
 from triton.testing import do_bench
+from variant_ab_s34 import _inputs  # beside this script: the same inputs as session 34's probe
 
 from cs336_systems.fused import swiglu_gemm  # with s35_variants.patch applied
 
@@ -57,15 +58,6 @@ VARIANTS = {  # name: (kind, options, whether the outputs must equal the shipped
 for _g in (2, 4, 16, 64):
     VARIANTS[f"fwd-group{_g}"] = ("fwd", {"config": (128, 128, 64, 4, _g)}, True)
     VARIANTS[f"bwd-group{_g}"] = ("bwd", {"config": (128, 128, 64, 5, _g)}, True)
-
-
-def _inputs(m: int, k: int, n: int):
-    g = torch.Generator(device="cuda").manual_seed(m + n)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w1, w3 = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5 for _ in range(2))
-    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / n**0.5
-    return x, w1, w3, dy, w2, x @ w1.T, x @ w3.T
 
 
 def _calls(shape: str, names: list[str]):
