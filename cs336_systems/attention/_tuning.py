@@ -79,6 +79,9 @@ class FlashConfig:
     # is small enough for launches to be its cost (scripts/device/flash_host.py --single, H100: 0.48-0.95x of the
     # three-kernel time up to 512 programs at head dim 64 and 128 at 128; 1.02-1.36x beyond)
     single_max_programs: int = 0
+    # Single-kernel backwards of up to this many programs run split (``SPLIT``): the key tiles' dK/dV and the query
+    # tiles' dQ in programs of their own, side by side, instead of one after the other in each program
+    single_split_max_programs: int = 0
     # Tiles of the Gluon forward for sm_90 (``flash_hopper``: TMA ring, asynchronous warpgroup MMAs), taken
     # where its scope allows (16-bit, head dim 64 or 128, full or causal attention); None: the Triton forward
     hopper_fwd: KernelConfig | None = None
@@ -206,7 +209,9 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
         raise ValueError(f"a pinned warp-specialised hopper_fwd needs block_m=128 (two consumer warpgroups of 64 query "
                          f"rows), got {hopper.short()} for d{d_pad} {dtype}")
     return FlashConfig(**picked, atomic_dq=table.atomic_dq,
-                       single_max_programs=table.single_max_programs, hopper_fwd=hopper, hopper_bwd=table.hopper_bwd)
+                       single_max_programs=table.single_max_programs,
+                       single_split_max_programs=table.single_split_max_programs, hopper_fwd=hopper,
+                       hopper_bwd=table.hopper_bwd)
 
 
 @functools.cache

@@ -681,25 +681,33 @@ def _flash_bwd_single_kernel(Q, K, V, O, DO, L, DQ, DK, DV, DOC, SPAN,
                              BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
                              HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
                              INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr = 0,
-                             FOLD_KV: tl.constexpr = 0):
+                             FOLD_KV: tl.constexpr = 0, SPLIT: tl.constexpr = False):
     """The whole backward in one launch, for short sequences (where launches, not arithmetic, are the cost):
     program i of key/value head bkv (HEADS per batch) computes dK, dV of key tile i and then dQ of query tile i of
     each of the GROUP query heads, taking D from the O and dO tiles it loads (no preprocessing, no dQ accumulator,
     no atomics: bitwise reproducible). Causal work balances itself: a low i has a heavy key tile and a light query
-    tile, a high i the reverse."""
+    tile, a high i the reverse. ``SPLIT``: the key tiles' programs and the query tiles' programs are separate
+    (grid: key tiles + query tiles), so that a call of a few programs runs the two halves side by side."""
     pid = tl.program_id(0)
     bkv = tl.program_id(1).to(tl.int64)
-    if pid * BLOCK_N < N_K:
+    n_kt = tl.cdiv(N_K, BLOCK_N)
+    if SPLIT:
+        q_pid = pid - n_kt
+        do_kv = pid < n_kt
+    else:
+        q_pid = pid
+        do_kv = pid * BLOCK_N < N_K
+    if do_kv:
         _dkdv_tile(Q, K, V, DO, O, L, L, DK, DV, L, DOC, SPAN, bkv, pid * BLOCK_N, stride_qb, stride_qm, stride_qd,
                    stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd, stride_dob, stride_dom,
                    stride_dod, stride_ob, stride_om, stride_od, stride_dkb, stride_dkn, stride_dkd, stride_dvb,
                    stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD,
                    BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, True, INPUT_PRECISION,
                    INTERPRET, FOLD_Q, FOLD_KV)
-    if pid * BLOCK_M < N_Q:
+    if (q_pid >= 0) and (q_pid * BLOCK_M < N_Q):
         g = 0
         while g < GROUP:
-            _dq_tile(Q, K, V, DO, O, L, L, DQ, DOC, SPAN, bkv * GROUP + g, bkv, bkv // HEADS, pid * BLOCK_M,
+            _dq_tile(Q, K, V, DO, O, L, L, DQ, DOC, SPAN, bkv * GROUP + g, bkv, bkv // HEADS, q_pid * BLOCK_M,
                      stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd, stride_vb, stride_vn,
                      stride_vd, stride_dob, stride_dom, stride_dod, stride_ob, stride_om, stride_od, stride_dqb,
                      stride_dqm, stride_dqd, N_Q, N_K, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD, BLOCK_M,
@@ -1322,8 +1330,11 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     grid = (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)), bh_kv, 1)
     if grid[0] * grid[1] <= cfgs.single_max_programs:
         tma = tma_for(cfg, "QKVOd", (sg, skv))
-        launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
-                         cfg)
+        split = grid[0] * grid[1] <= cfgs.single_split_max_programs
+        if split:
+            grid = (_cdiv(n_k, cfg.block_n) + _cdiv(n_q, cfg.block_m), bh_kv, 1)
+        launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma,
+                                                        SPLIT=split, **common), cfg)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
         return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv)
     hopper = cfgs.hopper_bwd
