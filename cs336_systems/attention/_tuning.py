@@ -79,9 +79,6 @@ class FlashConfig:
     # is small enough for launches to be its cost (scripts/device/flash_host.py --single, H100: 0.48-0.95x of the
     # three-kernel time up to 512 programs at head dim 64 and 128 at 128; 1.02-1.36x beyond)
     single_max_programs: int = 0
-    # Single-kernel backwards of up to this many programs run split (``SPLIT``): the key tiles' dK/dV and the query
-    # tiles' dQ in programs of their own, side by side, instead of one after the other in each program
-    single_split_max_programs: int = 0
     # Tiles of the Gluon forward for sm_90 (``flash_hopper``: TMA ring, asynchronous warpgroup MMAs), taken
     # where its scope allows (16-bit, head dim 64 or 128, full or causal attention); None: the Triton forward
     hopper_fwd: KernelConfig | None = None
@@ -89,6 +86,18 @@ class FlashConfig:
     # block_n key rows, num_stages Q/dO buffers, tma: dQ by TMA reduce-add), the default backward in the same scope
     # (not with ``deterministic=True``); None: the Triton kernels
     hopper_bwd: KernelConfig | None = None
+    # The single backward kernel's tiles (None: ``dkdv``'s); ``single_max_programs`` counts ``dkdv``'s tiles
+    single: KernelConfig | None = None
+    # Small forwards: (most programs, tiles) in ascending order; a call of at most that many query tiles x heads
+    # runs the Triton forward with the first such entry's tiles (block pointers) instead of ``fwd`` / ``hopper_fwd``
+    small_fwd: tuple[tuple[int, KernelConfig], ...] = ()
+
+    def small_forward(self, n_q: int, heads: int) -> KernelConfig | None:
+        """The ``small_fwd`` tiles for a forward of ``heads`` (batch x heads) of ``n_q`` queries, or None."""
+        for most, cfg in self.small_fwd:
+            if -(-n_q // cfg.block_m) * heads <= most:
+                return cfg
+        return None
 
 
 KERNELS = tuple(f.name for f in fields(FlashConfig) if f.type in (KernelConfig, "KernelConfig"))
@@ -109,14 +118,23 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
                                single_max_programs=128)
         return FlashConfig(K(32, 16, 4, 2), K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1),
                            single_max_programs=128)
+    # Small calls on sm_90 (H100, session 36, scripts/device/flash_floor_variants.py, kernel us at 1 x 1 x 128 x 64
+    # / 1 x 1 x 256 x 64 / 4 x 25 x 256 x 64): the single backward by block pointers on 64 x 64 tiles with two stages
+    # 5.8 / 8.1 / 28.0 against 21.5 / 23.5 / 56.9 by tensor descriptors (built on the device: a fixed cost per
+    # program that a short program does not amortise); the Triton forward by block pointers 4.5 / 6.5 (64 x 128,
+    # one wave) and 13.0 (64 x 64) against the Gluon forward's 7.1 / 8.1 / 16.1; at 8 x 12 x 512 x 64 (768
+    # programs) the Gluon forward is faster (24.3 against 25.5)
+    small = dict(single=K(64, 64, 4, 2), small_fwd=((128, K(64, 128, 4, 2)), (512, K(64, 64, 4, 2)))) if hopper else {}
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
                            single_max_programs=512,
                            hopper_fwd=K(64, 64, 4, 3, True, persistent=True) if hopper else None,
-                           hopper_bwd=K(64, 64, 4, 2, True, persistent=True) if hopper else None)
+                           hopper_bwd=K(64, 64, 4, 2, True, persistent=True) if hopper else None, **small)
     if d_pad <= 128:
+        # head dim 128 (1 x 1 x 128 x 128): single backward 11.3 us by pointers against 31.6, forward 6.3 against 9.5
+        small = dict(small, small_fwd=small["small_fwd"][:1]) if hopper else {}
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
-                           atomic_dq=False, single_max_programs=128,
+                           atomic_dq=False, single_max_programs=128, **small,
                            # two consumer warpgroups, persistent (H100, session 20: 0.91-1.00x cuDNN's forward at
                            # every head-dim-128 model shape; a program per item 1.02-1.15x)
                            hopper_fwd=K(128, 128, 4, 2, True, True, True) if hopper else None,
@@ -208,10 +226,7 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
     if hopper and hopper.warp_specialize and hopper.block_m != 128:
         raise ValueError(f"a pinned warp-specialised hopper_fwd needs block_m=128 (two consumer warpgroups of 64 query "
                          f"rows), got {hopper.short()} for d{d_pad} {dtype}")
-    return FlashConfig(**picked, atomic_dq=table.atomic_dq,
-                       single_max_programs=table.single_max_programs,
-                       single_split_max_programs=table.single_split_max_programs, hopper_fwd=hopper,
-                       hopper_bwd=table.hopper_bwd)
+    return dataclasses.replace(table, **picked, hopper_fwd=hopper)
 
 
 @functools.cache

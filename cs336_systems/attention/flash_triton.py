@@ -19,8 +19,10 @@ casts dQ. ``deterministic=True`` (or ``torch.use_deterministic_algorithms(True)`
 separate dQ kernel that owns a query tile and recomputes P (seven matmuls, no atomics, bitwise
 reproducible); the config table makes that pair the default where it measured faster (``atomic_dq=False``:
 head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two extra matmuls). Small calls
-(``single_max_programs``) run the whole backward as one kernel: program i computes dK, dV of key tile i and dQ
-of query tile i, with D from the O and dO tiles (one launch instead of three, where launches are the cost).
+(``single_max_programs``) run the whole backward as one kernel: a program per key tile computes its dK, dV and
+one per query tile its dQ, with D from the O and dO tiles (one launch instead of three, where launches are the
+cost); and small forwards (``small_fwd``) take the Triton forward by pointers: below a few hundred programs a
+program's fixed costs (device-side tensor descriptors, the Gluon kernels' barrier setup) outweigh what TMA saves.
 
 Hopper (sm_90): where a call is in their scope (``_in_hopper_scope``: 16-bit, head dim 64/128, full or causal,
 no documents), the planner launches the Gluon kernels of ``flash_hopper`` (forward) and ``flash_hopper_bwd`` (the
@@ -681,30 +683,24 @@ def _flash_bwd_single_kernel(Q, K, V, O, DO, L, DQ, DK, DV, DOC, SPAN,
                              BLOCK_N: tl.constexpr, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr,
                              HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
                              INPUT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, FOLD_Q: tl.constexpr = 0,
-                             FOLD_KV: tl.constexpr = 0, SPLIT: tl.constexpr = False):
-    """The whole backward in one launch, for short sequences (where launches, not arithmetic, are the cost):
-    program i of key/value head bkv (HEADS per batch) computes dK, dV of key tile i and then dQ of query tile i of
-    each of the GROUP query heads, taking D from the O and dO tiles it loads (no preprocessing, no dQ accumulator,
-    no atomics: bitwise reproducible). Causal work balances itself: a low i has a heavy key tile and a light query
-    tile, a high i the reverse. ``SPLIT``: the key tiles' programs and the query tiles' programs are separate
-    (grid: key tiles + query tiles), so that a call of a few programs runs the two halves side by side."""
+                             FOLD_KV: tl.constexpr = 0):
+    """The whole backward in one launch, for short sequences (where launches and latency, not arithmetic, are the
+    cost), taking D from the O and dO tiles it loads (no preprocessing, no dQ accumulator, no atomics: bitwise
+    reproducible). Key/value head bkv (HEADS per batch) has a program per key tile (dK, dV, summed over its GROUP
+    query heads) and then one per query tile (dQ of each of the GROUP heads): the two halves run side by side, so a
+    call's critical path is one tile's loop (H100, 1 x 1 x 128 x 64: 5.8 us, against 8.2 with a program doing
+    both of its tiles in turn; scripts/device/flash_floor_variants.py)."""
     pid = tl.program_id(0)
     bkv = tl.program_id(1).to(tl.int64)
-    n_kt = tl.cdiv(N_K, BLOCK_N)
-    if SPLIT:
-        q_pid = pid - n_kt
-        do_kv = pid < n_kt
-    else:
-        q_pid = pid
-        do_kv = pid * BLOCK_N < N_K
-    if do_kv:
+    q_pid = pid - tl.cdiv(N_K, BLOCK_N)
+    if q_pid < 0:
         _dkdv_tile(Q, K, V, DO, O, L, L, DK, DV, L, DOC, SPAN, bkv, pid * BLOCK_N, stride_qb, stride_qm, stride_qd,
                    stride_kb, stride_kn, stride_kd, stride_vb, stride_vn, stride_vd, stride_dob, stride_dom,
                    stride_dod, stride_ob, stride_om, stride_od, stride_dkb, stride_dkn, stride_dkd, stride_dvb,
                    stride_dvn, stride_dvd, N_Q, N_K, GROUP, HEADS, LEFT, RIGHT, sm_scale, qk_scale, HEAD_DIM, D_PAD,
                    BLOCK_M, BLOCK_N, LIMIT_LEFT, LIMIT_RIGHT, HAS_DOCS, EVEN_D, TMA, False, True, INPUT_PRECISION,
                    INTERPRET, FOLD_Q, FOLD_KV)
-    if (q_pid >= 0) and (q_pid * BLOCK_M < N_Q):
+    else:
         g = 0
         while g < GROUP:
             _dq_tile(Q, K, V, DO, O, L, L, DQ, DOC, SPAN, bkv * GROUP + g, bkv, bkv // HEADS, q_pid * BLOCK_M,
@@ -1181,7 +1177,8 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
     cfg = cfgs.hopper_fwd
-    if cfg is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
+    small = cfgs.small_forward(n_q, bh)
+    if small is None and cfg is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
         sms = torch.cuda.get_device_properties(Q.device).multi_processor_count
         if cfg.persistent and _cdiv(n_q, cfg.block_m) * bh <= sms:  # one wave: no setup to share, nothing to balance
             cfg = dataclasses.replace(cfg, persistent=False)
@@ -1198,7 +1195,7 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
             scalars = (*scalars[:-3], bh, order, scalars[-1])
             return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, scalars, (fq, fkv)
         return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars, (fq, fkv)
-    cfg = cfgs.fwd
+    cfg = small or cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                              LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
                                              EVEN_D=d == d_pad, TMA=cfg.tma and fits,
@@ -1327,14 +1324,12 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                                                       (*(stride[c] for c in inputs), *outputs))
 
     cfg = cfgs.dkdv
-    grid = (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)), bh_kv, 1)
-    if grid[0] * grid[1] <= cfgs.single_max_programs:
+    if max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)) * bh_kv <= cfgs.single_max_programs:
+        cfg = cfgs.single or cfg
         tma = tma_for(cfg, "QKVOd", (sg, skv))
-        split = grid[0] * grid[1] <= cfgs.single_split_max_programs
-        if split:
-            grid = (_cdiv(n_k, cfg.block_n) + _cdiv(n_q, cfg.block_m), bh_kv, 1)
-        launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma,
-                                                        SPLIT=split, **common), cfg)
+        grid = (_cdiv(n_k, cfg.block_n) + _cdiv(n_q, cfg.block_m), bh_kv, 1)
+        launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
+                         cfg)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
         return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv)
     hopper = cfgs.hopper_bwd

@@ -2,8 +2,8 @@
 
 For each shape: GPU time per call (``bench.flash.kernel_ms``: L2 flushed, host time not counted) of our forward and
 backward (``flash_forward`` / ``flash_backward`` with the config under test) and of the peers' forward and
-forward+backward, in one process. Variants: the single backward kernel split or not, by TMA or block pointers, at
-several tiles; the Triton forward at several tiles against the Gluon one.
+forward+backward, in one process. Variants: the single backward kernel by TMA or block pointers at several tiles
+(``FlashConfig.single``), the Triton forward at several tiles (``small_fwd``) against the Gluon one.
 
     python scripts/device/flash_floor_variants.py [--shapes floor ...] [--out DIR]
 """
@@ -48,17 +48,18 @@ def _shape(name: str, dev: torch.device, record) -> None:
     def fwd_ms(cfg):
         return kernel_ms(lambda: flash_forward(qd, kd, vd, s.causal, config=cfg), dev, [])
 
-    record(name, "fwd", f"default {base.hopper_fwd.short() if base.hopper_fwd else base.fwd.short()}",
-           fwd_ms(base))
+    small = base.small_forward(s.seq_len, s.batch * s.heads)
+    record(name, "fwd", f"default {small.short() if small else 'gluon'}", fwd_ms(base))
+    record(name, "fwd", "without small_fwd", fwd_ms(dataclasses.replace(base, small_fwd=())))
     for t in FWD_TILES:
         try:
-            record(name, "fwd", f"triton {t.short()}", fwd_ms(dataclasses.replace(base, fwd=t, hopper_fwd=None)))
+            record(name, "fwd", f"triton {t.short()}", fwd_ms(dataclasses.replace(base, small_fwd=((1 << 30, t),))))
         except Exception as err:  # a tile that does not fit (shared memory): say so and go on
             print(f"{name} fwd triton {t.short()}: {type(err).__name__}: {str(err)[:120]}", flush=True)
     if base.hopper_fwd is not None:
         for t in (K(64, 64, 4, 2, True), K(64, 128, 4, 2, True), K(128, 128, 4, 2, True, True)):
             try:
-                record(name, "fwd", f"gluon {t.short()}", fwd_ms(dataclasses.replace(base, hopper_fwd=t)))
+                record(name, "fwd", f"gluon {t.short()}", fwd_ms(dataclasses.replace(base, hopper_fwd=t, small_fwd=())))
             except Exception as err:
                 print(f"{name} fwd gluon {t.short()}: {type(err).__name__}: {str(err)[:120]}", flush=True)
     o, lse = flash_forward(qd, kd, vd, s.causal, config=base)
@@ -69,13 +70,11 @@ def _shape(name: str, dev: torch.device, record) -> None:
     record(name, "bwd", "default", bwd_ms(base))
     record(name, "bwd", "three kernels", bwd_ms(dataclasses.replace(base, single_max_programs=0)))
     for t in BWD_TILES:
-        for split in (False, True):
-            cfg = dataclasses.replace(base, dkdv=t, single_max_programs=10**6,
-                                      single_split_max_programs=10**6 if split else 0)
-            try:
-                record(name, "bwd", f"single {t.short()}{' split' if split else ''}", bwd_ms(cfg))
-            except Exception as err:
-                print(f"{name} bwd {t.short()}: {type(err).__name__}: {str(err)[:120]}", flush=True)
+        try:
+            record(name, "bwd", f"single {t.short()}",
+                   bwd_ms(dataclasses.replace(base, single=t, single_max_programs=1 << 30)))
+        except Exception as err:
+            print(f"{name} bwd {t.short()}: {type(err).__name__}: {str(err)[:120]}", flush=True)
 
 
 def main() -> None:
