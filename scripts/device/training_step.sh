@@ -60,6 +60,8 @@
 #   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
 #   s35ab (session 35): the fused feed-forward's kernels with their epilogues cut down or in other forms
 #      (s35_variants.patch, applied first), beside cuBLAS's products, timed alternately; VARIANTS=... picks them
+#   s36ncu (session 36): Nsight Compute's per-instruction (SASS) stall samples of the fused feed-forward's backward as
+#      shipped, with a copy-only epilogue and with none (s35_variants.patch; NCU_VARIANTS=... picks them), as CSV
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
@@ -324,7 +326,17 @@ s35ab)  # the device's copy of the tree takes the variants' patch
   step 300 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --rounds ${ROUNDS:-6} --out "$OUT" \
     ${VARIANTS:+--variants $VARIANTS}
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab (see the header)"; exit 2;;
+s36ncu)  # the device's copy of the tree takes the variants' patch; per-instruction stall samples, exported as CSV
+  git apply experiments/swiglu_gemm_epilogues/s35_variants.patch || exit 1
+  for v in ${NCU_VARIANTS:-bwd-shipped bwd-copy bwd-products}; do
+    step 150 "ncu-$v" ncu --kernel-name regex:swiglu_bwd --launch-skip 2 --launch-count 1 --section SourceCounters \
+      --section WarpStateStats --section SpeedOfLight --import-source no -f -o "$OUT/ncu-$v" \
+      python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --only "$v" --calls 4
+    ncu --import "$OUT/ncu-$v.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-$v-sass.csv" 2>&1
+    ncu --import "$OUT/ncu-$v.ncu-rep" --page details > "$OUT/ncu-$v-details.txt" 2>&1
+  done
+  ;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab|s36ncu (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
