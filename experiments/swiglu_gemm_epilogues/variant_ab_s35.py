@@ -52,6 +52,8 @@ VARIANTS = {  # name: (kind, options, whether the outputs must equal the shipped
     # stores, the backward's copy of epi 1): the same TMA and shared-memory work with its traffic held in L2, no DRAM
     "fwd-l2-stores": ("fwd", {"epi": 5}, False),
     "bwd-l2-copy": ("bwd", {"epi": 5}, False),
+    # session 36 (s36_variants.patch): da, db stored by the LSU, the second half's a, b loaded without a store drain
+    "bwd-lsu": ("bwd", {"epi": 6}, True),
 }
 # the tile order: GROUP_M row tiles at a time (8 shipped), which sets how long a weight's column panel stays in use
 # while a, b, h (forward) or a, b, da, db (backward) stream through the L2 cache

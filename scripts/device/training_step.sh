@@ -326,6 +326,11 @@ s35ab)  # the device's copy of the tree takes the variants' patch
   step 300 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --rounds ${ROUNDS:-6} --out "$OUT" \
     ${VARIANTS:+--variants $VARIANTS}
   ;;
+s36ab)  # s35ab with session 36's patch (a superset of session 35's)
+  git apply experiments/swiglu_gemm_epilogues/s36_variants.patch || exit 1
+  step 300 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --rounds ${ROUNDS:-6} --out "$OUT" \
+    ${VARIANTS:+--variants $VARIANTS}
+  ;;
 s36ncu)  # the device's copy of the tree takes the variants' patch; per-instruction stall samples, exported as CSV
   git apply experiments/swiglu_gemm_epilogues/s35_variants.patch || exit 1
   for v in ${NCU_VARIANTS:-bwd-shipped bwd-copy bwd-products}; do
@@ -336,7 +341,7 @@ s36ncu)  # the device's copy of the tree takes the variants' patch; per-instruct
     ncu --import "$OUT/ncu-$v.ncu-rep" --page details > "$OUT/ncu-$v-details.txt" 2>&1
   done
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab|s36ncu (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab|s36ab|s36ncu (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
