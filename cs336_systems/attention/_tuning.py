@@ -4,7 +4,8 @@
 bucket, padded head dim, dtype), so a call costs a dict lookup and nothing is tuned at run time. Its
 answer, per kernel (``FlashConfig``: ``fwd``; ``bwd``, the fused dK/dV/dQ-atomic kernel; ``dkdv`` and
 ``dq``, the deterministic backward; ``atomic_dq``, which backward is the default; ``single_max_programs``, up to
-which grid size the whole backward is one kernel with ``dkdv``'s tiles):
+which grid size the whole backward is one kernel, with ``single``'s tiles or else ``dkdv``'s; ``small_fwd``, the
+forward's tiles by block pointers for small calls):
 1. on a GPU of the compute capability recorded in ``flash_tune_h100.json`` (next to this module, written
    by ``scripts/device/flash_tune.py`` on an H100): its entry for the query-length bucket, else for the
    head dim and dtype;
@@ -74,8 +75,8 @@ class FlashConfig:
     # 0.62 vs 0.73-0.77 ms at 1 x 16 x 4,096; 7.0 vs 8.1-8.4 ms with a 4,096 window at 32,768)
     atomic_dq: bool = True
     # Backwards of up to this many programs (``dkdv``'s tiles: max(key tiles, query tiles) x key/value heads) run
-    # as one kernel: program i computes dK, dV of key tile i and dQ of query tile i, with D from the O and dO
-    # tiles. Seven matmuls per tile pair instead of five, but one launch instead of three: faster while the call
+    # as one kernel: a program per key tile computes its dK, dV and one per query tile its dQ, with D from the O
+    # and dO tiles. Seven matmuls per tile pair instead of five, but one launch instead of three: faster while the call
     # is small enough for launches to be its cost (scripts/device/flash_host.py --single, H100: 0.48-0.95x of the
     # three-kernel time up to 512 programs at head dim 64 and 128 at 128; 1.02-1.36x beyond)
     single_max_programs: int = 0
