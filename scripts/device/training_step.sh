@@ -321,13 +321,8 @@ swab)  # the device's copy of the tree takes the variants' patch
       python3 experiments/swiglu_gemm_epilogues/variant_ab_s34.py --only "$v" --calls 4
   done
   ;;
-s35ab)  # the device's copy of the tree takes the variants' patch
-  git apply experiments/swiglu_gemm_epilogues/s35_variants.patch || exit 1
-  step 300 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --rounds ${ROUNDS:-6} --out "$OUT" \
-    ${VARIANTS:+--variants $VARIANTS}
-  ;;
-s36ab)  # s35ab with session 36's patch (a superset of session 35's)
-  git apply experiments/swiglu_gemm_epilogues/s36_variants.patch || exit 1
+s35ab|s36ab)  # the device's copy of the tree takes that session's variants' patch (s36's is a superset of s35's)
+  git apply "experiments/swiglu_gemm_epilogues/${1%ab}_variants.patch" || exit 1
   step 300 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s35.py --rounds ${ROUNDS:-6} --out "$OUT" \
     ${VARIANTS:+--variants $VARIANTS}
   ;;
