@@ -384,7 +384,8 @@ def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k
 def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                      kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles, n_iter,
                      N_Q, N_K, sm_scale, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_KV: gl.constexpr):
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_KV: gl.constexpr, DQ_EARLY: gl.constexpr,
+                     DQ_BUFS: gl.constexpr):
     """Key rows ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's
     half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included)."""
     dtype: gl.constexpr = q_buf.dtype
@@ -407,7 +408,6 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
     else:
         k_dq = k_tile.permute((1, 0))
         dq_row, dq_col = WG * DQ_N, 0
-    dq_stage = dq_buf.index(WG)
 
     s_zero = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, layout=dq_layout)
@@ -446,7 +446,9 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
         delta = delta_buf.index(s).load(col_layout)
         dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
         ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)  # eq. 17
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_s, dv, is_async=True)  # eq. 15
+        p_op = gl.convert_layout(p_t.to(dtype), a_layout)
+        if not DQ_EARLY:
+            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)  # eq. 15
         b = it % 2  # dS^T double buffer: see the barrier argument below
         ds_tile = ds_buf.index(b)
         ds_tile.slice(WG * ROWS, ROWS, dim=0).store(ds_t)
@@ -461,15 +463,23 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
         else:
             ds_op = ds_tile
         dq = warpgroup_mma(k_dq, ds_op, dq_zero, use_acc=False, is_async=True)  # eq. 18 transposed
-        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
-        mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
+        if DQ_EARLY:  # dV after dQ: it runs while dQ goes out through shared memory
+            dv = warpgroup_mma(p_op, do_s, dv, is_async=True)  # eq. 15
+            dk, dq = warpgroup_mma_wait(num_outstanding=1, deps=[dk, dq])
+        else:
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
+            mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
 
-        tma.store_wait(pendings=0)  # the previous tile's reduce has read this warpgroup's staging buffer
+        dq_stage = dq_buf.index(WG * DQ_BUFS + it % DQ_BUFS)
+        tma.store_wait(pendings=DQ_BUFS - 1)  # the reduce that last read this staging buffer is done
         gl.thread_barrier()
         dq_stage.reshape([DQ_N, DQ_M]).permute((1, 0)).store(dq)
         fence_async_shared()
         gl.thread_barrier()
         _tma_reduce_add(dq_desc, [bq0 + g, start_m + dq_row, dq_col], dq_stage)  # rows past N_Q are clipped
+        if DQ_EARLY:
+            dv = warpgroup_mma_wait(num_outstanding=0, deps=[dv])
+            mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
 
     # dV through this warpgroup's half of V's buffer (only its own MMAs read it); dK through K's half once both
     # warpgroups' dQ^T MMAs, which read all of K, have finished
@@ -495,7 +505,8 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                           N_Q, N_K, GROUP, BKV, LEFT, RIGHT, sm_scale, qk_scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                          PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
+                          PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
+                          DQ_EARLY: gl.constexpr = False, DQ_BUFS: gl.constexpr = 1):
     """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
     the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
     and PERSISTENT are accepted for the shared launcher (always TMA, a program per item)."""
@@ -527,7 +538,7 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     lse_buf = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_smem)
     delta_buf = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_smem)
     ds_buf = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_smem)
-    dq_buf = gl.allocate_shared_memory(gl.float32, [2, 1, DQ[1], DQ[0]], dq_smem)
+    dq_buf = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, 1, DQ[1], DQ[0]], dq_smem)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     epi_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -553,10 +564,12 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     gl.warp_specialize([
         (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                             kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
-                            n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV)),
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV,
+                            DQ_EARLY, DQ_BUFS)),
         (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                             kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
-                            n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV)),
+                            n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV,
+                            DQ_EARLY, DQ_BUFS)),
         (_ws_bwd_producer, (q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
                             kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
                             BLOCK_M, STAGES, HEAD_DIM, FOLD_Q, FOLD_KV)),
@@ -579,19 +592,23 @@ class Variant:
     dq_tma: bool = True
     persistent: bool = False
     warp_specialize: bool = False
+    dq_early: bool = False
+    dq_bufs: int = 1
 
     @property
     def kernel(self):
         return _hopper_bwd_ws_kernel if self.warp_specialize else _hopper_bwd_dkdv_kernel
 
     def constexprs(self, causal: bool) -> dict:
+        extra = dict(DQ_EARLY=self.dq_early, DQ_BUFS=self.dq_bufs) if self.warp_specialize else {}
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    STAGES=self.stages, DQ_TMA=self.dq_tma, PERSISTENT=self.persistent)
+                    STAGES=self.stages, DQ_TMA=self.dq_tma, PERSISTENT=self.persistent, **extra)
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
                 f"{'tma' if self.dq_tma else 'ptr'}{'/p' if self.persistent else ''}"
-                f"{'/ws' if self.warp_specialize else ''}")
+                f"{'/ws' if self.warp_specialize else ''}{'/early' if self.dq_early else ''}"
+                f"{f'/dq{self.dq_bufs}' if self.dq_bufs > 1 else ''}")
 
 
 # Registers and spills: scripts/device/flash_aot.py --gluon-bwd. The one- and two-warpgroup variants compile without
@@ -605,6 +622,8 @@ VARIANTS = (
     Variant(128, 64, 32, 4, 2), Variant(128, 64, 32, 4, 3), Variant(128, 64, 32, 4, 2, dq_tma=False),
     Variant(64, 64, 64, 4, 2, persistent=True), Variant(128, 128, 64, 4, 2, warp_specialize=True),
     Variant(64, 128, 128, 4, 2, warp_specialize=True),
+    *(Variant(d, 128, m, 4, 2, warp_specialize=True, dq_early=e, dq_bufs=n)
+      for d, m in ((128, 64), (64, 128)) for e, n in ((True, 1), (False, 2), (True, 2))),
 )
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
+#     [wsbwd] [wsncu]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
 # lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128);
 # features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
-# (FEATURES_ARGS, e.g. "--feature gqa"). CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
+# (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
+# them) checked against fp64 and timed in interleaved rounds at lb2025, d128_4k, noncausal_2k and gqa; wsncu:
+# Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV. CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
 OUT=${OUT:-/tmp/flash-out}; mkdir -p "$OUT/results"
@@ -29,6 +32,15 @@ for s in "$@"; do
              --head-dim 64 128 --seq-len 1024 4096 16384 --results-dir "$OUT/results" ;;
     features) step 540 features python3 -m cs336_systems flash-bench --only features ${FEATURES_ARGS:-} \
                 --results-dir "$OUT/results" ;;
+    wsbwd) step 420 wsbwd python3 scripts/device/gluon_bwd_check.py --only ${WSBWD_ONLY:-$(python3 -c \
+             "from cs336_systems.attention import flash_hopper_bwd as h; print(*[v.name() for v in h.VARIANTS if v.warp_specialize])")} \
+             --rounds 7 --time-shapes 1 3 4 5 --no-triton ;;
+    wsncu) step 200 wsncu ncu --kernel-name regex:hopper_bwd_ws --launch-skip 2 --launch-count 1 --section SourceCounters \
+             --section WarpStateStats --section SpeedOfLight --import-source no -f -o "$OUT/ncu-wsbwd" \
+             python3 scripts/device/ncu_attention.py --shape noncausal_2k --impl triton --backward --calls 3
+           ncu --import "$OUT/ncu-wsbwd.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-wsbwd-sass.csv.gz"
+           ncu --import "$OUT/ncu-wsbwd.ncu-rep" --page details > "$OUT/ncu-wsbwd-details.txt" 2>&1
+           rm -f "$OUT/ncu-wsbwd.ncu-rep" ;;
   esac
 done
 (cd "$OUT" && tar czf results.tgz results && rm -rf results && tar czf logs.tgz log-*.txt && rm -f log-*.txt)

@@ -2,7 +2,8 @@
 reference, our Triton backward and PyTorch SDPA; then the middle kernel alone against the Triton
 ``_flash_bwd_dkdv_kernel`` (atomic dQ, the config table's ``bwd`` tiles).
 
-    python scripts/device/gluon_bwd_check.py [--dtype bf16|fp16] [--quick] [--only NAME ...]
+    python scripts/device/gluon_bwd_check.py [--dtype bf16|fp16] [--quick] [--only NAME ...] [--rounds N]
+        [--time-shapes I ...] [--no-triton]
 
 Pass rule per gradient: max |ours - fp64| <= 2 x max |SDPA - fp64| (SDPA in the same dtype) + the dtype's rounding
 step at the gradient's magnitude. Prints tables; writes ``$OUT/gluon_bwd_check.json`` when ``OUT`` is set. Exit code
@@ -125,8 +126,11 @@ def triton_middle(d, n_q, dtype, causal):
     return (ft._flash_bwd_dkdv_kernel, constexprs, cfg.num_warps, cfg.num_stages), cfg.short()
 
 
-def bench(shapes, variants, dtype, rows):
-    print(f"\n{'shape':<30} {'kernel':<28} {'ms':>8} {'TFLOP/s':>8} {'vs triton':>9}")
+def bench(shapes, variants, dtype, rows, rounds=1, triton_base=True):
+    """Each shape's middle kernel (plus the preprocess) per variant, and the Triton kernel first as the base unless
+    ``triton_base`` is off (then the first variant is): ``rounds`` interleaved rounds of ``do_bench``, the order
+    rotated each round, median of the rounds (so a variant and its base see the same drift of the GPU's clocks)."""
+    print(f"\n{'shape':<30} {'kernel':<34} {'ms':>8} {'TFLOP/s':>8} {'vs base':>9}")
     for b, hq, hkv, n_q, n_k, d, causal in shapes:
         q = torch.randn(b, hq, n_q, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, hkv, n_k, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -134,19 +138,27 @@ def bench(shapes, variants, dtype, rows):
         o, lse = ft.flash_forward(q, k, v, causal)
         flops = backward_flops(b, hq, n_q, n_k, d, causal)
         shape = f"{b}x{hq}{f'/{hkv}' if hkv != hq else ''}x{n_q}x{d}{' causal' if causal else ''}"
-        middle, name = triton_middle(d, n_q, dtype, causal)
-        timed = [(f"triton {name}", middle, None)] + [(var.name(), None, var) for var in variants
-                                                      if var.head_dim == d]
-        base = None
-        for label, mid_kernel, var in timed:
+        timed = [(var.name(), None, var) for var in variants if var.head_dim == d]
+        if triton_base:
+            middle, name = triton_middle(d, n_q, dtype, causal)
+            timed.insert(0, (f"triton {name}", middle, None))
+        calls = []
+        for _label, mid_kernel, var in timed:
             (pre, mid, _post), _ = hb.backward_launches(q, k, v, o, lse, do, causal, var, middle=mid_kernel)
             pre()
             mid()  # compile
             # the preprocess too: it zeroes the dQ accumulator and the persistent kernel's work counter
-            ms = triton.testing.do_bench(lambda pre=pre, mid=mid: (pre(), mid()), warmup=25, rep=200)
+            calls.append(lambda pre=pre, mid=mid: (pre(), mid()))
+        times = [[] for _ in timed]
+        for r in range(rounds):
+            for i in [(j + r) % len(timed) for j in range(len(timed))]:
+                times[i].append(triton.testing.do_bench(calls[i], warmup=25, rep=max(20, 200 // rounds)))
+        base = None
+        for (label, _m, _v), ts in zip(timed, times, strict=True):
+            ms = sorted(ts)[len(ts) // 2]
             base = base or ms
-            rows.append(dict(shape=shape, kernel=label, ms=ms, tflops=flops / ms * 1e-9, vs_triton=base / ms))
-            print(f"{shape:<30} {label:<28} {ms:8.3f} {flops / ms * 1e-9:8.1f} {base / ms:8.2f}x", flush=True)
+            rows.append(dict(shape=shape, kernel=label, ms=ms, rounds=ts, tflops=flops / ms * 1e-9, vs_base=base / ms))
+            print(f"{shape:<30} {label:<34} {ms:8.3f} {flops / ms * 1e-9:8.1f} {base / ms:8.3f}x", flush=True)
 
 
 def main() -> int:
@@ -155,6 +167,10 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="the small check shapes only, no timing")
     p.add_argument("--only", nargs="+", default=None, help="variants by name (Variant.name())")
     p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per shape (median)")
+    p.add_argument("--time-shapes", nargs="+", type=int, default=None, metavar="I",
+                   help="indices into TIME_SHAPES (default: all)")
+    p.add_argument("--no-triton", action="store_true", help="time the variants only, the first as the base")
     args = p.parse_args()
     if torch.cuda.get_device_capability() != (9, 0):
         print("needs an sm_90 GPU (H100 / H200)", file=sys.stderr)
@@ -169,7 +185,8 @@ def main() -> int:
     try:
         check(QUICK if args.quick else CHECK_SHAPES, variants, dtype, out["check"], failures)
         if not (args.quick or args.no_bench):
-            bench(TIME_SHAPES, variants, dtype, out["bench"])
+            shapes = TIME_SHAPES if args.time_shapes is None else [TIME_SHAPES[i] for i in args.time_shapes]
+            bench(shapes, variants, dtype, out["bench"], args.rounds, not args.no_triton)
     finally:
         out["failures"] = failures
         if os.environ.get("OUT"):
