@@ -1056,6 +1056,24 @@ def test_shapes_are_timed_in_interleaved_rounds_on_the_same_inputs():
     # the same inputs for every implementation: their forward outputs agree
     outs = list(seen.values())
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    assert "forward_kernel_ms" not in naive  # no kernel time asked for
+
+    # kernel time in rounds interleaved the same way, after the do_bench rounds: 20 profiled calls in all
+    timer_calls = []
+
+    def fake_timer(fn, device, grads, calls, warmup):
+        timer_calls.append((calls, warmup))
+        return 100.0 + len(timer_calls)
+
+    calls.clear()
+    rows = time_interleaved(["naive", "torch_tiled"], shape, torch.device("cpu"), rounds=3, rep_ms=30.0,
+                            bench=fake_bench, kernel_time=True, kernel_timer=fake_timer)
+    naive, tiled = rows
+    # per round and implementation the forward, then forward+backward: (naive, tiled), (tiled, naive), (naive, tiled)
+    assert naive["forward_kernel_ms_rounds"] == [101.0, 107.0, 109.0]
+    assert tiled["forward_backward_kernel_ms_rounds"] == [104.0, 106.0, 112.0]
+    assert naive["forward_kernel_ms"] == 107.0 and tiled["forward_backward_kernel_ms"] == 106.0
+    assert [c for c, _ in timer_calls] == [7] * 12 and [w for _, w in timer_calls] == [3] * 4 + [1] * 8
 
     def failing_bench(fn, warmup, rep, return_mode, grad_to_none):  # torch_tiled fails in the rounds
         if len(calls) >= 4 and id(fn) in calls[2:4]:

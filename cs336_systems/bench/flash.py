@@ -182,14 +182,15 @@ _FLUSH_OP = "bitwise_not"  # the kernel that flushes L2 between profiled calls, 
 
 
 def kernel_ms(fn: Callable[[], object], device: torch.device, grad_to_none: list[torch.Tensor],
-              calls: int = 20) -> float:
-    """GPU milliseconds per call of ``fn``'s kernels (and memsets and copies) under ``torch.profiler``: each call
-    after an L2 flush (a 256 MB ``bitwise_not_``, left out of the sum) with the gradients of ``grad_to_none``
-    reset, as ``do_bench`` does. Host time between the kernels is not counted."""
+              calls: int = 20, warmup: int = 3) -> float:
+    """GPU milliseconds per call of ``fn``'s kernels (and memsets and copies) under ``torch.profiler``: each of
+    ``calls`` calls (after ``warmup`` unprofiled ones) after an L2 flush (a 256 MB ``bitwise_not_``, left out of
+    the sum) with the gradients of ``grad_to_none`` reset, as ``do_bench`` does. Host time between the kernels is
+    not counted."""
     from torch.profiler import ProfilerActivity, profile
 
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -285,12 +286,16 @@ def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, mod
 def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
                      modes: tuple[str, ...] = ("forward", "forward_backward"), rounds: int = 5,
                      warmup_ms: float = 100, rep_ms: float = 300, kernel_time: bool = False,
-                     bench: Callable | None = None) -> list[dict]:
+                     bench: Callable | None = None, kernel_timer: Callable | None = None) -> list[dict]:
     """One record per implementation, all on the same inputs, timed in ``rounds`` interleaved rounds: each round
     runs every implementation's ``bench`` (``do_bench``, ``rep_ms / rounds`` each) in an order rotated by one per
     round, and ``{mode}_ms`` is the median of the rounds (each round's in ``{mode}_ms_rounds``). Where the host
     sets the pace its speed drifts by 2x within a run; interleaving makes every implementation see the same
-    drift, so their ratio holds where back-to-back medians did not."""
+    drift, so their ratio holds where back-to-back medians did not. ``kernel_time``: then as many interleaved
+    rounds of ``kernel_timer`` (``kernel_ms``, 20 profiled calls an implementation in all), ``{mode}_kernel_ms``
+    their median and ``{mode}_kernel_ms_rounds`` the rounds: the GPU's clocks drift with its power and temperature
+    over a run, by a few percent at the long shapes, and timing one implementation's kernels after another's would
+    put that drift into their ratio."""
     if rounds < 1:
         raise ValueError(f"time_interleaved: rounds must be >= 1, got {rounds}")
     if bench is None:
@@ -312,26 +317,35 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
                 rows[impl], live[impl] = row, (calls, grads)
             except Exception as err:
                 rows[impl] = _failed(row, err)
-        for r in range(rounds):
-            order = list(live)
-            shift = r % len(order) if order else 0
-            for impl in order[shift:] + order[:shift]:
-                calls, grads = live[impl]
-                try:
-                    for mode in modes:
-                        ms = bench(calls[mode], warmup=min(25.0, rep_ms / rounds), rep=rep_ms / rounds,
-                                   return_mode="median", grad_to_none=None if mode == "forward" else grads)
-                        rows[impl].setdefault(f"{mode}_ms_rounds", []).append(ms)
-                except Exception as err:
-                    rows[impl] = _failed(rows[impl], err)
-                    del live[impl]
-        for impl, (calls, grads) in live.items():
+        for _, impl in _interleaved(live, rounds):
+            calls, grads = live[impl]
+            try:
+                for mode in modes:
+                    ms = bench(calls[mode], warmup=min(25.0, rep_ms / rounds), rep=rep_ms / rounds,
+                               return_mode="median", grad_to_none=None if mode == "forward" else grads)
+                    rows[impl].setdefault(f"{mode}_ms_rounds", []).append(ms)
+            except Exception as err:
+                rows[impl] = _failed(rows[impl], err)
+                del live[impl]
+        timed = [m for m in modes if m != "backward"] if kernel_time else []
+        timer = kernel_timer or kernel_ms
+        per_round = -(-20 // rounds)
+        for r, impl in _interleaved(live, rounds if timed else 0):
+            calls, grads = live[impl]
+            try:
+                for mode in timed:
+                    ms = timer(calls[mode], device, grads, calls=per_round, warmup=3 if r == 0 else 1)
+                    rows[impl].setdefault(f"{mode}_kernel_ms_rounds", []).append(ms)
+            except Exception as err:
+                rows[impl] = _failed(rows[impl], err)
+                del live[impl]
+        for impl in live:
             row = rows[impl]
             try:
                 for mode in modes:
                     row[f"{mode}_ms"] = statistics.median(row[f"{mode}_ms_rounds"])
-                    if kernel_time and mode != "backward":
-                        row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, grads)
+                for mode in timed:
+                    row[f"{mode}_kernel_ms"] = statistics.median(row[f"{mode}_kernel_ms_rounds"])
                 _add_tflops(row, shape, modes)
                 row["status"] = "ok"
             except Exception as err:
@@ -340,6 +354,17 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return [rows[i] for i in impls]
+
+
+def _interleaved(live: dict, rounds: int):
+    """(round, implementation): every implementation of ``live`` once a round, in an order rotated by one per round;
+    one removed from ``live`` meanwhile (it failed) is not visited again."""
+    for r in range(rounds):
+        order = list(live)
+        shift = r % len(order) if order else 0
+        for impl in order[shift:] + order[:shift]:
+            if impl in live:
+                yield r, impl
 
 
 def sweep_shapes(seq_lens, head_dims, dtypes) -> list[AttnShape]:

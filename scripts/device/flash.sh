@@ -8,7 +8,8 @@
 # lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128);
 # features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
 # (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
-# them) checked against fp64 and timed in interleaved rounds at lb2025, d128_4k, noncausal_2k and gqa; wsncu:
+# them) checked against fp64 and timed in interleaved rounds (WSBWD_ARGS: default lb2025, d128_4k, noncausal_2k and
+# gqa, 7 rounds); wsncu:
 # Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV. CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -34,7 +35,7 @@ for s in "$@"; do
                 --results-dir "$OUT/results" ;;
     wsbwd) step 420 wsbwd python3 scripts/device/gluon_bwd_check.py --only ${WSBWD_ONLY:-$(python3 -c \
              "from cs336_systems.attention import flash_hopper_bwd as h; print(*[v.name() for v in h.VARIANTS if v.warp_specialize])")} \
-             --rounds 7 --time-shapes 1 3 4 5 --no-triton ;;
+             ${WSBWD_ARGS:---rounds 7 --time-shapes 1 3 4 5} --no-triton ;;
     wsncu) step 200 wsncu ncu --kernel-name regex:hopper_bwd_ws --launch-skip 2 --launch-count 1 --section SourceCounters \
              --section WarpStateStats --section SpeedOfLight --import-source no -f -o "$OUT/ncu-wsbwd" \
              python3 scripts/device/ncu_attention.py --shape noncausal_2k --impl triton --backward --calls 3
