@@ -36,8 +36,25 @@ def test_variants_are_well_formed():
         # a warpgroup per 64 key rows (warp-specialised: two consumer warpgroups beside the 4 launched warps)
         assert v.block_n == (128 if v.warp_specialize else 16 * v.num_warps)
         assert set(v.constexprs(True)) == {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "STAGES", "DQ_TMA",
-                                           "PERSISTENT"}
+                                           "PERSISTENT", *(["DQ_EARLY"] if v.warp_specialize else [])}
     assert {hb.default_variant(64), hb.default_variant(128)} <= set(hb.VARIANTS)
+
+
+def test_the_planner_orders_dv_after_dq_where_that_measured_faster(monkeypatch):
+    """On sm_90 the warp-specialised backward issues dV's product after dQ's (DQ_EARLY) at head dim 128 without the
+    causal mask only (H100: faster there, slower causal, spills at head dim 64). CPU tensors stand in, their
+    tensor-descriptor check forced."""
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+
+    monkeypatch.setattr(ft, "_tma_fits", lambda *args: True)
+    for d, n, right, early in ((128, 2048, None, True), (128, 2048, 0, False), (64, 8192, None, False)):
+        cfg = _tuning.resolve(d, torch.bfloat16, n, (9, 0), {})
+        x = torch.zeros(1, 8, n, d, dtype=torch.bfloat16)
+        mode, _, launches, *_ = ft._plan_backward(x, x, x, x, x[..., 0].float(), x, cfg, False, None, right, False)
+        dkdv = launches[1][0]
+        assert mode == "atomic" and dkdv.kernel is hb._hopper_bwd_ws_kernel, (d, n, right)
+        assert dkdv.constexprs["DQ_EARLY"] is early, (d, n, right)
 
 
 def test_bad_requests_are_value_errors():

@@ -1351,10 +1351,13 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         if cfg.warp_specialize and cfg.persistent:
             raise ValueError("the warp-specialised Gluon backward runs a program per item: a hopper_bwd config with "
                              f"warp_specialize=True needs persistent=False, got {cfg.short()}")
+        # the warp-specialised kernel's dV product after dQ's (DQ_EARLY) where that measured faster: full attention at
+        # head dim 128 (flash_hopper_bwd's docstring)
+        early = dict(DQ_EARLY=right is None and d == 128) if cfg.warp_specialize else {}
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds, **early), cfg)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
         # the heads per batch; persistent programs take the items from a counter, in groups of heads whose Q, dO and
         # dQ accumulator rows fit the cache (the left side's slot: no window here)
