@@ -55,6 +55,8 @@ def test_the_planner_orders_dv_after_dq_where_that_measured_faster(monkeypatch):
         dkdv = launches[1][0]
         assert mode == "atomic" and dkdv.kernel is hb._hopper_bwd_ws_kernel, (d, n, right)
         assert dkdv.constexprs["DQ_EARLY"] is early, (d, n, right)
+        # at head dim 64 (from 8,192 queries on) 64-row query tiles and three stages: no spills (session 37)
+        assert (dkdv.constexprs["BLOCK_M"], dkdv.constexprs["STAGES"]) == ((64, 3) if d == 64 else (64, 2))
 
 
 def test_bad_requests_are_value_errors():

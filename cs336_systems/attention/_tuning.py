@@ -211,10 +211,11 @@ def resolve(d_pad: int, dtype: torch.dtype, n_q: int, capability: tuple[int, int
         # long sequences at head dim 64: the persistent warp-specialised forward on 128 x 128 tiles with three stages
         # (H100, session 20: 1.224 ms at 1 x 16 x 16,384 against 1.260 for one warpgroup's persistent 64 x 128 tiles;
         # it loses at 2,048 tokens, 0.173 against 0.165-0.169 ms at 4 x 25 x 2,048) and the warp-specialised backward
-        # on 128 x 128 tiles (session 19: 3.14 vs 3.44 ms at 1 x 16 x 16,384; a program per item, it loses to the
-        # persistent one at 4 x 25 x 2,048: 0.51 vs 0.42 ms)
+        # on 64 query rows, 128 keys and three stages (session 37: 3.05 ms at 1 x 16 x 16,384 against 3.20 on 128 x 128
+        # tiles, which spill, and 3.52 for one warpgroup's persistent 64 x 64 tiles; a program per item, it loses to
+        # the persistent one at 4 x 25 x 2,048: 0.50 vs 0.43 ms)
         table = dataclasses.replace(table, hopper_fwd=KernelConfig(128, 128, 4, 3, True, True, True),
-                                    hopper_bwd=KernelConfig(128, 128, 4, 2, True, warp_specialize=True))
+                                    hopper_bwd=KernelConfig(64, 128, 4, 3, True, warp_specialize=True))
     configs = pinned.get("configs")
     if not configs or capability is None or tuple(pinned.get("capability", ())) != tuple(capability):
         return table

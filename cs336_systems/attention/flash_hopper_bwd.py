@@ -340,10 +340,17 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
 # accumulator once per 128 keys (half the one-warpgroup kernel's reduce-adds) and every Q / dO tile is loaded once
 # per 128 keys.
 @gluon.constexpr_function
+def _ds_swizzle(head_dim, block_m):
+    """dS^T's shared-memory swizzle in bytes: each consumer's block of query columns (``_dq_split``) must start on a
+    swizzle atom to be an MMA operand, so 64 bytes where the halves are 32 columns (head dim 64, block_m 64)."""
+    dq_n = block_m if head_dim >= 128 else block_m // 2
+    return min(128, dq_n * 2)
+
+
+@gluon.constexpr_function
 def _dq_split(head_dim, block_m):
     """The (rows, columns) of dQ^T each consumer warpgroup computes: half the head dim where that is at least
-    wgmma's 64 rows, else half the query columns (which must then start on a 128-byte swizzle boundary of dS^T:
-    block_m 128)."""
+    wgmma's 64 rows, else half the query columns (each half starting on a swizzle atom of dS^T: ``_ds_swizzle``)."""
     return (head_dim // 2, block_m) if head_dim >= 128 else (head_dim, block_m // 2)
 
 
@@ -517,7 +524,7 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
     half_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HEAD_DIM], dtype)
     q_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], dtype)
-    ds_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem: gl.constexpr = gl.NVMMASharedLayout(_ds_swizzle(HEAD_DIM, BLOCK_M), 16)
     dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, DQ[1], DQ[0]], gl.float32)
     stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
@@ -613,8 +620,9 @@ class Variant:
 # Registers and spills: scripts/device/flash_aot.py --gluon-bwd. The one- and two-warpgroup variants compile without
 # spills (head dim 128 with 8 warps and 128-row key tiles spills at any query tile: dK and dV alone hold 128 fp32
 # registers per thread, hence the warp-specialised form there, with 240 per consumer thread). The warp-specialised
-# ones spill a few scalars around the loop at head dim 128 (36-60 B) and 330-380 B at 64 (128 x 128 S^T and dP^T
-# tiles); the latter still wins at 16,384 queries (docs/flash_tuning_notes.md, session 19).
+# ones spill a few scalars around the loop at head dim 128 (36-60 B) and 330-380 B at 64 on 128 x 128 tiles (S^T and
+# dP^T of 64 x 128 a consumer); at 64 on 64 query rows (dS^T in a 64-byte swizzle, ``_ds_swizzle``) they do not spill,
+# and with three stages that form is the table's from 8,192 queries on (docs/flash_tuning_notes.md, session 37).
 VARIANTS = (
     Variant(64, 64, 64, 4, 2), Variant(64, 64, 64, 4, 3), Variant(64, 64, 64, 4, 2, dq_tma=False),
     Variant(64, 128, 64, 8, 2), Variant(64, 128, 64, 8, 3), Variant(64, 128, 64, 8, 2, dq_tma=False),
@@ -622,6 +630,7 @@ VARIANTS = (
     Variant(64, 64, 64, 4, 2, persistent=True), Variant(128, 128, 64, 4, 2, warp_specialize=True),
     Variant(64, 128, 128, 4, 2, warp_specialize=True),
     Variant(128, 128, 64, 4, 2, warp_specialize=True, dq_early=True),
+    Variant(64, 128, 64, 4, 3, warp_specialize=True),
 )
 
 
