@@ -341,8 +341,9 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
 # per 128 keys.
 @gluon.constexpr_function
 def _ds_swizzle(head_dim, block_m):
-    """dS^T's shared-memory swizzle in bytes: each consumer's block of query columns (``_dq_split``) must start on a
-    swizzle atom to be an MMA operand, so 64 bytes where the halves are 32 columns (head dim 64, block_m 64)."""
+    """dS^T's (16-bit) shared-memory swizzle in bytes: each consumer's block of query columns (``_dq_split``) must
+    start on a swizzle atom to be an MMA operand, so 64 bytes where the halves are 32 columns (head dim 64, block_m
+    64)."""
     dq_n = block_m if head_dim >= 128 else block_m // 2
     return min(128, dq_n * 2)
 

@@ -9,8 +9,8 @@
 # features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
 # (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
 # them) checked against fp64 and timed in interleaved rounds (WSBWD_ARGS: default lb2025, d128_4k, noncausal_2k and
-# gqa, 7 rounds); wsncu:
-# Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV. CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
+# gqa, 7 rounds); wsncu: Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV.
+# CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
 OUT=${OUT:-/tmp/flash-out}; mkdir -p "$OUT/results"
