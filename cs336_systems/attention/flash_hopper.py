@@ -397,7 +397,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                                  STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
+                                  STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
+                                  HOST_DESC: gl.constexpr = False):
     """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
     built once, the (query tile, batch x head) items taken from a counter in ``_item_coords``' order; the K/V ring's
     stages and phases run on across items. HEADS here is the number of batch x query heads; INTERLEAVE (the window's
@@ -406,11 +407,16 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     finish zeroes it again, so the next launch on the stream finds it zero (no memset per call). SPAN, RIGHT and the
     d strides (1) are unused."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    dtype: gl.constexpr = Q.dtype.element_ty
-    smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-    q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
-                                                       stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
-                                                       HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem, FOLD_Q, FOLD_KV)
+    if HOST_DESC:
+        dtype: gl.constexpr = Q.dtype
+        smem: gl.constexpr = Q.layout
+        q_desc, k_desc, v_desc, o_desc = Q, K, V, O
+    else:
+        dtype: gl.constexpr = Q.dtype.element_ty
+        smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
+        q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
+                                                           stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
+                                                           HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem, FOLD_Q, FOLD_KV)
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
     q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
@@ -651,15 +657,21 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q,
                                      N_K, GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                                     STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
+                                     STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
+                                     HOST_DESC: gl.constexpr = False):
     """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
     program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
     ROWS: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = Q.dtype.element_ty
-    smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-    q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
-                                                       stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
-                                                       HEADS, HEAD_DIM, ROWS, BLOCK_N, smem, FOLD_Q, FOLD_KV)
+    if HOST_DESC:
+        dtype: gl.constexpr = Q.dtype
+        smem: gl.constexpr = Q.layout
+        q_desc, k_desc, v_desc, o_desc = Q, K, V, O
+    else:
+        dtype: gl.constexpr = Q.dtype.element_ty
+        smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
+        q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
+                                                           stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
+                                                           HEADS, HEAD_DIM, ROWS, BLOCK_N, smem, FOLD_Q, FOLD_KV)
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     o_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
