@@ -64,15 +64,15 @@ def host_cost(t, n: int = 2000) -> dict:
     import time
 
     import triton
-    from triton.backends.nvidia.driver import make_tensordesc_arg
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST, make_tensordesc_arg
 
     fill = triton.runtime.driver.active.utils.fill_tma_descriptor
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [1, 64, 64], "fp4_padded": False}
     shape, strides = [t.shape[0] * t.shape[1], t.shape[2], t.shape[3]], [t.stride(1), t.stride(2), 1]
     desc = TensorDescriptor(t, shape, strides, [1, 64, 64], gl.NVMMASharedLayout.get_default_for([1, 64, 64],
                                                                                                  gl.bfloat16))
-    res = {}
-    for name, fn in {"fill_tma_descriptor": lambda: fill(t.data_ptr(), 3, 2, 10, [1, 64, 64], shape, strides, 0),
+    res, bf16 = {}, TMA_DTYPE_DEVICE_TO_HOST[10]
+    for name, fn in {"fill_tma_descriptor": lambda: fill(t.data_ptr(), 3, 2, bf16, [1, 64, 64], shape, strides, 0),
                      "make_tensordesc_arg": lambda: make_tensordesc_arg(desc, meta),
                      "TensorDescriptor+make_tensordesc_arg": lambda: make_tensordesc_arg(
                          TensorDescriptor(t, shape, strides, [1, 64, 64], desc.layout), meta)}.items():
