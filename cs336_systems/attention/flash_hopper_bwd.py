@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_hopper import _fold_head, _head_tiles, _item_head
+from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _head_tiles, _item_head, head_desc
 
 LOG2E = 1.4426950408889634
 
@@ -112,17 +112,21 @@ def _descriptors(Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn
                  stride_dom, stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_ROWS: gl.constexpr,
                  kv_smem: gl.constexpr, out_smem: gl.constexpr, q_smem: gl.constexpr, FOLD_Q: gl.constexpr = 0,
-                 FOLD_KV: gl.constexpr = 0):
+                 FOLD_KV: gl.constexpr = 0, HOST_DESC: gl.constexpr = False):
     """TMA descriptors of K, V (``BLOCK_N``-row tiles), dK, dV (``OUT_ROWS``-row tiles), Q and dO (``BLOCK_M``-row
     tiles of the ``GROUP`` query heads of each key/value head): every tensor as 3-D (batch x heads, rows,
     HEAD_DIM), a tile being one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores.
-    FOLD_Q, FOLD_KV: the sides' layout (``_head_tiles``)."""
-    k_desc = _head_tiles(K, BKV, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
-    v_desc = _head_tiles(V, BKV, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
-    dk_desc = _head_tiles(DK, BKV, N_K, stride_dkb, stride_dkn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
-    dv_desc = _head_tiles(DV, BKV, N_K, stride_dvb, stride_dvn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
-    q_desc = _head_tiles(Q, BKV * GROUP, N_Q, stride_qb, stride_qm, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
-    do_desc = _head_tiles(DO, BKV * GROUP, N_Q, stride_dob, stride_dom, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
+    FOLD_Q, FOLD_KV: the sides' layout (``_head_tiles``). HOST_DESC: the arguments are these descriptors, built on the
+    host (``backward_descs``)."""
+    if HOST_DESC:
+        k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = K, V, DK, DV, Q, DO
+    else:
+        k_desc = _head_tiles(K, BKV, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
+        v_desc = _head_tiles(V, BKV, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
+        dk_desc = _head_tiles(DK, BKV, N_K, stride_dkb, stride_dkn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
+        dv_desc = _head_tiles(DV, BKV, N_K, stride_dvb, stride_dvn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
+        q_desc = _head_tiles(Q, BKV * GROUP, N_Q, stride_qb, stride_qm, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
+        do_desc = _head_tiles(DO, BKV * GROUP, N_Q, stride_dob, stride_dom, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
     return k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc
 
 
@@ -134,11 +138,16 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             N_Q, N_K, GROUP, BKV, INTERLEAVE, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
+                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
+                            HOST_DESC: gl.constexpr = False):
     """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
     program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE (the Triton kernel's window left
-    side, unused here): the heads a group of items spans (``flash_hopper._item_head``; 0 reads as 1)."""
-    dtype: gl.constexpr = Q.dtype.element_ty
+    side, unused here): the heads a group of items spans (``flash_hopper._item_head``; 0 reads as 1). HOST_DESC: Q, K,
+    V, DO, DK, DV (and DQ_ACC with DQ_TMA) are descriptors built on the host (``backward_descs``)."""
+    if HOST_DESC:
+        dtype: gl.constexpr = Q.dtype
+    else:
+        dtype: gl.constexpr = Q.dtype.element_ty
     NUM_WARPS: gl.constexpr = gl.num_warps()
 
     # ---- layouts: S^T, dP^T (BLOCK_N, BLOCK_M); dK, dV (BLOCK_N, HEAD_DIM); dQ^T (HEAD_DIM, BLOCK_M)
@@ -160,7 +169,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(
         Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
         stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N,
-        kv_smem, kv_smem, q_smem, FOLD_Q, FOLD_KV)
+        kv_smem, kv_smem, q_smem, FOLD_Q, FOLD_KV, HOST_DESC)
 
     # ---- shared memory and barriers
     k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
@@ -185,7 +194,10 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     fence_async_shared()
     if DQ_TMA:
         dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], gl.float32)
-        dq_desc = _head_tiles(DQ_ACC, BKV * GROUP, N_Q, N_Q * HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_M, dq_smem)
+        if HOST_DESC:
+            dq_desc = DQ_ACC
+        else:
+            dq_desc = _head_tiles(DQ_ACC, BKV * GROUP, N_Q, N_Q * HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_M, dq_smem)
         dq_buf = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_smem)
 
     tile_bytes: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -513,13 +525,17 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
                           PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                          DQ_EARLY: gl.constexpr = False):
+                          DQ_EARLY: gl.constexpr = False, HOST_DESC: gl.constexpr = False):
     """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
     the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
     and PERSISTENT are accepted for the shared launcher (always TMA, a program per item). DQ_EARLY: each tile's
     dV product issued after its dQ product, so that it runs while dQ goes out through shared memory (H100, session
-    37: 1-2.6% faster without the causal mask at head dim 128, 3.3% slower with it; at head dim 64 it spills)."""
-    dtype: gl.constexpr = Q.dtype.element_ty
+    37: 1-2.6% faster without the causal mask at head dim 128, 3.3% slower with it; at head dim 64 it spills).
+    HOST_DESC: as in ``_hopper_bwd_dkdv_kernel`` (DQ_ACC a descriptor too)."""
+    if HOST_DESC:
+        dtype: gl.constexpr = Q.dtype
+    else:
+        dtype: gl.constexpr = Q.dtype.element_ty
     ROWS: gl.constexpr = BLOCK_N // 2
     DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
     kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
@@ -535,10 +551,13 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(  # dK, dV leave by halves
         Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
         stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, ROWS,
-        kv_smem, half_smem, q_smem, FOLD_Q, FOLD_KV)
-    dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
-                                         strides=[N_Q * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, DQ[1], DQ[0]],
-                                         layout=dq_smem)
+        kv_smem, half_smem, q_smem, FOLD_Q, FOLD_KV, HOST_DESC)
+    if HOST_DESC:
+        dq_desc = DQ_ACC
+    else:
+        dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
+                                             strides=[N_Q * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, DQ[1], DQ[0]],
+                                             layout=dq_smem)
 
     k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
     v_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
@@ -583,6 +602,29 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
                             BLOCK_M, STAGES, HEAD_DIM, FOLD_Q, FOLD_KV)),
     ], [4, 1], [240, 24])
+
+
+def backward_descs(bh_kv: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tuple, sv: tuple, sdo: tuple,
+                   skv: tuple, head_dim: int, block_m: int, block_n: int, dtype, fold_q: int, fold_kv: int,
+                   warp_specialize: bool, dq_tma: bool) -> tuple:
+    """The kernels' descriptors built on the host (``HOST_DESC``), aligned with their pointer arguments (Q, K, V, DO,
+    L, Delta, DK, DV, DQ_ACC, DOC, SPAN): ``_descriptors`` and the dQ accumulator's (``DQ_TMA``; always in the
+    warp-specialised kernel, whose dK and dV leave by halves of the key tile and dQ^T by ``_dq_split``'s blocks).
+    ``skv``: the strides of dK and dV."""
+    import torch
+
+    bh = bh_kv * group
+    out_rows = block_n // 2 if warp_specialize else block_n
+    dq = None
+    if warp_specialize or dq_tma:
+        rows, cols = _dq_split(head_dim, block_m) if warp_specialize else (head_dim, block_m)
+        dq = HostDesc((bh, n_q, head_dim), (n_q * head_dim, head_dim, 1), (1, cols, rows), torch.float32)
+    return (head_desc(bh, n_q, sq[0], sq[1], head_dim, block_m, dtype, fold_q),
+            head_desc(bh_kv, n_k, sk[0], sk[1], head_dim, block_n, dtype, fold_kv),
+            head_desc(bh_kv, n_k, sv[0], sv[1], head_dim, block_n, dtype, fold_kv),
+            head_desc(bh, n_q, sdo[0], sdo[1], head_dim, block_m, dtype, fold_q), None, None,
+            head_desc(bh_kv, n_k, skv[0], skv[1], head_dim, out_rows, dtype, fold_kv),
+            head_desc(bh_kv, n_k, skv[0], skv[1], head_dim, out_rows, dtype, fold_kv), dq, None, None)
 
 
 # ------------------------------------------------------------------------------------------------ variants
@@ -689,7 +731,13 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
         # work items' batch x key/value heads in the HEADS slot
         cfg = KernelConfig(variant.block_m, variant.block_n, variant.num_warps, 1, True,
                            warp_specialize=variant.warp_specialize, persistent=variant.persistent)
-        launch = ft._Launch(variant.kernel, variant.constexprs(causal), cfg)
+        descs, host = (), {}
+        if ft._HOST_DESCRIPTORS:
+            descs = backward_descs(bh_kv, hq // hkv, n_q, n_k, sq, skv, skv, sq, skv, d, variant.block_m,
+                                   variant.block_n, q.dtype, 0, 0, variant.warp_specialize,
+                                   variant.constexprs(causal)["DQ_TMA"])
+            host = dict(HOST_DESC=True)
+        launch = ft._Launch(variant.kernel, dict(variant.constexprs(causal), **host), cfg, descs)
         items = triton.cdiv(n_k, variant.block_n)
         grid = (items * bh_kv, 1, 1) if variant.persistent else (items, bh_kv, 1)
         scalars = (*sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv, bh_kv, 0, 0, scale, scale * ft.LOG2E)

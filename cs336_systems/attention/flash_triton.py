@@ -844,6 +844,7 @@ def _tma_ready(*tensors: Tensor) -> bool:
 
 
 _WORKSPACES: dict[tuple[int, int], Tensor] = {}
+_HOST_DESCRIPTORS = True  # the Gluon kernels' TMA descriptors built on the host (False: in each program; an A/B)
 
 
 def _workspace(device_index: int, stream: int, size: int) -> Tensor:
@@ -863,12 +864,51 @@ def _tma_workspace(size: int, alignment: int, stream: int) -> Tensor:
     return _workspace(torch.cuda.current_device(), stream, size)
 
 
-def _direct_launcher(compiled, tail: tuple):
+def _with_descs(pointers: tuple, descs: tuple) -> tuple:
+    """``pointers`` with those that ``descs`` names (``flash_hopper.HostDesc``) as Triton's descriptor objects."""
+    if not descs:
+        return pointers
+    return tuple(p if d is None else d.descriptor(p) for p, d in zip(pointers, descs, strict=True))
+
+
+def _raw_launch(launch):
+    """The compiled module's C launcher inside Triton's wrapper that encodes descriptor objects on every call
+    (Triton 3.6's ``wrap_handle_tensordesc`` closure), or None where it is not there."""
+    code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if code is None or not cells or "launcher" not in code.co_freevars:
+        return None
+    return cells[code.co_freevars.index("launcher")].cell_contents
+
+
+def _descriptor_encoders(compiled, descs: tuple):
+    """Per pointer argument, None (passed as an address) or what encodes its host descriptor: the descriptor's
+    cache of encoded maps by address, the encoder's arguments after the address (from the compiled kernel's
+    descriptor metadata: swizzle, element type, the box) and the shape and strides the launcher takes after the
+    map. None where the metadata is not what this was written for."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or ())
+    if len(metas) != sum(d is not None for d in descs) or any(m.get("fp4_padded") for m in metas):
+        return None
+    metas = iter(metas)
+    encoders = []
+    for d in descs:
+        if d is None:
+            encoders.append(None)
+            continue
+        m = next(metas)
+        encoders.append((d.maps, (m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]],
+                                  list(m["block_size"]), list(d.shape), list(d.strides), 0), (*d.shape, *d.strides)))
+    return encoders
+
+
+def _direct_launcher(compiled, tail: tuple, descs: tuple = ()):
     """``compiled[grid](*args, *tail)`` without Triton's per-launch Python (a closure, the device and stream
     look-ups, launch metadata, two empty hook chains, a scratch allocator call, and a CUDA pointer query per
     tensor argument, which integer pointers skip): a function ``(grid, pointers, scalars)`` that calls the
-    compiled module's C launcher. Falls back to Triton's path while launch hooks are set (a profiler that
-    uses them, such as Proton) or where the launcher's layout is not the one this was written for."""
+    compiled module's C launcher. Host descriptors (``descs``) are encoded once per tensor address. Falls back to
+    Triton's path while launch hooks are set (a profiler that uses them, such as Proton) or where the launcher's
+    layout is not the one this was written for."""
     run = getattr(compiled, "run", None)
     launch = getattr(run, "launch", None)
     fields = ("global_scratch_size", "global_scratch_align", "profile_scratch_size", "num_ctas",
@@ -877,10 +917,33 @@ def _direct_launcher(compiled, tail: tuple):
 
     def slow(grid, pointers, scalars):
         triton.set_allocator(_tma_workspace)  # a context variable: the thread that launches sets it
-        compiled[grid](*pointers, *scalars, *tail)
+        compiled[grid](*_with_descs(pointers, descs), *scalars, *tail)
 
     if launch is None or not all(hasattr(run, f) for f in fields) or run.profile_scratch_size:
         return slow
+    encoders = None
+    if any(d is not None for d in descs):
+        launch, encoders = _raw_launch(launch), _descriptor_encoders(compiled, descs)
+        if launch is None or encoders is None:
+            return slow
+        encode = triton.runtime.driver.active.utils.fill_tma_descriptor
+
+        def args_of(pointers):
+            args = []
+            for p, enc in zip(pointers, encoders):
+                ptr = p.data_ptr()
+                if enc is None:
+                    args.append(ptr)
+                    continue
+                maps, how, after = enc
+                m = maps.get(ptr)
+                if m is None:
+                    if len(maps) >= 8:  # a few addresses recur (the caching allocator's); a stream of new ones
+                        maps.clear()
+                    m = maps[ptr] = encode(ptr, *how)
+                args.append(m)
+                args.extend(after)
+            return args
     compiled._init_handles()
     function, packed = compiled.function, compiled.packed_metadata
     coop, pdl = run.launch_cooperative_grid, run.launch_pdl
@@ -898,7 +961,7 @@ def _direct_launcher(compiled, tail: tuple):
         stream = current_stream(device)
         ws = _workspace(device, stream, grid[0] * grid[1] * grid[2] * scratch).data_ptr() if scratch else None
         launch(grid[0], grid[1], grid[2], stream, function, coop, pdl, ws, None, packed, None, None, None,
-               *[p.data_ptr() for p in pointers], *scalars, *tail)
+               *(args_of(pointers) if encoders else [p.data_ptr() for p in pointers]), *scalars, *tail)
 
     return fast
 
@@ -909,12 +972,14 @@ class _Launch:
     warps and stages). The first call goes through Triton's JIT (compiling if needed); later ones call the
     compiled kernel directly (``_direct_launcher``). A persistent kernel (``cfg.persistent``) takes its work
     items' count as ``grid[0]`` and runs as many programs as stay resident on the GPU (from the compiled kernel's
-    registers and shared memory), at most one per item."""
+    registers and shared memory), at most one per item. ``descs``: per pointer argument, None or the
+    ``flash_hopper.HostDesc`` the kernel takes in its place (a Gluon kernel's ``HOST_DESC``)."""
 
-    __slots__ = ("cfg", "constexprs", "kernel", "programs", "run")
+    __slots__ = ("cfg", "constexprs", "descs", "kernel", "programs", "run")
 
-    def __init__(self, kernel, constexprs: dict, cfg: KernelConfig):
+    def __init__(self, kernel, constexprs: dict, cfg: KernelConfig, descs: tuple = ()):
         self.kernel, self.constexprs, self.cfg, self.run, self.programs = kernel, constexprs, cfg, None, 0
+        self.descs = descs
 
     def __call__(self, grid: tuple[int, int, int], pointers: tuple, scalars: tuple) -> None:
         if self.programs:
@@ -925,18 +990,19 @@ class _Launch:
         if not _INTERPRETED:
             triton.set_allocator(_tma_workspace)
         options = dict(self.constexprs, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
+        args = _with_descs(pointers, self.descs)
         if self.cfg.persistent:
-            compiled = self.kernel.warmup(*pointers, *scalars, grid=grid, **options)
+            compiled = self.kernel.warmup(*args, *scalars, grid=grid, **options)
             self.programs = _resident_programs(compiled, pointers[0].device)
             grid = (min(grid[0], self.programs), 1, 1)
-        compiled = self.kernel[grid](*pointers, *scalars, **options)
+        compiled = self.kernel[grid](*args, *scalars, **options)
         if not _INTERPRETED and compiled is not None:
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
                 compiled = compiled.result()
             names = self.kernel.arg_names[len(pointers) + len(scalars):]  # the constexprs, in signature order
             defaults = {p.name: p.default for p in getattr(self.kernel, "params", ()) if p.has_default}
             self.run = _direct_launcher(compiled, tuple(self.constexprs[n] if n in self.constexprs else defaults[n]
-                                                        for n in names))
+                                                        for n in names), self.descs)
 
 
 @functools.cache
@@ -1186,8 +1252,14 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                   (True, False): flash_hopper._hopper_fwd_ws_kernel,
                   (False, True): flash_hopper._hopper_fwd_persistent_kernel,
                   (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
+        descs, host = (), {}
+        if cfg.persistent and _HOST_DESCRIPTORS:  # descriptors from the host (flash_hopper.HostDesc)
+            descs = flash_hopper.forward_descs(bh, group, n_q, n_k, sq, sk, sv, so, d,
+                                               cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
+                                               Q.dtype, fq, fkv)
+            host = dict(HOST_DESC=True)
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages, **folds), cfg)
+                                      STAGES=cfg.num_stages, **folds, **host), cfg, descs)
         if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads, the left side's
             # (no window here) how many heads a group of items spans: K and V of a head, shared by its query group
             order = _tuning.interleave_for(cfg, "fwd", right == 0, bh, 2 * n_k * d * Q.element_size() // group,
@@ -1354,10 +1426,16 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         # the warp-specialised kernel's dV product after dQ's (DQ_EARLY) where that measured faster: full attention at
         # head dim 128 (flash_hopper_bwd's docstring)
         early = dict(DQ_EARLY=right is None and d == 128) if cfg.warp_specialize else {}
+        descs, host = (), {}
+        if _HOST_DESCRIPTORS:  # descriptors from the host (flash_hopper.HostDesc)
+            descs = flash_hopper_bwd.backward_descs(bh_kv, group, n_q, n_k, sq, sk, sv, sdo, skv, d, cfg.block_m,
+                                                    cfg.block_n, Q.dtype, fq, fkv, cfg.warp_specialize, cfg.tma)
+            host = dict(HOST_DESC=True)
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds, **early), cfg)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds, **early,
+                              **host), cfg, descs)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
         # the heads per batch; persistent programs take the items from a counter, in groups of heads whose Q, dO and
         # dQ accumulator rows fit the cache (the left side's slot: no window here)

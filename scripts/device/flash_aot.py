@@ -125,7 +125,8 @@ def main() -> None:
 
     def compile_instead(self, grid, pointers, scalars):
         extra = fwd_set if "fwd" in self.kernel.__name__ else {}
-        kernel = aot_compile(self.kernel, *pointers, *scalars, **dict(self.constexprs, **extra),
+        kernel = aot_compile(self.kernel, *ft._with_descs(pointers, self.descs), *scalars,
+                             **dict(self.constexprs, **extra),
                              num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
         ptx = kernel.asm["ptx"]
         print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
