@@ -1,9 +1,10 @@
 # ruff: noqa: E741  (O, the attention output, is the handout's name)
 """FlashAttention forward for Hopper (sm_90a) in Gluon: what the portable Triton kernel cannot say.
 
-One program per (query tile, batch x head), as ``_flash_fwd_kernel`` in ``flash_triton``, with the same arguments,
-outputs (O, and L in natural log) and causal convention (top-left aligned), so that its backward is unchanged.
-What differs is how a key tile is processed, following FlashAttention-3 (Shah et al., 2024, section 3):
+Work items (query tile, batch x head), as the programs of ``_flash_fwd_kernel`` in ``flash_triton``, with the same
+integer arguments, outputs (O, and L in natural log) and causal convention (top-left aligned), so that its backward is
+unchanged; Q, K, V and O come as TMA descriptors built on the host (``HostDesc``). What differs is how a key tile is
+processed, following FlashAttention-3 (Shah et al., 2024, section 3):
 
 - K and V tiles arrive by TMA into a ring of ``STAGES`` shared-memory buffers, each with its own mbarrier; a
   buffer is refilled as soon as the MMAs that read it have completed, ``STAGES - 1`` tiles ahead.
@@ -15,8 +16,10 @@ What differs is how a key tile is processed, following FlashAttention-3 (Shah et
 - Causal: the tiles right of the diagonal are never loaded; only the tiles that cross it (or the end of the
   keys) are masked.
 
-Persistent form (``_hopper_fwd_persistent_kernel``, ``KernelConfig.persistent``, head dim 64): the same work as
-programs that stay resident and take the (query tile, head) items from a counter, descriptors built once.
+Two kernels: one warpgroup that refills its ring itself (``_hopper_fwd_persistent_kernel``, head dim 64 up to 8,192
+queries) and a warp-specialised one, two consumer warpgroups and a producer warp (``_hopper_fwd_ws_persistent_kernel``,
+``KernelConfig.warp_specialize``). Both run as programs that stay resident and take the items from a counter
+(``KernelConfig.persistent``), or, where one wave holds every item, a program per item (``PERSISTENT=False``).
 
 Scope: 16-bit inputs, head dims 64 and 128, unit stride along d with 16-byte aligned strides, full attention or
 causal, grouped-query heads; windows and packed documents stay on the Triton kernel. ``flash_triton`` chooses it
@@ -44,12 +47,12 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.floa
 
 
 class HostDesc:
-    """A tensor argument that a Gluon kernel takes as a TMA descriptor built on the host (``HOST_DESC``): the tensor
-    as (heads, rows, head dim), a tile ``block`` rows of one head, as ``_head_tiles`` builds it on the device. A
-    descriptor built in the kernel costs each program a global write, a proxy fence and a barrier per tensor before
-    its first load (4.5 us of a 25 us forward at 4 x 25 x 512 x 64 on an H100, session 38); from the host it is a
-    kernel parameter. The launcher (``flash_triton._direct_launcher``) encodes it per tensor address and keeps the
-    last few (``maps``), so a call at a known address encodes nothing."""
+    """A tensor argument that a Gluon kernel takes as a TMA descriptor built on the host: ``shape`` and ``strides`` in
+    elements, a tile of ``block``, the shared-memory layout its tiles land in. Built in the kernel instead
+    (``tma.make_tensor_descriptor``), a descriptor costs each program a global write, a proxy fence and barriers per
+    tensor before its first load: 4.5 us of a 25 us forward at 4 x 25 x 512 x 64 on an H100 (session 38); from the
+    host it is a kernel parameter. The launcher (``flash_triton._direct_launcher``) encodes it once per tensor
+    address and keeps the last few (``maps``), so a call at a known address encodes nothing."""
 
     __slots__ = ("block", "layout", "maps", "shape", "strides")
 
@@ -65,8 +68,9 @@ class HostDesc:
 
 def head_desc(heads: int, rows: int, stride_h: int, stride_r: int, head_dim: int, tile: int, dtype,
               fold: int = 0) -> HostDesc:
-    """``_head_tiles``' descriptor, built on the host: ``heads`` of ``rows`` rows, tiles of ``tile`` rows; FOLD heads
-    side by side in each row (``stride_h`` then the batch stride)."""
+    """A tensor as 3-D (heads, rows, head dim), unit stride along d, a tile ``tile`` rows of one head (rows past
+    ``rows`` read as zero and are clipped on stores); FOLD heads side by side in each row: 3-D (batches, rows, FOLD x
+    head dim), ``stride_h`` the batch stride, a tile at ``_fold_head``'s coordinates."""
     if fold:
         return HostDesc((heads // fold, rows, fold * head_dim), (stride_h, stride_r, 1), (1, tile, head_dim), dtype)
     return HostDesc((heads, rows, head_dim), (stride_h, stride_r, 1), (1, tile, head_dim), dtype)
@@ -74,8 +78,9 @@ def head_desc(heads: int, rows: int, stride_h: int, stride_r: int, head_dim: int
 
 def forward_descs(heads: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tuple, sv: tuple, so: tuple,
                   head_dim: int, q_rows: int, block_n: int, dtype, fold_q: int, fold_kv: int) -> tuple:
-    """The persistent forwards' descriptors, aligned with their pointer arguments (Q, K, V, O, L, DOC, SPAN):
-    ``_head_descriptors`` on the host. ``q_rows``: the rows of a Q and O tile (a consumer's, warp-specialised)."""
+    """The forwards' descriptors, aligned with their pointer arguments (Q, K, V, O, L, DOC, SPAN): Q and O tiles of
+    ``q_rows`` rows (a consumer's, warp-specialised) of one of ``heads`` batch x query heads, K and V tiles of
+    ``block_n`` rows of one of ``heads // group`` key/value heads; fold_q, fold_kv the sides' layout."""
     return (head_desc(heads, n_q, sq[0], sq[1], head_dim, q_rows, dtype, fold_q),
             head_desc(heads // group, n_k, sk[0], sk[1], head_dim, block_n, dtype, fold_kv),
             head_desc(heads // group, n_k, sv[0], sv[1], head_dim, block_n, dtype, fold_kv),
@@ -312,75 +317,6 @@ def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.conste
 
 
 @gluon.jit
-def _program_tiles(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om,
-                   N_Q, N_K, GROUP, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, Q_ROWS: gl.constexpr,
-                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, smem: gl.constexpr, FOLD_Q: gl.constexpr = 0,
-                   FOLD_KV: gl.constexpr = 0):
-    """This program's batch-head, first query row (causal: the last query tiles, which see the most keys, launch
-    first) and its TMA descriptors: Q and O tiles of ``Q_ROWS`` rows, K and V tiles of key/value head bh // GROUP.
-    FOLD_Q, FOLD_KV: the sides' layout (``_fold_head``)."""
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1).to(gl.int64)
-    bkv = bh // GROUP
-    qb, qc = _fold_head(bh, FOLD_Q, HEAD_DIM)
-    kb, kc = _fold_head(bkv, FOLD_KV, HEAD_DIM)
-    q_desc = tma.make_tensor_descriptor(Q + qb * stride_qb + qc, shape=[N_Q, HEAD_DIM], strides=[stride_qm, 1],
-                                        block_shape=[Q_ROWS, HEAD_DIM], layout=smem)
-    k_desc = tma.make_tensor_descriptor(K + kb * stride_kb + kc, shape=[N_K, HEAD_DIM], strides=[stride_kn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    v_desc = tma.make_tensor_descriptor(V + kb * stride_vb + kc, shape=[N_K, HEAD_DIM], strides=[stride_vn, 1],
-                                        block_shape=[BLOCK_N, HEAD_DIM], layout=smem)
-    o_desc = tma.make_tensor_descriptor(O + qb * stride_ob + qc, shape=[N_Q, HEAD_DIM], strides=[stride_om, 1],
-                                        block_shape=[Q_ROWS, HEAD_DIM], layout=smem)
-    return bh, pid_m * BLOCK_M, q_desc, k_desc, v_desc, o_desc
-
-
-@gluon.jit
-def _hopper_fwd_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
-                       stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
-                       LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
-    """A program per (query tile, batch x query head); K and V rows of key/value head bh // GROUP. DOC, SPAN,
-    HEADS, LEFT, RIGHT and the d strides (1) are ``_flash_fwd_kernel``'s arguments, unused here; FOLD_Q, FOLD_KV
-    its too."""
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    dtype: gl.constexpr = Q.dtype.element_ty
-    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
-        Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
-        GROUP, HEAD_DIM, BLOCK_M, BLOCK_M, BLOCK_N, CAUSAL, smem, FOLD_Q, FOLD_KV)
-
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_bar, k_bars, v_bars = _ring_barriers(STAGES)
-
-    n_tiles, n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
-    for i in gl.static_range(STAGES):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, 0, 0, False, 0,
-                 HEAD_DIM)
-    row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                                      instr_shape=[16, BLOCK_N, 16]))
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-    mbarrier.wait(q_bar, 0)
-    acc, l_i, m_i = _attend(q_smem, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False, 0, 0, False, 0)
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-    if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
-        gl.thread_barrier()
-    _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q)
-
-
-@gluon.jit
 def _item_head(w, n_tiles, HEADS, interleave):
     """The head and tile of persistent work item ``w`` of ``HEADS`` heads with ``n_tiles`` tiles each: heads in groups
     of ``interleave`` (the last group takes the heads left), a group's items tile by tile across its heads; 1: each
@@ -407,58 +343,24 @@ def _item_coords(w, n_mt, N_K, GROUP, HEADS, interleave, BLOCK_M: gl.constexpr, 
 
 
 @gluon.jit
-def _head_tiles(T, heads, rows, stride_h, stride_r, HEAD_DIM: gl.constexpr, TILE: gl.constexpr, layout: gl.constexpr,
-                FOLD: gl.constexpr = 0):
-    """A TMA descriptor of ``T`` as 3-D (heads, rows, HEAD_DIM), unit stride along d: a tile is ``TILE`` rows of one
-    head; rows past ``rows`` read as zero and are clipped on stores. FOLD heads side by side in each row: 3-D
-    (batches, rows, FOLD x HEAD_DIM), ``stride_h`` the batch stride, a tile at ``_fold_head``'s coordinates."""
-    if FOLD:
-        return tma.make_tensor_descriptor(T, shape=[heads // FOLD, rows, FOLD * HEAD_DIM],
-                                          strides=[stride_h, stride_r, 1], block_shape=[1, TILE, HEAD_DIM],
-                                          layout=layout)
-    else:
-        return tma.make_tensor_descriptor(T, shape=[heads, rows, HEAD_DIM], strides=[stride_h, stride_r, 1],
-                                          block_shape=[1, TILE, HEAD_DIM], layout=layout)
-
-
-@gluon.jit
-def _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob,
-                      stride_om, N_Q, N_K, GROUP, HEADS, HEAD_DIM: gl.constexpr, Q_ROWS: gl.constexpr,
-                      BLOCK_N: gl.constexpr, smem: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
-    """The persistent kernels' TMA descriptors, built once: Q and O tiles of ``Q_ROWS`` rows of one of ``HEADS`` query
-    heads, K and V tiles of ``BLOCK_N`` rows of one of ``HEADS // GROUP`` key/value heads (FOLD_Q, FOLD_KV: the
-    sides' layout)."""
-    return (_head_tiles(Q, HEADS, N_Q, stride_qb, stride_qm, HEAD_DIM, Q_ROWS, smem, FOLD_Q),
-            _head_tiles(K, HEADS // GROUP, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, smem, FOLD_KV),
-            _head_tiles(V, HEADS // GROUP, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, smem, FOLD_KV),
-            _head_tiles(O, HEADS, N_Q, stride_ob, stride_om, HEAD_DIM, Q_ROWS, smem, FOLD_Q))
-
-
-@gluon.jit
 def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn,
                                   stride_kd, stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K,
                                   GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                  HOST_DESC: gl.constexpr = False):
-    """``_hopper_fwd_kernel``'s work as persistent programs (as many as the GPU holds): descriptors over all heads
-    built once, the (query tile, batch x head) items taken from a counter in ``_item_coords``' order; the K/V ring's
-    stages and phases run on across items. HEADS here is the number of batch x query heads; INTERLEAVE (the window's
-    left side in the Triton kernel, which this one has no use for) the heads a group of items spans (``_item_head``;
-    0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero at launch: the last program to
-    finish zeroes it again, so the next launch on the stream finds it zero (no memset per call). SPAN, RIGHT and the
-    d strides (1) are unused."""
+                                  PERSISTENT: gl.constexpr = True):
+    """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
+    taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
+    (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
+    (``forward_descs``: (batch x heads, rows, head dim), FOLD_Q, FOLD_KV as in ``_fold_head``). HEADS: batch x query
+    heads; INTERLEAVE (the window's left side in the Triton kernel, which this one has no use for) the heads a group
+    of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
+    at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
+    per call). SPAN, RIGHT and the strides (in the descriptors) are unused."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    if HOST_DESC:
-        dtype: gl.constexpr = Q.dtype
-        smem: gl.constexpr = Q.layout
-        q_desc, k_desc, v_desc, o_desc = Q, K, V, O
-    else:
-        dtype: gl.constexpr = Q.dtype.element_ty
-        smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-        q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
-                                                           stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
-                                                           HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, smem, FOLD_Q, FOLD_KV)
+    dtype: gl.constexpr = Q.dtype
+    smem: gl.constexpr = Q.layout
+    q_desc, k_desc, v_desc, o_desc = Q, K, V, O
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_DIM], smem)
     q_tile = q_smem.reshape([BLOCK_M, HEAD_DIM])
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
@@ -472,7 +374,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     counter = DOC.to(gl.pointer_type(gl.int32))
     base = 0  # key/value tiles through the ring before this item's
     item = 0
-    w = gl.atomic_add(counter, 1, sem="relaxed")
+    w = _ticket(counter, n_items, True, PERSISTENT)
     while w < n_items:
         bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, HEADS, interleave, BLOCK_M, BLOCK_N, CAUSAL)
         n_full = _key_tiles(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)[1]
@@ -493,15 +395,33 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1
-        w = gl.atomic_add(counter, 1, sem="relaxed")
+        w = _ticket(counter, n_items, False, PERSISTENT)
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
-    # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
-    if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
-        gl.atomic_xchg(counter, 0, sem="relaxed")
-        gl.atomic_xchg(counter + 1, 0, sem="relaxed")
+    _reset_counter(counter, PERSISTENT)
+
+
+@gluon.jit
+def _ticket(counter, n_items, first: gl.constexpr, PERSISTENT: gl.constexpr):
+    """A program's next work item: drawn from the counter (PERSISTENT), else its own first and then none."""
+    if PERSISTENT:
+        w = gl.atomic_add(counter, 1, sem="relaxed")
+    elif first:
+        w = gl.program_id(0)
+    else:
+        w = n_items
+    return w
+
+
+@gluon.jit
+def _reset_counter(counter, PERSISTENT: gl.constexpr):
+    """Every program has drawn its last ticket before it counts itself finished: the last one resets the pair."""
+    if PERSISTENT:  # noqa: SIM102  (a compile-time branch around a run-time one)
+        if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
+            gl.atomic_xchg(counter, 0, sem="relaxed")
+            gl.atomic_xchg(counter + 1, 0, sem="relaxed")
 
 
 # Warp-specialised form: two consumer warpgroups (64 query rows each) share the K/V ring that one producer warp
@@ -510,42 +430,6 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
 # and V apart lets 128-key tiles run with two stages (1.05-1.19x faster than 64-key tiles with three at head dim
 # 128, H100, session 19); turns between the consumers (FlashAttention-3's ping-pong) gained 1% at 2 x 32 x 32,768
 # and lost 3% at 8 x 16 x 2,048 (docs/flash_tuning_notes.md).
-@gluon.jit
-def _ws_producer(k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
-                 n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ROWS: gl.constexpr):
-    for w in gl.static_range(2):
-        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [start_m + w * ROWS, 0], q_bars.index(w), q_smem.index(w))
-    for t in range(n_tiles):
-        stage = t % STAGES
-        mbarrier.wait(empty_bars.index(stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # K's half
-        mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [t * BLOCK_N, 0], k_bars.index(stage), k_smem.index(stage))
-        mbarrier.wait(empty_bars.index(STAGES + stage), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)  # V's half
-        mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [t * BLOCK_N, 0], v_bars.index(stage), v_smem.index(stage))
-
-
-@gluon.jit
-def _ws_consumer(o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
-                 n_tiles, qk_scale, WG: gl.constexpr, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
-                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """One warpgroup's 64 query rows: ``_attend`` releasing each stage to the producer."""
-    row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                                      instr_shape=[16, BLOCK_N, 16]))
-    row0 = start_m + WG * ROWS
-    if CAUSAL:
-        n_full = gl.minimum(row0 + 1, N_K) // BLOCK_N
-    else:
-        n_full = N_K // BLOCK_N
-    q = q_smem.index(WG)
-    offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
-    mbarrier.wait(q_bars.index(WG), 0)
-    acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles, n_full,
-                            N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, 0, 0, False, 0)
-    _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q)  # only this warpgroup read its Q rows
-
-
 @gluon.jit
 def _ws_barriers(STAGES: gl.constexpr):
     """Initialised mbarriers of the warp-specialised forwards: one per consumer's Q rows, one per K and V ring stage,
@@ -565,48 +449,15 @@ def _ws_barriers(STAGES: gl.constexpr):
     return q_bars, k_bars, v_bars, empty_bars
 
 
-@gluon.jit
-def _hopper_fwd_ws_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
-                          stride_vb, stride_vn, stride_vd, stride_ob, stride_om, stride_od, N_Q, N_K, GROUP, HEADS,
-                          LEFT, RIGHT, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                          BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0,
-                          FOLD_KV: gl.constexpr = 0):
-    """``_hopper_fwd_kernel``'s arguments; BLOCK_M = 128 rows, 64 per consumer warpgroup (launch with 4 warps: the
-    default partition is the first consumer, the workers the second consumer and the producer)."""
-    ROWS: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = Q.dtype.element_ty
-    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    bh, start_m, q_desc, k_desc, v_desc, o_desc = _program_tiles(
-        Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K,
-        GROUP, HEAD_DIM, BLOCK_M, ROWS, BLOCK_N, CAUSAL, smem, FOLD_Q, FOLD_KV)
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], smem)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_bars, k_bars, v_bars, empty_bars = _ws_barriers(STAGES)
-    if CAUSAL:
-        hi = gl.minimum(N_K, start_m + BLOCK_M)
-    else:
-        hi = N_K
-    n_tiles = gl.cdiv(hi, BLOCK_N)
-    gl.warp_specialize([
-        (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
-                        n_tiles, qk_scale, 0, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-        (_ws_consumer, (o_desc, L, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, bh, start_m, N_Q, N_K,
-                        n_tiles, qk_scale, 1, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES)),
-        (_ws_producer, (k_desc, v_desc, q_desc, k_smem, v_smem, q_smem, q_bars, k_bars, v_bars, empty_bars, start_m,
-                        n_tiles, BLOCK_N, STAGES, ROWS)),
-    ], [4, 1], [240, 24])
-
-
-# Persistent warp-specialised form: the two consumers and the producer of ``_hopper_fwd_ws_kernel`` stay resident and
-# take (query tile, head) items in turn; the producer draws each item from the counter and hands it to the consumers
+# Persistent warp-specialised form: the two consumers and the producer stay resident and take (query tile, head) items
+# in turn; the producer draws each item from the counter and hands it to the consumers
 # through shared memory with the item's Q load, and fills the K/V ring across items, so the next item's Q and first
 # key tiles arrive while the consumers finish the current one (its O leaves through a buffer of its own).
 @gluon.jit
 def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                   empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, FOLD_Q: gl.constexpr,
-                  FOLD_KV: gl.constexpr):
+                  FOLD_KV: gl.constexpr, PERSISTENT: gl.constexpr):
     """One warp: per item, once both consumers are done with their Q rows, the item's number into ``item_buf`` and
     the two Q halves (the barrier's arrival publishes the number), then the item's K and V tiles through the ring;
     after the last item, the number ``n_items`` and a plain arrival, which ends the consumers."""
@@ -614,7 +465,7 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     base = 0
     i = 0
-    w = gl.atomic_add(counter, 1, sem="relaxed")
+    w = _ticket(counter, n_items, True, PERSISTENT)
     while w < n_items:
         bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, n_items // n_mt, interleave, BLOCK_M,
                                                  BLOCK_N, CAUSAL)
@@ -638,7 +489,7 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
             tma.async_copy_global_to_shared(v_desc, coord, v_bars.index(stage), v_smem.index(stage))
         base += n_tiles
         i += 1
-        w = gl.atomic_add(counter, 1, sem="relaxed")
+        w = _ticket(counter, n_items, False, PERSISTENT)
     for h in gl.static_range(2):
         mbarrier.wait(q_empty.index(h), (i & 1) ^ 1, pred=i > 0)
     item_buf.store(gl.full([32], n_items, gl.int32, vec))
@@ -700,20 +551,13 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      N_K, GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                     HOST_DESC: gl.constexpr = False):
-    """``_hopper_fwd_persistent_kernel``'s arguments (HEADS: batch x query heads; DOC: the work counter, which the last
-    program to finish zeroes again) with ``_hopper_fwd_ws_kernel``'s partitions (launch with 4 warps, BLOCK_M 128)."""
+                                     PERSISTENT: gl.constexpr = True):
+    """``_hopper_fwd_persistent_kernel``'s arguments (Q and O descriptors of 64-row tiles, a consumer's) with the
+    warp-specialised partitions: two consumer warpgroups, a producer warp (launch with 4 warps, BLOCK_M 128)."""
     ROWS: gl.constexpr = BLOCK_M // 2
-    if HOST_DESC:
-        dtype: gl.constexpr = Q.dtype
-        smem: gl.constexpr = Q.layout
-        q_desc, k_desc, v_desc, o_desc = Q, K, V, O
-    else:
-        dtype: gl.constexpr = Q.dtype.element_ty
-        smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-        q_desc, k_desc, v_desc, o_desc = _head_descriptors(Q, K, V, O, stride_qb, stride_qm, stride_kb, stride_kn,
-                                                           stride_vb, stride_vn, stride_ob, stride_om, N_Q, N_K, GROUP,
-                                                           HEADS, HEAD_DIM, ROWS, BLOCK_N, smem, FOLD_Q, FOLD_KV)
+    dtype: gl.constexpr = Q.dtype
+    smem: gl.constexpr = Q.layout
+    q_desc, k_desc, v_desc, o_desc = Q, K, V, O
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     o_smem = gl.allocate_shared_memory(dtype, [2, 1, ROWS, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], smem)
@@ -737,9 +581,6 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                          BLOCK_N, CAUSAL, STAGES, FOLD_Q)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
                          v_bars, empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                         HEAD_DIM, FOLD_Q, FOLD_KV)),
+                         HEAD_DIM, FOLD_Q, FOLD_KV, PERSISTENT)),
     ], [4, 1], [240, 24])
-    # every program has drawn its last ticket before it counts itself finished: the last one resets the pair
-    if gl.atomic_add(counter + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
-        gl.atomic_xchg(counter, 0, sem="relaxed")
-        gl.atomic_xchg(counter + 1, 0, sem="relaxed")
+    _reset_counter(counter, PERSISTENT)

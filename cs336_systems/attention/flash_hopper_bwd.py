@@ -5,11 +5,12 @@ the same arguments in the same order (the heads slot takes the total of batch x 
 ``_Launch`` machinery launches either. A work item is one key tile (``BLOCK_N`` rows) of one batch x key/value
 head: its program keeps K and V in shared memory and dK, dV in fp32 registers, and walks the query tiles of the
 ``GROUP`` query heads that read it (FlashAttention-3's backward, Shah et al. 2024, section 3 and appendix B).
-``PERSISTENT``: as many programs as the GPU holds, tensor descriptors built once, items taken from a counter
-(see the kernel); else a program per item (head dim 128, where persistence spilled and gained nothing).
+``PERSISTENT``: as many programs as the GPU holds, items taken from a counter (see the kernel); else a program per
+item (head dim 128, where persistence spilled and gained nothing).
 
 - Q and dO tiles stream through ``STAGES`` shared-memory buffers filled by TMA (tensor descriptors built on
-  the device, 3-D over the group's query heads so the pipeline runs across heads); an mbarrier per buffer.
+  the host, ``backward_descs``: 3-D over the heads so the pipeline runs across a group's query heads); an mbarrier
+  per buffer.
 - S^T = K Q^T and dP^T = V dO^T are issued together as asynchronous wgmma; P^T = exp2(S^T - L) is computed
   while dP^T is still in flight.
 - dV += P^T dO and dK += dS^T Q take P^T and dS^T straight from registers (wgmma's register A operand);
@@ -35,8 +36,7 @@ barrier in the loop. The default at head dim 128 (where one warpgroup had to run
 Inputs (the dispatcher's guarantee, not checked here): bf16 or fp16, head dim 64 or 128 (``HEAD_DIM``),
 unit stride along d, 16-byte aligned bases and strides; L the natural-log logsumexp and Delta = rowsum(O dO),
 both fp32 ``(B * Hq, Nq)``; DQ_ACC fp32 ``(B * Hq, Nq, HEAD_DIM)`` contiguous and zeroed. No windows or
-documents (RIGHT, DOC, SPAN are accepted and ignored; the middle kernel takes its INTERLEAVE in LEFT's slot). Needs
-``triton.set_allocator`` (descriptors are built in global scratch).
+documents (RIGHT, DOC, SPAN are accepted and ignored; the middle kernel takes its INTERLEAVE in LEFT's slot).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _head_tiles, _item_head, head_desc
+from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_head, head_desc
 
 LOG2E = 1.4426950408889634
 
@@ -108,29 +108,6 @@ def _load_stats(L, Delta, bh, start_m, N_Q, offs, pred):
 
 
 @gluon.jit
-def _descriptors(Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob,
-                 stride_dom, stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OUT_ROWS: gl.constexpr,
-                 kv_smem: gl.constexpr, out_smem: gl.constexpr, q_smem: gl.constexpr, FOLD_Q: gl.constexpr = 0,
-                 FOLD_KV: gl.constexpr = 0, HOST_DESC: gl.constexpr = False):
-    """TMA descriptors of K, V (``BLOCK_N``-row tiles), dK, dV (``OUT_ROWS``-row tiles), Q and dO (``BLOCK_M``-row
-    tiles of the ``GROUP`` query heads of each key/value head): every tensor as 3-D (batch x heads, rows,
-    HEAD_DIM), a tile being one head's rows; rows past N_Q / N_K of a head read as zero and are clipped on stores.
-    FOLD_Q, FOLD_KV: the sides' layout (``_head_tiles``). HOST_DESC: the arguments are these descriptors, built on the
-    host (``backward_descs``)."""
-    if HOST_DESC:
-        k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = K, V, DK, DV, Q, DO
-    else:
-        k_desc = _head_tiles(K, BKV, N_K, stride_kb, stride_kn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
-        v_desc = _head_tiles(V, BKV, N_K, stride_vb, stride_vn, HEAD_DIM, BLOCK_N, kv_smem, FOLD_KV)
-        dk_desc = _head_tiles(DK, BKV, N_K, stride_dkb, stride_dkn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
-        dv_desc = _head_tiles(DV, BKV, N_K, stride_dvb, stride_dvn, HEAD_DIM, OUT_ROWS, out_smem, FOLD_KV)
-        q_desc = _head_tiles(Q, BKV * GROUP, N_Q, stride_qb, stride_qm, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
-        do_desc = _head_tiles(DO, BKV * GROUP, N_Q, stride_dob, stride_dom, HEAD_DIM, BLOCK_M, q_smem, FOLD_Q)
-    return k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc
-
-
-@gluon.jit
 def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             stride_qb, stride_qm, stride_qd, stride_kb, stride_kn, stride_kd,
                             stride_vb, stride_vn, stride_vd, stride_dob, stride_dom, stride_dod,
@@ -138,16 +115,12 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                             N_Q, N_K, GROUP, BKV, INTERLEAVE, RIGHT, sm_scale, qk_scale,
                             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                            HOST_DESC: gl.constexpr = False):
+                            PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0):
     """The (key tile, batch x key/value head) work items of ``BKV`` heads: persistent programs (PERSISTENT) or a
     program per item (grid: key tiles x BKV); see the module docstring. INTERLEAVE (the Triton kernel's window left
-    side, unused here): the heads a group of items spans (``flash_hopper._item_head``; 0 reads as 1). HOST_DESC: Q, K,
-    V, DO, DK, DV (and DQ_ACC with DQ_TMA) are descriptors built on the host (``backward_descs``)."""
-    if HOST_DESC:
-        dtype: gl.constexpr = Q.dtype
-    else:
-        dtype: gl.constexpr = Q.dtype.element_ty
+    side, unused here): the heads a group of items spans (``flash_hopper._item_head``; 0 reads as 1). Q, K, V, DO, DK,
+    DV (and DQ_ACC with DQ_TMA) are descriptors built on the host (``backward_descs``; the strides are in them)."""
+    dtype: gl.constexpr = Q.dtype
     NUM_WARPS: gl.constexpr = gl.num_warps()
 
     # ---- layouts: S^T, dP^T (BLOCK_N, BLOCK_M); dK, dV (BLOCK_N, HEAD_DIM); dQ^T (HEAD_DIM, BLOCK_M)
@@ -165,11 +138,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     ds_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     stats_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    # ---- descriptors, built once per program
-    k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(
-        Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
-        stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N,
-        kv_smem, kv_smem, q_smem, FOLD_Q, FOLD_KV, HOST_DESC)
+    k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = K, V, DK, DV, Q, DO
 
     # ---- shared memory and barriers
     k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
@@ -194,10 +163,7 @@ def _hopper_bwd_dkdv_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     fence_async_shared()
     if DQ_TMA:
         dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], gl.float32)
-        if HOST_DESC:
-            dq_desc = DQ_ACC
-        else:
-            dq_desc = _head_tiles(DQ_ACC, BKV * GROUP, N_Q, N_Q * HEAD_DIM, HEAD_DIM, HEAD_DIM, BLOCK_M, dq_smem)
+        dq_desc = DQ_ACC
         dq_buf = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, HEAD_DIM], dq_smem)
 
     tile_bytes: gl.constexpr = BLOCK_M * HEAD_DIM * dtype.primitive_bitwidth // 8
@@ -525,21 +491,16 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
                           PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                          DQ_EARLY: gl.constexpr = False, HOST_DESC: gl.constexpr = False):
+                          DQ_EARLY: gl.constexpr = False):
     """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
     the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
     and PERSISTENT are accepted for the shared launcher (always TMA, a program per item). DQ_EARLY: each tile's
     dV product issued after its dQ product, so that it runs while dQ goes out through shared memory (H100, session
     37: 1-2.6% faster without the causal mask at head dim 128, 3.3% slower with it; at head dim 64 it spills).
-    HOST_DESC: as in ``_hopper_bwd_dkdv_kernel`` (DQ_ACC a descriptor too)."""
-    if HOST_DESC:
-        dtype: gl.constexpr = Q.dtype
-    else:
-        dtype: gl.constexpr = Q.dtype.element_ty
-    ROWS: gl.constexpr = BLOCK_N // 2
+    Descriptors as in ``_hopper_bwd_dkdv_kernel``, DQ_ACC's always."""
+    dtype: gl.constexpr = Q.dtype
     DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
     kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
-    half_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, ROWS, HEAD_DIM], dtype)
     q_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], dtype)
     ds_smem: gl.constexpr = gl.NVMMASharedLayout(_ds_swizzle(HEAD_DIM, BLOCK_M), 16)
     dq_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, DQ[1], DQ[0]], gl.float32)
@@ -548,16 +509,8 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
     head = gl.program_id(1)
     start_n = gl.program_id(0) * BLOCK_N
     bq0 = head * GROUP
-    k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc = _descriptors(  # dK, dV leave by halves
-        Q, K, V, DO, DK, DV, stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn, stride_dob, stride_dom,
-        stride_dkb, stride_dkn, stride_dvb, stride_dvn, N_Q, N_K, GROUP, BKV, HEAD_DIM, BLOCK_M, BLOCK_N, ROWS,
-        kv_smem, half_smem, q_smem, FOLD_Q, FOLD_KV, HOST_DESC)
-    if HOST_DESC:
-        dq_desc = DQ_ACC
-    else:
-        dq_desc = tma.make_tensor_descriptor(DQ_ACC, shape=[BKV * GROUP, N_Q, HEAD_DIM],
-                                             strides=[N_Q * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, DQ[1], DQ[0]],
-                                             layout=dq_smem)
+    # dK, dV leave by halves of the key tile, dQ^T by _dq_split's blocks
+    k_desc, v_desc, dk_desc, dv_desc, q_desc, do_desc, dq_desc = K, V, DK, DV, Q, DO, DQ_ACC
 
     k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
     v_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], kv_smem)
@@ -607,10 +560,12 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
 def backward_descs(bh_kv: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tuple, sv: tuple, sdo: tuple,
                    skv: tuple, head_dim: int, block_m: int, block_n: int, dtype, fold_q: int, fold_kv: int,
                    warp_specialize: bool, dq_tma: bool) -> tuple:
-    """The kernels' descriptors built on the host (``HOST_DESC``), aligned with their pointer arguments (Q, K, V, DO,
-    L, Delta, DK, DV, DQ_ACC, DOC, SPAN): ``_descriptors`` and the dQ accumulator's (``DQ_TMA``; always in the
-    warp-specialised kernel, whose dK and dV leave by halves of the key tile and dQ^T by ``_dq_split``'s blocks).
-    ``skv``: the strides of dK and dV."""
+    """The kernels' descriptors (built on the host, ``flash_hopper.HostDesc``), aligned with their pointer arguments
+    (Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN): every tensor as 3-D (batch x heads, rows, head dim), a tile
+    one head's rows (rows past N_Q / N_K read as zero and are clipped on stores): K and V tiles of ``block_n`` rows,
+    dK and dV of ``block_n`` (half that warp-specialised: they leave by halves), Q and dO of ``block_m`` rows of the
+    ``group`` query heads of each key/value head, and the fp32 dQ accumulator's (``dq_tma``, always in the
+    warp-specialised kernel: its dQ^T leaves by ``_dq_split``'s blocks). ``skv``: the strides of dK and dV."""
     import torch
 
     bh = bh_kv * group
@@ -731,13 +686,9 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
         # work items' batch x key/value heads in the HEADS slot
         cfg = KernelConfig(variant.block_m, variant.block_n, variant.num_warps, 1, True,
                            warp_specialize=variant.warp_specialize, persistent=variant.persistent)
-        descs, host = (), {}
-        if ft._HOST_DESCRIPTORS:
-            descs = backward_descs(bh_kv, hq // hkv, n_q, n_k, sq, skv, skv, sq, skv, d, variant.block_m,
-                                   variant.block_n, q.dtype, 0, 0, variant.warp_specialize,
-                                   variant.constexprs(causal)["DQ_TMA"])
-            host = dict(HOST_DESC=True)
-        launch = ft._Launch(variant.kernel, dict(variant.constexprs(causal), **host), cfg, descs)
+        descs = backward_descs(bh_kv, hq // hkv, n_q, n_k, sq, skv, skv, sq, skv, d, variant.block_m,
+                               variant.block_n, q.dtype, 0, 0, variant.warp_specialize, variant.dq_tma)
+        launch = ft._Launch(variant.kernel, variant.constexprs(causal), cfg, descs)
         items = triton.cdiv(n_k, variant.block_n)
         grid = (items * bh_kv, 1, 1) if variant.persistent else (items, bh_kv, 1)
         scalars = (*sq, *skv, *skv, *sq, *skv, *skv, n_q, n_k, hq // hkv, bh_kv, 0, 0, scale, scale * ft.LOG2E)

@@ -844,7 +844,6 @@ def _tma_ready(*tensors: Tensor) -> bool:
 
 
 _WORKSPACES: dict[tuple[int, int], Tensor] = {}
-_HOST_DESCRIPTORS = True  # the Gluon kernels' TMA descriptors built on the host (False: in each program; an A/B)
 
 
 def _workspace(device_index: int, stream: int, size: int) -> Tensor:
@@ -927,22 +926,32 @@ def _direct_launcher(compiled, tail: tuple, descs: tuple = ()):
         if launch is None or encoders is None:
             return slow
         encode = triton.runtime.driver.active.utils.fill_tma_descriptor
+        calls: dict[tuple, list] = {}  # the launcher's arguments by the pointers' addresses
 
-        def args_of(pointers):
+        def encoded(addresses: tuple) -> list:
             args = []
-            for p, enc in zip(pointers, encoders):
-                ptr = p.data_ptr()
+            for ptr, enc in zip(addresses, encoders, strict=True):
                 if enc is None:
                     args.append(ptr)
                     continue
                 maps, how, after = enc
                 m = maps.get(ptr)
                 if m is None:
-                    if len(maps) >= 8:  # a few addresses recur (the caching allocator's); a stream of new ones
+                    if len(maps) >= 8:
                         maps.clear()
                     m = maps[ptr] = encode(ptr, *how)
                 args.append(m)
                 args.extend(after)
+            return args
+
+        def args_of(pointers):
+            # a few address sets recur (the caching allocator's blocks); a stream of new ones re-encodes
+            addresses = tuple([p.data_ptr() for p in pointers])
+            args = calls.get(addresses)
+            if args is None:
+                if len(calls) >= 16:
+                    calls.clear()
+                args = calls[addresses] = encoded(addresses)
             return args
     compiled._init_handles()
     function, packed = compiled.function, compiled.packed_metadata
@@ -973,7 +982,7 @@ class _Launch:
     compiled kernel directly (``_direct_launcher``). A persistent kernel (``cfg.persistent``) takes its work
     items' count as ``grid[0]`` and runs as many programs as stay resident on the GPU (from the compiled kernel's
     registers and shared memory), at most one per item. ``descs``: per pointer argument, None or the
-    ``flash_hopper.HostDesc`` the kernel takes in its place (a Gluon kernel's ``HOST_DESC``)."""
+    ``flash_hopper.HostDesc`` the kernel takes in its place (the Gluon kernels' tensors)."""
 
     __slots__ = ("cfg", "constexprs", "descs", "kernel", "programs", "run")
 
@@ -1248,25 +1257,19 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
         sms = torch.cuda.get_device_properties(Q.device).multi_processor_count
         if cfg.persistent and _cdiv(n_q, cfg.block_m) * bh <= sms:  # one wave: no setup to share, nothing to balance
             cfg = dataclasses.replace(cfg, persistent=False)
-        kernel = {(True, True): flash_hopper._hopper_fwd_ws_persistent_kernel,
-                  (True, False): flash_hopper._hopper_fwd_ws_kernel,
-                  (False, True): flash_hopper._hopper_fwd_persistent_kernel,
-                  (False, False): flash_hopper._hopper_fwd_kernel}[cfg.warp_specialize, cfg.persistent]
-        descs, host = (), {}
-        if cfg.persistent and _HOST_DESCRIPTORS:  # descriptors from the host (flash_hopper.HostDesc)
-            descs = flash_hopper.forward_descs(bh, group, n_q, n_k, sq, sk, sv, so, d,
-                                               cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
-                                               Q.dtype, fq, fkv)
-            host = dict(HOST_DESC=True)
+        kernel = (flash_hopper._hopper_fwd_ws_persistent_kernel if cfg.warp_specialize else
+                  flash_hopper._hopper_fwd_persistent_kernel)
+        descs = flash_hopper.forward_descs(bh, group, n_q, n_k, sq, sk, sv, so, d,
+                                           cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
+                                           Q.dtype, fq, fkv)
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages, **folds, **host), cfg, descs)
-        if cfg.persistent:  # (query tile, batch x head) items; the heads slot takes batch x heads, the left side's
-            # (no window here) how many heads a group of items spans: K and V of a head, shared by its query group
-            order = _tuning.interleave_for(cfg, "fwd", right == 0, bh, 2 * n_k * d * Q.element_size() // group,
-                                           _l2_bytes(Q.device))
-            scalars = (*scalars[:-3], bh, order, scalars[-1])
-            return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, scalars, (fq, fkv)
-        return launch, (_cdiv(n_q, cfg.block_m), bh, 1), copy, scalars, (fq, fkv)
+                                      STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, **folds), cfg, descs)
+        # (query tile, batch x head) items; the heads slot takes batch x heads, the left side's (no window here) how
+        # many heads a group of items spans: K and V of a head, shared by its query group
+        order = _tuning.interleave_for(cfg, "fwd", right == 0, bh, 2 * n_k * d * Q.element_size() // group,
+                                       _l2_bytes(Q.device)) if cfg.persistent else 1
+        scalars = (*scalars[:-3], bh, order, scalars[-1])
+        return launch, (_cdiv(n_q, cfg.block_m) * bh, 1, 1), copy, scalars, (fq, fkv)
     cfg = small or cfgs.fwd
     launch = _Launch(_flash_fwd_kernel, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                              LIMIT_LEFT=_limit(left), LIMIT_RIGHT=_limit(right), HAS_DOCS=has_docs,
@@ -1426,16 +1429,13 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         # the warp-specialised kernel's dV product after dQ's (DQ_EARLY) where that measured faster: full attention at
         # head dim 128 (flash_hopper_bwd's docstring)
         early = dict(DQ_EARLY=right is None and d == 128) if cfg.warp_specialize else {}
-        descs, host = (), {}
-        if _HOST_DESCRIPTORS:  # descriptors from the host (flash_hopper.HostDesc)
-            descs = flash_hopper_bwd.backward_descs(bh_kv, group, n_q, n_k, sq, sk, sv, sdo, skv, d, cfg.block_m,
-                                                    cfg.block_n, Q.dtype, fq, fkv, cfg.warp_specialize, cfg.tma)
-            host = dict(HOST_DESC=True)
+        descs = flash_hopper_bwd.backward_descs(bh_kv, group, n_q, n_k, sq, sk, sv, sdo, skv, d, cfg.block_m,
+                                                cfg.block_n, Q.dtype, fq, fkv, cfg.warp_specialize, cfg.tma)
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else
                          flash_hopper_bwd._hopper_bwd_dkdv_kernel,
                          dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds, **early,
-                              **host), cfg, descs)
+                              STAGES=cfg.num_stages, DQ_TMA=cfg.tma, PERSISTENT=cfg.persistent, **folds, **early),
+                         cfg, descs)
         # work items (key tile, batch x key/value head): the total of those heads where the Triton kernel takes
         # the heads per batch; persistent programs take the items from a counter, in groups of heads whose Q, dO and
         # dQ accumulator rows fit the cache (the left side's slot: no window here)

@@ -62,7 +62,10 @@ def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000
         s3 = (n * d, d, 1)
         for causal in causals:
             for group in groups:
-                args = (q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse, *s3 * 6, n, n, group, 2, 0, 0, 0.125, 0.18)
+                descs = hb.backward_descs(2, group, n, n, s3, s3, s3, s3, s3, d, var.block_m, var.block_n,
+                                          torch.bfloat16, 0, 0, var.warp_specialize, var.dq_tma)
+                pointers = ft._with_descs((q, k, v, do, lse, delta, dk, dv, dq_acc, lse, lse), descs)
+                args = (*pointers, *s3 * 6, n, n, group, 2, 0, 0, 0.125, 0.18)
                 kernel = aot_compile(var.kernel, *args, num_warps=var.num_warps, num_stages=1,
                                      **var.constexprs(causal))
                 ptx = kernel.asm["ptx"]
