@@ -927,6 +927,81 @@ def test_cached_launch_passes_the_jit_argument_order(monkeypatch):
     assert calls[2] == ("triton", (3, 2, 1), (a, b, 7, 1, 2, 5))
 
 
+def test_cached_launch_encodes_host_descriptors_once_per_address(monkeypatch):
+    """A pointer argument that the kernel takes as a host-built TMA descriptor (``flash_hopper.HostDesc``): the JIT
+    gets Triton's descriptor object; later calls bypass Triton's wrapper (the real one of this Triton, which would
+    encode every call) and pass the C launcher the encoded map, then the shape and strides, encoding once per
+    address."""
+    import types
+
+    import triton
+    from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, wrap_handle_tensordesc
+
+    from cs336_systems.attention import _tuning, flash_hopper, flash_triton
+
+    calls, encoded = [], []
+
+    class Pointer:
+        def __init__(self, p):
+            self.p = p
+
+        def data_ptr(self):
+            return self.p
+
+    def c_launcher(*args):
+        calls.append(("c", args))
+
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [1, 64, 64], "fp4_padded": False}
+
+    class Run:
+        global_scratch_size = global_scratch_align = profile_scratch_size = 0
+        num_ctas, launch_cooperative_grid, launch_pdl = 1, False, False
+        launch = staticmethod(wrap_handle_tensordesc(c_launcher, {"A": "*bf16", "D": "tensordesc<bf16[1,64,64]>",
+                                                                  "N": "i32"}, [meta]))
+
+    class Compiled:
+        run, function, packed_metadata = Run(), "fn", (4, 1, 0)
+        metadata = types.SimpleNamespace(tensordesc_meta=[meta])
+
+        def _init_handles(self):
+            pass
+
+    class Kernel:
+        arg_names = ("A", "D", "N")
+        params = ()
+
+        def __getitem__(self, grid):
+            def run(*args, num_warps, num_stages, **constexprs):
+                calls.append(("jit", args))
+                return Compiled()
+            return run
+
+    def fill(ptr, *how):
+        encoded.append((ptr, how))
+        return f"map@{ptr}"
+
+    monkeypatch.setattr(flash_triton, "_INTERPRETED", False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    monkeypatch.setattr(triton.runtime.driver, "_active",
+                        types.SimpleNamespace(utils=types.SimpleNamespace(fill_tma_descriptor=fill)))
+    desc = flash_hopper.head_desc(6, 100, 6400, 64, 64, 64, torch.bfloat16)
+    assert desc.shape == (6, 100, 64) and desc.strides == (6400, 64, 1) and desc.block == (1, 64, 64)
+    launch = flash_triton._Launch(Kernel(), {}, _tuning.KernelConfig(16, 16), (None, desc))
+    a = Pointer(1024)
+    b, c = (torch.empty(6, 100, 64, dtype=torch.bfloat16) for _ in range(2))
+    launch((3, 1, 1), (a, b), (7,))
+    (jit,) = calls
+    assert jit[1][0] is a and jit[1][1].base is b and jit[1][1].block_shape == [1, 64, 64] and jit[1][2] == 7
+    for t in (b, c, b, c):
+        launch((3, 1, 1), (a, t), (7,))
+    tails = [args[_BASE_ARGS_FORMAT_LEN:] for kind, args in calls[1:]]
+    assert tails[0] == (1024, f"map@{b.data_ptr()}", 6, 100, 64, 6400, 64, 1, 7)
+    assert tails[1][1] == f"map@{c.data_ptr()}" and tails[2] == tails[0] and tails[3] == tails[1]
+    assert [ptr for ptr, _ in encoded] == [b.data_ptr(), c.data_ptr()]  # once per address
+    assert encoded[0][1] == (3, 2, 9, [1, 64, 64], [6, 100, 64], [6400, 64, 1], 0)  # the host's bf16 code
+
+
 def test_launch_plans_address_inputs_without_views():
     """The launchers index the caller's tensors with one batch-head stride where the leading dims allow it, and
     copy only where they do not (or where d is strided)."""

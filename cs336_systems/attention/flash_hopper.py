@@ -107,7 +107,7 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
 
 @gluon.jit
 def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Batch-head ``x`` as the first and last coordinates of a tile in a ``_head_tiles`` descriptor: (x, 0), or with
+    """Batch-head ``x`` as the first and last coordinates of a tile in a ``head_desc`` descriptor: (x, 0), or with
     FOLD heads side by side in each row (``flash_triton._folded``) its batch and its head's first column."""
     if FOLD:
         return x // FOLD, (x % FOLD) * HEAD_DIM
@@ -117,19 +117,15 @@ def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, base, kv_head, HEAD3: gl.constexpr, FOLD: gl.constexpr,
-             HEAD_DIM: gl.constexpr):
-    """Start the TMA loads of key/value tile ``tile`` into its ring stage (nothing past the last tile); ``base``:
-    tiles through the ring before this query tile's first. HEAD3: 3-D descriptors over all heads (key/value head
-    ``kv_head``) and ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM); FOLD, HEAD_DIM: as in
+             STAGES: gl.constexpr, base, kv_head, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Start the TMA loads of key/value tile ``tile`` of key/value head ``kv_head`` into its ring stage (nothing past
+    the last tile); ``base``: tiles through the ring before this query tile's first. Descriptors over all heads
+    (``forward_descs``), ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM); FOLD, HEAD_DIM: as in
     ``_fold_head``."""
     stage = (base + tile) % STAGES
     pred = tile < n_tiles
-    if HEAD3:
-        outer, col = _fold_head(kv_head, FOLD, HEAD_DIM)
-        coord = [outer, tile * BLOCK_N, col]
-    else:
-        coord = [tile * BLOCK_N, 0]
+    outer, col = _fold_head(kv_head, FOLD, HEAD_DIM)
+    coord = [outer, tile * BLOCK_N, col]
     mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage), pred=pred)
     mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes, pred=pred)
@@ -137,20 +133,16 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOC
 
 
 @gluon.jit
-def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD3: gl.constexpr):
+def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """A ring stage as the (BLOCK_N, HEAD_DIM) operand of a warpgroup MMA."""
-    if HEAD3:
-        return ring.index(stage).reshape([BLOCK_N, HEAD_DIM])
-    else:
-        return ring.index(stage)
+    return ring.index(stage).reshape([BLOCK_N, HEAD_DIM])
 
 
 @gluon.jit
 def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, p, alpha, acc, l_i, m_i,
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
-                 FOLD: gl.constexpr):
+                 WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -162,7 +154,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     stage = (base + j) % STAGES
     prev = (base + j - 1) % STAGES
     mbarrier.wait(k_bars.index(stage), ((base + j) // STAGES) & 1)
-    s_tok = warpgroup_mma(q, _stage_tile(k_smem, stage, BLOCK_N, HEAD_DIM, HEAD3).permute((1, 0)), s_init,
+    s_tok = warpgroup_mma(q, _stage_tile(k_smem, stage, BLOCK_N, HEAD_DIM).permute((1, 0)), s_init,
                           use_acc=False, is_async=True)
     mbarrier.wait(v_bars.index(prev), ((base + j - 1) // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -170,7 +162,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         p_op = p
     else:
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-    acc_tok = warpgroup_mma(p_op, _stage_tile(v_smem, prev, BLOCK_N, HEAD_DIM, HEAD3), acc, is_async=True)
+    acc_tok = warpgroup_mma(p_op, _stage_tile(v_smem, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
     if RELEASE:
         mbarrier.arrive(empty_bars.index(stage))
@@ -195,21 +187,20 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
             gl.thread_barrier()
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
-                 kv_head, HEAD3, FOLD, HEAD_DIM)
+                 kv_head, FOLD, HEAD_DIM)
     return p, alpha, acc, l_i, m_i
 
 
 @gluon.jit
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, HEAD3: gl.constexpr,
-            FOLD: gl.constexpr):
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. ``base``,
-    ``kv_head``, HEAD3, FOLD: as in ``_load_kv``.
+    ``kv_head``, FOLD: as in ``_load_kv``.
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -232,7 +223,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
 
     # tile 0: S alone
     mbarrier.wait(k_bars.index(base % STAGES), (base // STAGES) & 1)
-    s = warpgroup_mma(q, _stage_tile(k_smem, base % STAGES, BLOCK_N, HEAD_DIM, HEAD3).permute((1, 0)), s_init,
+    s = warpgroup_mma(q, _stage_tile(k_smem, base % STAGES, BLOCK_N, HEAD_DIM).permute((1, 0)), s_init,
                       use_acc=False)
     if RELEASE:
         mbarrier.arrive(empty_bars.index(base % STAGES))
@@ -246,7 +237,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, HEAD3, FOLD)
+                                                   RELEASE, base, kv_head, FOLD)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(p.to(dtype), p_layout)
@@ -254,17 +245,17 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, HEAD3, FOLD)
+                                                   RELEASE, base, kv_head, FOLD)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, HEAD3, FOLD)
+                                                   RELEASE, base, kv_head, FOLD)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    acc = warpgroup_mma(p, _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM, HEAD3), acc)
+    acc = warpgroup_mma(p, _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM), acc)
     if RELEASE:  # a persistent producer refills this stage with the next item's tiles
         mbarrier.arrive(empty_bars.index(STAGES + last % STAGES))
     return acc, l_i, m_i
@@ -297,22 +288,16 @@ def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, HEAD3: gl.constexpr = False, FOLD: gl.constexpr = 0):
-    """O = acc / l through Q's buffer (free: every MMA that read it has completed) and a TMA store that clips
-    rows past N_Q; L = m + log2(l) in natural log. HEAD3: a (1, rows, HEAD_DIM) buffer and a 3-D descriptor over
-    all heads (head ``bh``; FOLD as in ``_fold_head``)."""
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr):
+    """O = acc / l through Q's (1, rows, HEAD_DIM) buffer (free: every MMA that read it has completed) and a TMA
+    store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q; L = m + log2(l) in natural log."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
     gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
-    if HEAD3:
-        q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
-        fence_async_shared()
-        outer, col = _fold_head(bh, FOLD, acc.shape[1])
-        tma.async_copy_shared_to_global(o_desc, [outer, row0, col], q)
-    else:
-        q.store(acc.to(q.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+    q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
+    fence_async_shared()
+    outer, col = _fold_head(bh, FOLD, acc.shape[1])
+    tma.async_copy_shared_to_global(o_desc, [outer, row0, col], q)
     tma.store_wait(pendings=0)
 
 
@@ -382,16 +367,16 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         qb, qc = _fold_head(bh, FOLD_Q, HEAD_DIM)
         tma.async_copy_global_to_shared(q_desc, [qb, start_m, qc], q_bar, q_smem)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, True,
-                     FOLD_KV, HEAD_DIM)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, n_tiles, BLOCK_N, STAGES, base, bkv, FOLD_KV,
+                     HEAD_DIM)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                base, bkv, True, FOLD_KV)
+                                base, bkv, FOLD_KV)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
-        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, True, FOLD_Q)
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q)
         gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1
@@ -529,7 +514,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, base, bkv,
-                                True, 0)  # the producer loads: the ring's coordinates are its
+                                0)  # the producer loads: the ring's coordinates are its
         mbarrier.arrive(q_empty.index(WG))  # every matmul that read Q has completed
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
