@@ -22,7 +22,8 @@ head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two 
 (``single_max_programs``) run the whole backward as one kernel: a program per key tile computes its dK, dV and
 one per query tile its dQ, with D from the O and dO tiles (one launch instead of three, where launches are the
 cost); and small forwards (``small_fwd``) take the Triton forward by pointers: below a few hundred programs a
-program's fixed costs (device-side tensor descriptors, the Gluon kernels' barrier setup) outweigh what TMA saves.
+program's fixed costs (device-side tensor descriptors, the Gluon kernels' barrier setup) outweighed what TMA saves
+(measured before the Gluon kernels' descriptors came from the host, docs/flash_tuning_notes.md, session 38).
 
 Hopper (sm_90): where a call is in their scope (``_in_hopper_scope``: 16-bit, head dim 64/128, full or causal,
 no documents), the planner launches the Gluon kernels of ``flash_hopper`` (forward) and ``flash_hopper_bwd`` (the
@@ -30,7 +31,8 @@ atomic-dQ middle kernel) instead, with the same arguments; ``deterministic=True`
 
 Host path: everything that follows from a call's layout (checks, strides, grid, compiled kernel) is planned
 once per layout (``_plan_for``); after its first launch a kernel is called through the compiled module's C
-launcher (``_Launch``), so a small forward+backward costs two launches and little Python.
+launcher (``_Launch``), so a small forward+backward costs two launches and little Python. The Gluon kernels' TMA
+descriptors are described per plan (``flash_hopper.HostDesc``) and encoded on the host once per tensor address.
 
 Causal (top-left aligned: query i sees keys 0..i, also when Nq != Nk): tiles entirely above the diagonal
 are never visited; tiles entirely below it run a loop with no index comparisons; only tiles crossing the
