@@ -95,6 +95,20 @@ def test_the_head_dim_64_kernels_in_use_compile_for_sm90_without_spills():
         res.stdout + res.stderr[-3000:])
 
 
+@pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
+@pytest.mark.parametrize("shape", ["xl_512", "noncausal_2k"])
+def test_the_planned_forward_compiles_for_sm90_with_host_descriptors(shape):
+    """The forward the planner launches on an H100 (one warpgroup at head dim 64, warp-specialised at 128) compiles
+    for sm_90a with the descriptors the planner describes on the host (``flash_hopper.forward_descs``): the kernel's
+    shared-memory layouts and boxes agree with them, and the head-dim-64 kernel does not spill."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", shape, "--forward-only"], cwd=ROOT,
+                         env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
+    kernel = "_hopper_fwd_persistent_kernel" if shape == "xl_512" else "_hopper_fwd_ws_persistent_kernel"
+    assert res.returncode == 0 and kernel in res.stdout, res.stdout + res.stderr[-3000:]
+    assert shape != "xl_512" or "spill_stores=0B" in res.stdout, res.stdout
+
+
 # --------------------------------------------------------------------------------------------- GPU
 def _is_sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

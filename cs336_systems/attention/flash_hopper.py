@@ -435,9 +435,9 @@ def _ws_barriers(STAGES: gl.constexpr):
 
 
 # Persistent warp-specialised form: the two consumers and the producer stay resident and take (query tile, head) items
-# in turn; the producer draws each item from the counter and hands it to the consumers
-# through shared memory with the item's Q load, and fills the K/V ring across items, so the next item's Q and first
-# key tiles arrive while the consumers finish the current one (its O leaves through a buffer of its own).
+# in turn; the producer draws each item from the counter and hands it to the consumers through shared memory with the
+# item's Q load, and fills the K/V ring across items, so the next item's Q and first key tiles arrive while the
+# consumers finish the current one (its O leaves through a buffer of its own).
 @gluon.jit
 def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                   empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
