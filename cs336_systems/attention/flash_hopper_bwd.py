@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -566,8 +567,6 @@ def backward_descs(bh_kv: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tu
     dK and dV of ``block_n`` (half that warp-specialised: they leave by halves), Q and dO of ``block_m`` rows of the
     ``group`` query heads of each key/value head, and the fp32 dQ accumulator's (``dq_tma``, always in the
     warp-specialised kernel: its dQ^T leaves by ``_dq_split``'s blocks). ``skv``: the strides of dK and dV."""
-    import torch
-
     bh = bh_kv * group
     out_rows = block_n // 2 if warp_specialize else block_n
     dq = None
@@ -651,7 +650,6 @@ def backward_launches(q, k, v, o, lse, do, causal: bool, variant: Variant | None
     kernel of the same arguments in place of ours, as ``(kernel, constexprs, num_warps, num_stages)``."""
     import math
 
-    import torch
     import triton
 
     from cs336_systems.attention import flash_triton as ft
