@@ -52,14 +52,13 @@ class HostDesc:
     (``tma.make_tensor_descriptor``), a descriptor costs each program a global write, a proxy fence and barriers per
     tensor before its first load: 4.5 us of a 25 us forward at 4 x 25 x 512 x 64 on an H100 (session 38); from the
     host it is a kernel parameter. The launcher (``flash_triton._direct_launcher``) encodes it once per tensor
-    address and keeps the last few (``maps``), so a call at a known address encodes nothing."""
+    address, so a call at a known address encodes nothing."""
 
-    __slots__ = ("block", "layout", "maps", "shape", "strides")
+    __slots__ = ("block", "layout", "shape", "strides")
 
     def __init__(self, shape: tuple, strides: tuple, block: tuple, dtype):
         self.shape, self.strides, self.block = tuple(shape), tuple(strides), tuple(block)
         self.layout = gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
-        self.maps: dict = {}
 
     def descriptor(self, t):
         """Triton's descriptor object of tensor ``t`` (the JIT's launch path)."""

@@ -882,10 +882,10 @@ def _raw_launch(launch):
 
 
 def _descriptor_encoders(compiled, descs: tuple):
-    """Per pointer argument, None (passed as an address) or what encodes its host descriptor: the descriptor's
-    cache of encoded maps by address, the encoder's arguments after the address (from the compiled kernel's
-    descriptor metadata: swizzle, element type, the box) and the shape and strides the launcher takes after the
-    map. None where the metadata is not what this was written for."""
+    """Per pointer argument, None (passed as an address) or what encodes its host descriptor: a cache of its encoded
+    maps by address (an encoding depends on this compiled kernel's metadata: swizzle, element type, the box), the
+    encoder's arguments after the address, and the shape and strides the launcher takes after the map. None where
+    the metadata is not what this was written for."""
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
     metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or ())
@@ -898,7 +898,7 @@ def _descriptor_encoders(compiled, descs: tuple):
             encoders.append(None)
             continue
         m = next(metas)
-        encoders.append((d.maps, (m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]],
+        encoders.append(({}, (m["swizzle"], m["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]],
                                   list(m["block_size"]), list(d.shape), list(d.strides), 0), (*d.shape, *d.strides)))
     return encoders
 
