@@ -1,0 +1,68 @@
+"""Why a do_bench row reads above its kernels (issue 18: the host-bound forward+backward rows), on the GPU.
+
+At each shape, for ours (the adapters' ``FlashAttention2Triton``) and SDPA's cuDNN and flash backends, the way
+``flash-bench`` calls them (``bench.flash._calls``, inputs shared): ``do_bench``'s median (L2 flushed before each
+call), the kernels' GPU time per call (``kernel_ms``), and the host's time to issue one do_bench iteration (flush and
+call, no synchronisation: median and 90th percentile over 200 iterations, after 20 unmeasured). Where the host's
+issue time exceeds the GPU's time per iteration, the GPU waits on the host and do_bench times the host.
+
+    python scripts/device/flash_dobench_gap.py [--shapes d128_4k xl_512 floor] > $OUT/gap.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import triton
+
+from cs336_systems.bench.flash import MODEL_SHAPES, _calls, kernel_ms, shape_inputs
+
+
+def issue_us(fn, grads, flush, iters: int = 200, warmup: int = 20) -> tuple[float, float]:
+    """Host microseconds to issue one do_bench iteration (grads reset, flush, call): median and 90th percentile."""
+    times = []
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        for t in grads:
+            t.grad = None
+        flush.zero_()
+        fn()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e6)
+        if i % 50 == 49:  # keep the queue short enough that the host never blocks on it
+            torch.cuda.synchronize()
+    times.sort()
+    return statistics.median(times), times[int(0.9 * len(times))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="*", default=["d128_4k", "xl_512", "floor"])
+    p.add_argument("--impls", nargs="*", default=["triton", "sdpa_cudnn", "sdpa_flash"])
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
+    flush_ms = triton.testing.do_bench(lambda: flush.zero_(), warmup=25, rep=100)
+    print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
+          f"flush {flush_ms * 1e3:.1f} us")
+    print(f"{'shape':10s} {'impl':11s} {'do_bench us':>11s} {'kernels us':>10s} {'issue us (med/p90)':>19s}")
+    for name in args.shapes:
+        s = MODEL_SHAPES[name]
+        inputs = shape_inputs(s, dev)
+        for impl in args.impls:
+            calls, grads = _calls(impl, s, dev, False, "do", inputs)
+            fn = calls["forward_backward"]
+            fn()
+            torch.cuda.synchronize()
+            bench = triton.testing.do_bench(fn, warmup=25, rep=200, grad_to_none=grads)
+            kern = kernel_ms(fn, dev, grads)
+            med, p90 = issue_us(fn, grads, flush)
+            print(f"{name:10s} {impl:11s} {bench * 1e3:11.1f} {kern * 1e3:10.1f} {med:9.1f} / {p90:7.1f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
