@@ -374,15 +374,17 @@ def test_persistent_work_groups_are_divisors_of_the_heads_that_fit_the_cache():
     assert interleave_for(auto, "fwd", True, 16, 10 * l2, l2) == 1  # one head overflows the share: a head at a time
 
 
-def test_small_calls_take_the_pointer_kernels_on_sm90_only():
-    """On sm_90 a small forward (by query tiles x heads) takes the Triton forward by block pointers, the first tier
-    that holds it, and the single backward its own pointer tiles; other GPUs and the CPU keep their tables."""
+def test_small_calls_take_tiles_of_their_own_on_sm90_only():
+    """On sm_90 a small forward (by query tiles x heads) takes the tiles of the first tier that holds it (the Gluon
+    forward's where it runs, else the Triton forward's by block pointers: the planner below), and the single backward
+    its own pointer tiles; other GPUs and the CPU keep their tables."""
     from cs336_systems.attention import _tuning
     from cs336_systems.attention.flash_triton import _plan_forward
 
     K = _tuning.KernelConfig
     d64, d128 = (_tuning.resolve(d, torch.bfloat16, 512, (9, 0), {}) for d in (64, 128))
-    assert d64.small_forward(128, 1) == K(64, 128, 4, 2) == d128.small_forward(128, 1)  # one wave: 128-key steps
+    assert d64.small_forward(128, 1) == K(64, 128, 4, 2)  # one wave: 128-key steps
+    assert d128.small_forward(128, 1) == K(64, 64, 4, 2)  # one warpgroup's Gluon tile, not the two-warpgroup one
     assert d64.small_forward(256, 100) == K(64, 64, 4, 2)  # 400 programs
     assert d64.small_forward(512, 96) is None and d128.small_forward(256, 100) is None  # 768 / 400: Gluon
     assert d64.single == d128.single == K(64, 64, 4, 2) and not d64.single.tma
@@ -679,7 +681,7 @@ HOPPER_GPU_GRID = [  # (lead dims, Nq, Nk, d, causal): odd lengths, Nq != Nk bot
 @pytest.mark.parametrize(("lead", "n_q", "n_k", "d", "causal"), HOPPER_GPU_GRID)
 def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, causal, seed):
     """The Gluon forward (sm_90 only) is what a 16-bit call at head dim 64/128 runs past the small calls (those take
-    the Triton forward by pointers, ``small_fwd``), and every tile shape it may be given (one and two warpgroups, 64-
+    the Gluon kernel with the small tiers' tiles, ``small_fwd``), and every tile shape it may be given (one and two warpgroups, 64-
     and 128-key tiles, 2-3 ring stages, a program per item or persistent) meets the 2x-naive rule at every shape."""
     from cs336_systems.attention._tuning import KernelConfig, config_for
     from cs336_systems.attention.flash_triton import _plan_forward, flash_backward, flash_forward, normalize_window
@@ -690,9 +692,12 @@ def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, ca
     q, k, v, do, ref, naive = _gpu_case(lead, n_q, n_k, d, causal, dtype)
     base = config_for(q.device, n_q, d, dtype)
     left, right = normalize_window(None, causal, n_q, n_k)
-    small = base.small_forward(n_q, q[..., 0, 0].numel()) is not None
-    kernel = _plan_forward(q, k, v, None, left, right, False)[0].kernel.__name__
-    assert kernel == "_flash_fwd_kernel" if small else kernel.startswith("_hopper_fwd"), kernel
+    small = base.small_forward(n_q, q[..., 0, 0].numel())
+    launch = _plan_forward(q, k, v, None, left, right, False)[0]
+    assert launch.kernel.__name__.startswith("_hopper_fwd"), launch.kernel.__name__
+    if small is not None:  # a small call: the tier's tiles, a program per item
+        c = launch.constexprs
+        assert (c["BLOCK_M"], c["BLOCK_N"], c["PERSISTENT"]) == (small.block_m, small.block_n, False), c
     base = dataclasses.replace(base, small_fwd=())  # the Gluon kernels at every shape below
     for tile in (KernelConfig(64, 64, 4, 3, True), KernelConfig(64, 128, 4, 3, True),
                  KernelConfig(128, 128, 8, 2, True), KernelConfig(128, 64, 8, 2, True),
@@ -738,9 +743,7 @@ def test_gpu_heads_last_layouts_within_twice_naive_error(b, hq, hkv, n, d, causa
     base = config_for(q.device, n, d, dtype)
     right, scale = 0 if causal else None, 1 / math.sqrt(d)
     plan = ft._plan_forward(q, k, v, None, None, right, False)
-    small = base.small_forward(n, b * hq) is not None  # the Triton forward by pointers: folded in place too
-    assert plan[0].kernel.__name__ == "_flash_fwd_kernel" if small else plan[0].kernel.__name__.startswith(
-        "_hopper_fwd"), plan[0].kernel.__name__
+    assert plan[0].kernel.__name__.startswith("_hopper_fwd"), plan[0].kernel.__name__  # small calls too
     assert plan[2] is False, "no copies"
     tiles = [None, KernelConfig(64, 64, 4, 3, True, persistent=True), KernelConfig(64, 128, 4, 3, True),
              KernelConfig(128, 128, 4, 2, True, warp_specialize=True),

@@ -211,7 +211,7 @@ def test_gpu_persistent_forward_matches_a_program_per_item(seed, causal, d):
         base = _tuning.config_for(torch.device("cuda"), 1000, d, torch.bfloat16)
         assert base.hopper_fwd.persistent and base.hopper_fwd.warp_specialize == (d == 128)
         return dataclasses.replace(base, hopper_fwd=dataclasses.replace(base.hopper_fwd, persistent=persistent),
-                                   small_fwd=())  # the Gluon forward at 333 tokens too
+                                   small_fwd=())  # these tiles at 333 tokens too
 
     for n in (333, 1000, 2100):  # more query tiles than SMs (fewer run as a program per item)
         q = torch.randn(3, 12, n, d, device="cuda", dtype=torch.bfloat16)

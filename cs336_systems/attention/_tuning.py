@@ -5,7 +5,7 @@ bucket, padded head dim, dtype), so a call costs a dict lookup and nothing is tu
 answer, per kernel (``FlashConfig``: ``fwd``; ``bwd``, the fused dK/dV/dQ-atomic kernel; ``dkdv`` and
 ``dq``, the deterministic backward; ``atomic_dq``, which backward is the default; ``single_max_programs``, up to
 which grid size the whole backward is one kernel, with ``single``'s tiles or else ``dkdv``'s; ``small_fwd``, the
-forward's tiles by block pointers for small calls):
+forward's tiles for small calls, in the Gluon forward where it runs, else by block pointers):
 1. on a GPU of the compute capability recorded in ``flash_tune_h100.json`` (next to this module, written
    by ``scripts/device/flash_tune.py`` on an H100): its entry for the query-length bucket, else for the
    head dim and dtype;
@@ -90,7 +90,8 @@ class FlashConfig:
     # The single backward kernel's tiles (None: ``dkdv``'s); ``single_max_programs`` counts ``dkdv``'s tiles
     single: KernelConfig | None = None
     # Small forwards: (most programs, tiles) in ascending order; a call of at most that many query tiles x heads
-    # runs the Triton forward with the first such entry's tiles (block pointers) instead of ``fwd`` / ``hopper_fwd``
+    # runs with the first such entry's tiles instead of ``hopper_fwd`` (the Gluon forward, one warpgroup, a program
+    # per item) or, outside the Gluon scope, of ``fwd`` (the Triton forward, by block pointers unless ``tma``)
     small_fwd: tuple[tuple[int, KernelConfig], ...] = ()
 
     def small_forward(self, n_q: int, heads: int) -> KernelConfig | None:
@@ -119,14 +120,14 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
                                single_max_programs=128)
         return FlashConfig(K(32, 16, 4, 2), K(16, 32, 4, 1), K(16, 32, 4, 1), K(32, 16, 4, 1),
                            single_max_programs=128)
-    # Small calls on sm_90 (H100, session 36, scripts/device/flash_floor_variants.py, kernel us at 1 x 1 x 128 x 64
-    # / 1 x 1 x 256 x 64 / 4 x 25 x 256 x 64): the single backward by block pointers on 64 x 64 tiles with two stages
-    # 5.8 / 8.1 / 28.0 against 21.5 / 23.5 / 56.9 by tensor descriptors (built on the device: a fixed cost per
-    # program that a short program does not amortise); the Triton forward by block pointers 4.5 / 6.5 (64 x 128,
-    # one wave) and 13.0 (64 x 64) against the Gluon forward's 7.1 / 8.1 / 16.1; at 8 x 12 x 512 x 64 (768
-    # programs) the Gluon forward is faster (24.3 against 25.5). With its descriptors built on the host (session 38)
-    # the Gluon forward is faster at all three (3.9 / 5.0 / 11.6): small_fwd stays until the GPU tests have run the
-    # Gluon forward at the tiny shapes it covers (docs/pending_device_runs.md)
+    # Small calls on sm_90 (H100, scripts/device/flash_floor_variants.py, kernel us at 1 x 1 x 128 x 64 / 1 x 1 x 256
+    # x 64 / 4 x 25 x 256 x 64 / 1 x 1 x 128 x 128). The backward: the single kernel by block pointers on 64 x 64
+    # tiles with two stages, 5.8 / 8.1 / 28.0 against 21.5 / 23.5 / 56.9 by tensor descriptors built on the device
+    # (session 36). The forward (session 39, descriptors from the host): the Gluon kernel takes the small tiers'
+    # tiles, one warpgroup and a program per item, 4.0 / 5.2 / 11.2 / 4.4 (64 x 64 at head dim 128) against the
+    # Triton forward by pointers' 4.5 / 6.5 / 12.8 / 6.3 and, at head dim 128, the two-warpgroup tile's 6.5; outside
+    # the Gluon scope (windows, documents) the Triton forward runs them by pointers, as the device-built descriptors
+    # of its TMA form cost a short program more than they save
     small = dict(single=K(64, 64, 4, 2), small_fwd=((128, K(64, 128, 4, 2)), (512, K(64, 64, 4, 2)))) if hopper else {}
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
@@ -134,8 +135,8 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
                            hopper_fwd=K(64, 64, 4, 3, True, persistent=True) if hopper else None,
                            hopper_bwd=K(64, 64, 4, 2, True, persistent=True) if hopper else None, **small)
     if d_pad <= 128:
-        # head dim 128 (1 x 1 x 128 x 128): single backward 11.3 us by pointers against 31.6, forward 6.3 against 9.5
-        small = dict(small, small_fwd=small["small_fwd"][:1]) if hopper else {}
+        # head dim 128 (1 x 1 x 128 x 128): single backward 11.3 us by pointers against 31.6 (session 36)
+        small = dict(small, small_fwd=((128, K(64, 64, 4, 2)),)) if hopper else {}
         return FlashConfig(K(64, 64, 4, 3, tma), K(64, 128, 8, 2, tma), K(64, 128, 8, 3, tma), K(128, 64, 8, 3, tma),
                            atomic_dq=False, single_max_programs=128, **small,
                            # two consumer warpgroups, persistent (H100, session 20: 0.91-1.00x cuDNN's forward at

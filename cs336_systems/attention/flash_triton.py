@@ -21,9 +21,9 @@ reproducible); the config table makes that pair the default where it measured fa
 head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two extra matmuls). Small calls
 (``single_max_programs``) run the whole backward as one kernel: a program per key tile computes its dK, dV and
 one per query tile its dQ, with D from the O and dO tiles (one launch instead of three, where launches are the
-cost); and small forwards (``small_fwd``) take the Triton forward by pointers: below a few hundred programs a
-program's fixed costs (device-side tensor descriptors, the Gluon kernels' barrier setup) outweighed what TMA saves
-(measured before the Gluon kernels' descriptors came from the host, docs/flash_tuning_notes.md, session 38).
+cost); and small forwards (``small_fwd``) take tiles of their own: one-warpgroup Gluon tiles where the Gluon forward
+runs, block pointers in the Triton forward elsewhere (a short program does not amortise tensor descriptors built on
+the device, which the Triton kernels' TMA form builds; docs/flash_tuning_notes.md, sessions 36 and 39).
 
 Hopper (sm_90): where a call is in their scope (``_in_hopper_scope``: 16-bit, head dim 64/128, full or causal,
 no documents), the planner launches the Gluon kernels of ``flash_hopper`` (forward) and ``flash_hopper_bwd`` (the
@@ -1253,9 +1253,9 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
     folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     scalars = (*sq, *sk, *sv, *so, n_q, n_k, group, heads, left or 0, right or 0)
-    cfg = cfgs.hopper_fwd
     small = cfgs.small_forward(n_q, bh)
-    if small is None and cfg is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
+    cfg = small or cfgs.hopper_fwd
+    if cfgs.hopper_fwd is not None and fits and _in_hopper_scope(Q, left, right, has_docs):
         sms = torch.cuda.get_device_properties(Q.device).multi_processor_count
         if cfg.persistent and _cdiv(n_q, cfg.block_m) * bh <= sms:  # one wave: no setup to share, nothing to balance
             cfg = dataclasses.replace(cfg, persistent=False)

@@ -6,12 +6,17 @@ call), the kernels' GPU time per call (``kernel_ms``), and the host's time to is
 call, no synchronisation: median and 90th percentile over 200 iterations, after 20 unmeasured). Where the host's
 issue time exceeds the GPU's time per iteration, the GPU waits on the host and do_bench times the host.
 
-    python scripts/device/flash_dobench_gap.py [--shapes d128_4k xl_512 floor] > $OUT/gap.txt
+    python scripts/device/flash_dobench_gap.py [--shapes d128_4k xl_512 floor] [--profile] > $OUT/gap.txt
+
+``--profile``: then ``cProfile`` of ours' issue loop at each shape, the functions by own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import time
 
@@ -42,6 +47,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["d128_4k", "xl_512", "floor"])
     p.add_argument("--impls", nargs="*", default=["triton", "sdpa_cudnn", "sdpa_flash"])
+    p.add_argument("--profile", action="store_true", help="cProfile ours' issue loop at each shape")
     args = p.parse_args()
     dev = torch.device("cuda")
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
@@ -62,6 +68,17 @@ def main() -> None:
             med, p90 = issue_us(fn, grads, flush)
             print(f"{name:10s} {impl:11s} {bench * 1e3:11.1f} {kern * 1e3:10.1f} {med:9.1f} / {p90:7.1f}",
                   flush=True)
+    for name in args.shapes if args.profile else ():
+        s = MODEL_SHAPES[name]
+        calls, grads = _calls("triton", s, dev, False, "do", shape_inputs(s, dev))
+        issue_us(calls["forward_backward"], grads, flush, iters=50)
+        prof = cProfile.Profile()
+        prof.enable()
+        issue_us(calls["forward_backward"], grads, flush, iters=200, warmup=0)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+        print(f"== {name}: cProfile of 200 iterations of ours\n{text.getvalue()}", flush=True)
 
 
 if __name__ == "__main__":
