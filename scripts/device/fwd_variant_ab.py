@@ -40,7 +40,9 @@ SHAPES = {  # batch, q heads, kv heads, n, d, causal
 VARIANTS = {
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
          (K(64, 128, 4, 3, True, False, True), {}), (K(128, 128, 4, 3, True, True, True), {})],
-    128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {})],
+    128: [(K(128, 128, 4, 2, True, True), {}), (K(128, 128, 4, 2, True, True, True), {}),
+          # 64-key steps, deeper rings (session 39)
+          (K(128, 64, 4, 3, True, True, True), {}), (K(128, 64, 4, 4, True, True, True), {})],
 }
 SHORT = {  # head dim 64, short sequences (session 21: none faster than the first; with the patch of
     # experiments/flash_fwd_overlap/ applied, add (K(64, 64, 4, 3, True, False, True), {"OVERLAP": True}))
