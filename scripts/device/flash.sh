@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu]
+#     [wsbwd] [wsncu] [wsfwdncu]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
@@ -9,7 +9,8 @@
 # features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
 # (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
 # them) checked against fp64 and timed in interleaved rounds (WSBWD_ARGS: default lb2025, d128_4k, noncausal_2k and
-# gqa, 7 rounds); wsncu: Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV.
+# gqa, 7 rounds); wsncu: Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV;
+# wsfwdncu: Nsight Compute's sections of the forward at noncausal_2k, ours (stall samples as CSV) and cuDNN's.
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -42,6 +43,17 @@ for s in "$@"; do
            ncu --import "$OUT/ncu-wsbwd.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-wsbwd-sass.csv.gz"
            ncu --import "$OUT/ncu-wsbwd.ncu-rep" --page details > "$OUT/ncu-wsbwd-details.txt" 2>&1
            rm -f "$OUT/ncu-wsbwd.ncu-rep" ;;
+    wsfwdncu) for impl in triton sdpa_cudnn; do  # the forward at noncausal_2k, ours (with SASS stall samples) and cuDNN
+             step 200 "wsfwdncu-$impl" ncu --kernel-name regex:'hopper_fwd|cudnn|fprop|sdpa' --launch-skip 2 \
+               --launch-count 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+               --section SchedulerStats --section InstructionStats --section LaunchStats --section Occupancy \
+               --section MemoryWorkloadAnalysis --section SourceCounters --import-source no -f -o "$OUT/ncu-fwd-$impl" \
+               python3 scripts/device/ncu_attention.py --shape noncausal_2k --impl $impl --calls 4
+             ncu --import "$OUT/ncu-fwd-$impl.ncu-rep" --page details > "$OUT/ncu-fwd-$impl-details.txt" 2>&1
+             [ $impl = triton ] && ncu --import "$OUT/ncu-fwd-$impl.ncu-rep" --page source --csv --print-source sass \
+               2>&1 | gzip > "$OUT/ncu-fwd-$impl-sass.csv.gz"
+             rm -f "$OUT/ncu-fwd-$impl.ncu-rep"
+           done ;;
   esac
 done
 (cd "$OUT" && tar czf results.tgz results && rm -rf results && tar czf logs.tgz log-*.txt && rm -f log-*.txt)
