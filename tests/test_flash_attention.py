@@ -680,9 +680,9 @@ HOPPER_GPU_GRID = [  # (lead dims, Nq, Nk, d, causal): odd lengths, Nq != Nk bot
 @pytest.mark.gpu
 @pytest.mark.parametrize(("lead", "n_q", "n_k", "d", "causal"), HOPPER_GPU_GRID)
 def test_gpu_hopper_forward_tiles_within_twice_naive_error(lead, n_q, n_k, d, causal, seed):
-    """The Gluon forward (sm_90 only) is what a 16-bit call at head dim 64/128 runs past the small calls (those take
-    the Gluon kernel with the small tiers' tiles, ``small_fwd``), and every tile shape it may be given (one and two warpgroups, 64-
-    and 128-key tiles, 2-3 ring stages, a program per item or persistent) meets the 2x-naive rule at every shape."""
+    """The Gluon forward (sm_90 only) is what a 16-bit call at head dim 64/128 runs (a small call with its tier's
+    tiles, ``small_fwd``), and every tile shape it may be given (one and two warpgroups, 64- and 128-key tiles, 2-3
+    ring stages, a program per item or persistent) meets the 2x-naive rule at every shape."""
     from cs336_systems.attention._tuning import KernelConfig, config_for
     from cs336_systems.attention.flash_triton import _plan_forward, flash_backward, flash_forward, normalize_window
 

@@ -109,6 +109,47 @@ def test_the_planned_forward_compiles_for_sm90_with_host_descriptors(shape):
     assert shape != "xl_512" or "spill_stores=0B" in res.stdout, res.stdout
 
 
+def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
+    """The rewrite restores a marked arrive's count to one and deletes the warpgroup bar.sync before it (register
+    arithmetic may sit between them); unmarked arrives and other barriers stay; a marked arrive without that barrier
+    is an error, never a wrong arrival count."""
+    from cs336_systems.attention import ptx_release
+
+    mark = ptx_release.MARK
+    ptx = "\n".join([
+        "\tbar.sync \t2, 128;", "\tadd.s32 \t%r1618, %r224, 197096;", "\t// begin inline asm",
+        f"\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r1618], {mark};", "\t// end inline asm",
+        "\tbar.sync \t2, 128;", "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r7];",
+        "\tbar.sync \t0, 128;", "\tst.shared.b32 [%r1], %r2;"])
+    out = ptx_release.patch(ptx).split("\n")
+    assert out == ["\tadd.s32 \t%r1618, %r224, 197096;", "\t// begin inline asm",
+                   "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r1618];", "\t// end inline asm",
+                   "\tbar.sync \t2, 128;", "\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r7];",
+                   "\tbar.sync \t0, 128;", "\tst.shared.b32 [%r1], %r2;"]
+    assert ptx_release.patch("\n".join(out)) == "\n".join(out)
+    for before in ("\tadd.s32 %r1, %r2, 4;", "\tbar.sync \t0, 128;\n\tst.shared.b32 [%r1], %r2;"):
+        with pytest.raises(ValueError, match=r"bar\.sync"):
+            ptx_release.patch(f"{before}\n\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9], {mark};")
+
+
+def test_the_warp_specialised_forward_releases_without_warpgroup_barriers():
+    """The planned warp-specialised forward (noncausal_2k), compiled for sm_90a on this host, has the rewrite applied:
+    no marked arrive left, and ten fewer warpgroup barriers than with ``LEAN=0`` (five releases in each consumer:
+    K's and V's ring halves in and after the loop's two forms, and Q's rows)."""
+    from cs336_systems.attention import ptx_release
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    counts = {}
+    for lean in (0, ptx_release.VERSION):
+        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "noncausal_2k",
+                              "--forward-only", "--fwd-set", f"LEAN={lean}"], cwd=ROOT,
+                             env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0 and "_hopper_fwd_ws_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
+        counts[lean] = int(res.stdout.split("bar_sync=")[1].split()[0])
+        assert " marked=0" in res.stdout, res.stdout
+    assert counts[0] - counts[ptx_release.VERSION] == 10, counts
+
+
 # --------------------------------------------------------------------------------------------- GPU
 def _is_sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -283,3 +324,36 @@ def test_gpu_work_item_order_does_not_change_the_results(seed, causal):
         dq, dk, dv = ft.flash_backward(q, k, v, o, lse, do, causal, config(order))
         assert torch.equal(dk, grads[1]) and torch.equal(dv, grads[2]), order
         torch.testing.assert_close(dq, grads[0], rtol=1e-2, atol=1e-3)  # a bf16 step either way
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), [
+    (2, 8, 8, 2048, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (2, 4, 4, 3000, 64, False)])
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
+def test_gpu_lean_releases_give_the_same_bits(seed, b, hq, hkv, n, d, causal, persistent):
+    """The warp-specialised forward releasing its ring stages and Q rows without warpgroup barriers (what the planner
+    launches, ``ptx_release``) computes what it computes with them: O and L bit for bit."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning, ptx_release
+    from cs336_systems.attention import flash_triton as ft
+
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    base = _tuning.config_for(q.device, n, d, q.dtype)
+    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(
+        128, 128, 4, 2, True, warp_specialize=True, persistent=persistent))
+    right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    outs = {}
+    for lean in (None, 0):  # the planner's choice, then the barriers kept
+        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
+        assert fwd[0].kernel is ft.flash_hopper._hopper_fwd_ws_persistent_kernel
+        if lean is None:
+            assert ptx_release.active() and fwd[0].constexprs["LEAN"] == ptx_release.VERSION
+        else:
+            fwd[0].constexprs = dict(fwd[0].constexprs, LEAN=lean)
+        plan = ft._Plan(None, right, scale, cfg, fwd)
+        outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
+    for x, y in zip(outs[None], outs[0], strict=True):
+        assert torch.equal(x, y)

@@ -40,9 +40,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from cs336_systems.attention import ptx_release
+
 LN2 = gl.constexpr(0.6931471805599453)
+LEAN_MARK = gl.constexpr(ptx_release.MARK)
 
 HEAD_DIMS = (64, 128)
+# The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
+# ``ptx_release``'s rewrite is active): see docs/flash_tuning_notes.md, session 39
+LEAN_RELEASE = True
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -132,6 +138,16 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOC
 
 
 @gluon.jit
+def _release(bar, RELEASE: gl.constexpr):
+    """A consumer warpgroup's arrival on ``bar`` once its MMAs that read what the barrier guards have completed:
+    RELEASE 2 without the warpgroup barrier Gluon puts before an arrive (``ptx_release``), else with it."""
+    if RELEASE == 2:
+        mbarrier.arrive(bar, count=LEAN_MARK)
+    else:
+        mbarrier.arrive(bar)
+
+
+@gluon.jit
 def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """A ring stage as the (BLOCK_N, HEAD_DIM) operand of a warpgroup MMA."""
     return ring.index(stage).reshape([BLOCK_N, HEAD_DIM])
@@ -164,7 +180,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     acc_tok = warpgroup_mma(p_op, _stage_tile(v_smem, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
     if RELEASE:
-        mbarrier.arrive(empty_bars.index(stage))
+        _release(empty_bars.index(stage), RELEASE)
     if MASK == 2:
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
@@ -181,7 +197,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     else:
         acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
     if RELEASE:
-        mbarrier.arrive(empty_bars.index(STAGES + prev))
+        _release(empty_bars.index(STAGES + prev), RELEASE)
     else:
         if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
             gl.thread_barrier()
@@ -196,12 +212,12 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
-    ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
-    the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
-    (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. ``base``,
-    ``kv_head``, FOLD: as in ``_load_kv``.
+    ``STAGES`` ahead (RELEASE 0: these warps issue the loads) or released to a producer (RELEASE 1, or 2 without
+    the warpgroup barrier Gluon puts before each release: ``_release``) through the mbarriers in ``empty_bars``: K's
+    half of a stage (index ``stage``) as soon as S has been computed from it, V's (``STAGES + stage``) after P V, so
+    that the next K tile can arrive while this tile's P V runs. ``base``, ``kv_head``, FOLD: as in ``_load_kv``.
 
-    Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
+    Where these warps also load (RELEASE 0: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
     one tile to the next as the 16-bit P V operand: 128 registers a thread instead of 164 for the persistent 64 x 64
     tile, 168 instead of 210 for 64 x 128 (H100: 2-4% faster at head dim 64 and 512 tokens, within the noise at
@@ -225,7 +241,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     s = warpgroup_mma(q, _stage_tile(k_smem, base % STAGES, BLOCK_N, HEAD_DIM).permute((1, 0)), s_init,
                       use_acc=False)
     if RELEASE:
-        mbarrier.arrive(empty_bars.index(base % STAGES))
+        _release(empty_bars.index(base % STAGES), RELEASE)
     if n_full > 0:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
     else:
@@ -256,7 +272,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     acc = warpgroup_mma(p, _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM), acc)
     if RELEASE:  # a persistent producer refills this stage with the next item's tiles
-        mbarrier.arrive(empty_bars.index(STAGES + last % STAGES))
+        _release(empty_bars.index(STAGES + last % STAGES), RELEASE)
     return acc, l_i, m_i
 
 
@@ -486,10 +502,11 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
                   n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                  FOLD_Q: gl.constexpr):
+                  FOLD_Q: gl.constexpr, LEAN: gl.constexpr):
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
-    finished first)."""
+    finished first). LEAN (nonzero: ``ptx_release.VERSION``): releases without the warpgroup barrier (``_release``)."""
+    RELEASE: gl.constexpr = 2 if LEAN else 1
     ROWS: gl.constexpr = BLOCK_M // 2
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -512,9 +529,9 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
             n_full = N_K // BLOCK_N
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
-                                n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, base, bkv,
-                                0)  # the producer loads: the ring's coordinates are its
-        mbarrier.arrive(q_empty.index(WG))  # every matmul that read Q has completed
+                                n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, RELEASE, base,
+                                bkv, 0)  # the producer loads: the ring's coordinates are its
+        _release(q_empty.index(WG), RELEASE)  # every matmul that read Q has completed
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
         tma.store_wait(pendings=0)  # the previous item's O has left the buffer
@@ -535,9 +552,11 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      N_K, GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                     PERSISTENT: gl.constexpr = True):
+                                     PERSISTENT: gl.constexpr = True, LEAN: gl.constexpr = 0):
     """``_hopper_fwd_persistent_kernel``'s arguments (Q and O descriptors of 64-row tiles, a consumer's) with the
-    warp-specialised partitions: two consumer warpgroups, a producer warp (launch with 4 warps, BLOCK_M 128)."""
+    warp-specialised partitions: two consumer warpgroups, a producer warp (launch with 4 warps, BLOCK_M 128). LEAN
+    (``ptx_release.VERSION``, or 0): the consumers release ring stages and Q without a warpgroup barrier (needs
+    ``ptx_release``'s rewrite, ``ptx_release.active()``)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -559,12 +578,15 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     gl.warp_specialize([
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, CAUSAL, STAGES, FOLD_Q)),
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN)),
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, CAUSAL, STAGES, FOLD_Q)),
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
                          v_bars, empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                          HEAD_DIM, FOLD_Q, FOLD_KV, PERSISTENT)),
     ], [4, 1], [240, 24])
     _reset_counter(counter, PERSISTENT)
+
+
+ptx_release.register(_hopper_fwd_ws_persistent_kernel)

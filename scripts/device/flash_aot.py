@@ -33,7 +33,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 
 import cs336_systems.attention.flash_triton as ft
-from cs336_systems.attention import _tuning
+from cs336_systems.attention import _tuning, ptx_release
 from cs336_systems.attention._common import normalize_window
 from cs336_systems.bench.flash import MODEL_SHAPES
 
@@ -134,7 +134,8 @@ def main() -> None:
         ptx = kernel.asm["ptx"]
         print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
               f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
-              f"tma_reduce={ptx.count('cp.reduce.async.bulk')}"
+              f"tma_reduce={ptx.count('cp.reduce.async.bulk')} bar_sync={ptx.count('bar.sync')} "
+              f"marked={ptx.count(f'], {ptx_release.MARK};')}"
               + (f" ex2_under_pv={sass_waits(kernel.asm['cubin'])}" if args.sass_waits else ""), flush=True)
 
     ft._Launch.__call__ = compile_instead

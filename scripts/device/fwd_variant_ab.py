@@ -2,10 +2,12 @@
 
     python scripts/device/fwd_variant_ab.py [--out DIR]
 
-Per shape: forward medians (``triton.testing.do_bench``) of each variant and of SDPA cuDNN / flash, the GPU time of
-each call's kernels (``bench.flash.kernel_ms``: what counts where the host sets do_bench's pace, the 512-token
-shapes), and each variant's O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of
-O's scale). ``--variants short``: the variants tried for short sequences at head dim 64.
+Per shape (``--rounds``: in rounds, the order rotated by one each round; medians): forward medians
+(``triton.testing.do_bench``) of each variant and of SDPA cuDNN / flash, the GPU time of each call's kernels
+(``bench.flash.kernel_ms``: what counts where the host sets do_bench's pace, the 512-token shapes), and each variant's
+O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale). ``--variants
+short``: the variants tried for short sequences at head dim 64; ``lean``: the warp-specialised forward with and
+without warpgroup barriers before its releases.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
 
@@ -16,13 +18,14 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cs336_systems.attention import _tuning
+from cs336_systems.attention import _tuning, ptx_release
 from cs336_systems.attention import flash_triton as ft
 from cs336_systems.bench.flash import kernel_ms
 
@@ -52,6 +55,13 @@ SHORT = {  # head dim 64, short sequences (session 21: none faster than the firs
          (K(128, 64, 4, 4, True, True, True), {}), (K(128, 64, 4, 3, True, True), {})],
 }
 
+LEAN = {  # the warp-specialised forward with and without warpgroup barriers before its releases (session 39)
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(128, 128, 4, 3, True, True, True), {"LEAN": 0}),
+         (K(128, 128, 4, 3, True, True, True), {"LEAN": ptx_release.VERSION})],
+    128: [(K(128, 128, 4, 2, True, True, True), {"LEAN": 0}),
+          (K(128, 128, 4, 2, True, True, True), {"LEAN": ptx_release.VERSION})],
+}
+
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
          (K(64, 64, 4, 2, True, False, True), {"maxnreg": 128}), (K(64, 64, 4, 2, True), {"maxnreg": 128}),
@@ -76,9 +86,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    p.add_argument("--variants", choices=["default", "short", "regs"], default="default")
+    p.add_argument("--variants", choices=["default", "short", "regs", "lean"], default="default")
+    p.add_argument("--rounds", type=int, default=1, help="timing rounds, the order rotated by one each round; medians")
     args = p.parse_args()
-    variants = {"short": SHORT, "regs": REGS}.get(args.variants, VARIANTS)
+    variants = {"short": SHORT, "regs": REGS, "lean": LEAN}.get(args.variants, VARIANTS)
     rows = []
     for name in args.shapes:
         b, hq, hkv, n, d, causal = SHAPES[name]
@@ -109,9 +120,14 @@ def main() -> None:
         peer_err = None
         if ref is not None:
             peer_err = (sdpa(SDPBackend.FLASH_ATTENTION)().double() - ref).abs().max().item()
+        times = {impl: ([], []) for impl in fns}
+        order = list(fns)
+        for r in range(args.rounds):
+            for impl in order[r % len(order):] + order[:r % len(order)]:
+                times[impl][0].append(triton.testing.do_bench(fns[impl][0], warmup=25, rep=100))
+                times[impl][1].append(kernel_ms(fns[impl][0], q.device, []))
         for impl, (fn, kernel) in fns.items():
-            ms = triton.testing.do_bench(fn, warmup=25, rep=100)
-            gpu_ms = kernel_ms(fn, q.device, [])
+            ms, gpu_ms = statistics.median(times[impl][0]), statistics.median(times[impl][1])
             out = fn()
             o = out[0] if isinstance(out, tuple) else out
             err = (o.double() - ref).abs().max().item() if ref is not None else None
