@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,11 @@ def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
     for before in ("\tadd.s32 %r1, %r2, 4;", "\tbar.sync \t0, 128;\n\tst.shared.b32 [%r1], %r2;"):
         with pytest.raises(ValueError, match=r"bar\.sync"):
             ptx_release.patch(f"{before}\n\t@%p4 mbarrier.arrive.shared::cta.b64 _, [%r9], {mark};")
+    # a kernel compiled elsewhere than through the hook is refused before it runs
+    compiled = types.SimpleNamespace(name="k", asm={"ptx": ptx})
+    with pytest.raises(RuntimeError, match="compiled without ptx_release"):
+        ptx_release.check(compiled)
+    ptx_release.check(types.SimpleNamespace(name="k", asm={"ptx": "\n".join(out)}))
 
 
 def test_the_warp_specialised_forward_releases_without_warpgroup_barriers():

@@ -1002,10 +1002,13 @@ class _Launch:
             triton.set_allocator(_tma_workspace)
         options = dict(self.constexprs, num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
         args = _with_descs(pointers, self.descs)
-        if self.cfg.persistent:
+        if self.cfg.persistent or self.constexprs.get("LEAN"):
             compiled = self.kernel.warmup(*args, *scalars, grid=grid, **options)
-            self.programs = _resident_programs(compiled, pointers[0].device)
-            grid = (min(grid[0], self.programs), 1, 1)
+            if not _INTERPRETED:
+                ptx_release.check(compiled)  # before any launch: never run arrives the rewrite left marked
+            if self.cfg.persistent:
+                self.programs = _resident_programs(compiled, pointers[0].device)
+                grid = (min(grid[0], self.programs), 1, 1)
         compiled = self.kernel[grid](*args, *scalars, **options)
         if not _INTERPRETED and compiled is not None:
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode

@@ -33,6 +33,7 @@ _installed = False
 
 _MARKED = re.compile(r"^(\s*(?:@%p\d+\s+)?mbarrier\.arrive\.shared::cta\.b64\s+_,\s*\[%r\d+\]),\s*"
                      + str(MARK) + r";\s*$")
+_MARKER = f"], {MARK};"  # a marked arrive as it appears in PTX
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+,\s*128;\s*$")
 _SKIP = re.compile(r"^\s*(//.*|\.loc\b.*)?$")  # comments (the inline asm brackets), debug lines, blank lines
 # register arithmetic (the arrive's address) that ptxas may find between the two: no memory, no control flow
@@ -56,6 +57,15 @@ def patch(ptx: str) -> str:
         drop.add(j)
         lines[i] = m.group(1) + ";"
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def check(compiled) -> None:
+    """Raise ``RuntimeError`` if ``compiled`` (a Triton compiled kernel) still holds a marked arrive: code compiled
+    without the rewrite (elsewhere than through this process's hook), whose barriers would count wrong and hang."""
+    if _MARKER in (getattr(compiled, "asm", None) or {}).get("ptx", ""):
+        name = getattr(compiled, "name", "a kernel")
+        raise RuntimeError(f"{name}: compiled without ptx_release's rewrite (its marked arrives are left); clear "
+                           "Triton's cache (TRITON_CACHE_DIR) or set flash_hopper.LEAN_RELEASE = False")
 
 
 def _hook(backend, stages, options, language, capability):
