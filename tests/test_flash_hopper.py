@@ -140,8 +140,8 @@ def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
 
 def test_the_warp_specialised_forward_releases_without_warpgroup_barriers():
     """The planned warp-specialised forward (noncausal_2k), compiled for sm_90a on this host, has the rewrite applied:
-    no marked arrive left, and ten fewer warpgroup barriers than with ``LEAN=0`` (five releases in each consumer:
-    K's and V's ring halves in and after the loop's two forms, and Q's rows)."""
+    no marked arrive left, and ten fewer warpgroup barriers than with ``LEAN=0`` (five releases in each consumer: the
+    first tile's K, each later tile's K and V in the loop, the last tile's V, and Q's rows)."""
     from cs336_systems.attention import ptx_release
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
