@@ -138,22 +138,54 @@ def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
     ptx_release.check(types.SimpleNamespace(name="k", asm={"ptx": "\n".join(out)}))
 
 
-def test_the_warp_specialised_forward_releases_without_warpgroup_barriers():
-    """The planned warp-specialised forward (noncausal_2k), compiled for sm_90a on this host, has the rewrite applied:
-    no marked arrive left, and ten fewer warpgroup barriers than with ``LEAN=0`` (five releases in each consumer: the
-    first tile's K, each later tile's K and V in the loop, the last tile's V, and Q's rows)."""
+def test_ptx_release_drops_the_barriers_around_a_marked_refill():
+    """A marked expect (byte count MARK modulo 16) of a one-warpgroup CTA gets its count back and loses the CTA
+    barrier before it and those between it and its own TMA load; an unmarked refill keeps its barriers; a marked
+    expect in a larger CTA, or followed by anything but register work before its load, is an error."""
+    from cs336_systems.attention import ptx_release
+
+    mark = ptx_release.MARK
+    tma = ("\t@%p72 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r570], "
+           "[%rd10, {%r571, %r572, %r1192}], [%r569];")
+    refill = ["\tbar.sync \t0;", "\tand.pred \t%p71, %p1, %p74;",
+              f"\t@%p71 mbarrier.arrive.expect_tx.shared.b64 _, [%r569], {8192 + mark};",
+              "\tmul.lo.s32 \t%r717, %r714, 8184;", "\tbar.sync \t0;", "\telect.sync \t%r718|%p75, -1;",
+              "\tmov.b32 \t%r571, 0;", tma]
+    head = [".reqntid 128", ""]
+    out = ptx_release.patch("\n".join(head + refill)).split("\n")
+    assert out == [*head, "\tand.pred \t%p71, %p1, %p74;",
+                   "\t@%p71 mbarrier.arrive.expect_tx.shared.b64 _, [%r569], 8192;",
+                   "\tmul.lo.s32 \t%r717, %r714, 8184;", "\telect.sync \t%r718|%p75, -1;", "\tmov.b32 \t%r571, 0;", tma]
+    assert not ptx_release.marked("\n".join(out)) and ptx_release.marked("\n".join(refill))
+    plain = "\n".join(head + [line.replace(str(8192 + mark), "8192") for line in refill])
+    assert ptx_release.patch(plain) == plain
+    with pytest.raises(ValueError, match="more than one warpgroup"):
+        ptx_release.patch("\n".join([".reqntid 256", "", *refill]))
+    with pytest.raises(ValueError, match="not followed by its TMA load"):
+        ptx_release.patch("\n".join([*head, *refill[:4], "\tst.shared.b32 [%r1], %r2;", *refill[4:]]))
+    with pytest.raises(ValueError, match="no TMA load"):
+        ptx_release.patch("\n".join(head + refill[:-1]))
+
+
+@pytest.mark.parametrize(("shape", "kernel", "fewer"), [("noncausal_2k", "_hopper_fwd_ws_persistent_kernel", 10),
+                                                        ("xl_2048", "_hopper_fwd_persistent_kernel", 6)])
+def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer):
+    """The forwards compiled for sm_90a on this host with ``LEAN`` have the rewrite applied: nothing marked is left,
+    and the warp-specialised one has ten warpgroup barriers fewer than with ``LEAN=0`` (five releases in each
+    consumer: the first tile's K, each later tile's K and V in the loop, the last tile's V, and Q's rows), the
+    one-warpgroup one six (three around each of its two loops' refills)."""
     from cs336_systems.attention import ptx_release
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
     for lean in (0, ptx_release.VERSION):
-        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "noncausal_2k",
-                              "--forward-only", "--fwd-set", f"LEAN={lean}"], cwd=ROOT,
-                             env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0 and "_hopper_fwd_ws_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
+        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", shape, "--forward-only",
+                              "--fwd-set", f"LEAN={lean}"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0 and kernel in res.stdout, res.stdout + res.stderr[-3000:]
         counts[lean] = int(res.stdout.split("bar_sync=")[1].split()[0])
         assert " marked=0" in res.stdout, res.stdout
-    assert counts[0] - counts[ptx_release.VERSION] == 10, counts
+    assert counts[0] - counts[ptx_release.VERSION] == fewer, counts
 
 
 # --------------------------------------------------------------------------------------------- GPU
@@ -337,29 +369,32 @@ def test_gpu_work_item_order_does_not_change_the_results(seed, causal):
 @pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), [
     (2, 8, 8, 2048, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (2, 4, 4, 3000, 64, False)])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
-def test_gpu_lean_releases_give_the_same_bits(seed, b, hq, hkv, n, d, causal, persistent):
-    """The warp-specialised forward releasing its ring stages and Q rows without warpgroup barriers (what the planner
-    launches, ``ptx_release``) computes what it computes with them: O and L bit for bit."""
+@pytest.mark.parametrize("ws", [True, False], ids=["warp-specialised", "one-warpgroup"])
+def test_gpu_lean_forwards_give_the_same_bits(seed, b, hq, hkv, n, d, causal, persistent, ws):
+    """The forwards without the warpgroup barriers that ``ptx_release`` removes (the warp-specialised consumers'
+    releases, the one warpgroup's refills) compute what they compute with them: O and L bit for bit. The planner
+    launches the lean form where the module's switch (``LEAN_RELEASE``, ``LEAN_REFILL``) is on."""
     import dataclasses
 
-    from cs336_systems.attention import _tuning, ptx_release
+    from cs336_systems.attention import _tuning, flash_hopper, ptx_release
     from cs336_systems.attention import flash_triton as ft
 
     q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     base = _tuning.config_for(q.device, n, d, q.dtype)
-    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(
-        128, 128, 4, 2, True, warp_specialize=True, persistent=persistent))
+    tile = (_tuning.KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=persistent) if ws else
+            _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent))
+    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=tile)
     right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    kernel = flash_hopper._hopper_fwd_ws_persistent_kernel if ws else flash_hopper._hopper_fwd_persistent_kernel
+    switch = flash_hopper.LEAN_RELEASE if ws else flash_hopper.LEAN_REFILL
     outs = {}
-    for lean in (None, 0):  # the planner's choice, then the barriers kept
+    for lean in (ptx_release.VERSION, 0):
         fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
-        assert fwd[0].kernel is ft.flash_hopper._hopper_fwd_ws_persistent_kernel
-        if lean is None:
-            assert ptx_release.active() and fwd[0].constexprs["LEAN"] == ptx_release.VERSION
-        else:
-            fwd[0].constexprs = dict(fwd[0].constexprs, LEAN=lean)
+        assert fwd[0].kernel is kernel and ptx_release.active()
+        assert fwd[0].constexprs["LEAN"] == (ptx_release.VERSION if switch else 0)
+        fwd[0].constexprs = dict(fwd[0].constexprs, LEAN=lean)
         plan = ft._Plan(None, right, scale, cfg, fwd)
         outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
-    for x, y in zip(outs[None], outs[0], strict=True):
+    for x, y in zip(outs[ptx_release.VERSION], outs[0], strict=True):
         assert torch.equal(x, y)

@@ -49,6 +49,9 @@ HEAD_DIMS = (64, 128)
 # The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
 # ``ptx_release``'s rewrite is active): see docs/flash_tuning_notes.md, session 39
 LEAN_RELEASE = True
+# The one-warpgroup forward refills its ring without the warpgroup barriers before each expect and load
+# (``_load_kv``): off until timed on a GPU (docs/pending_device_runs.md)
+LEAN_REFILL = False
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -122,26 +125,28 @@ def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, base, kv_head, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
+             STAGES: gl.constexpr, base, kv_head, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr, LEAN: gl.constexpr = 0):
     """Start the TMA loads of key/value tile ``tile`` of key/value head ``kv_head`` into its ring stage (nothing past
     the last tile); ``base``: tiles through the ring before this query tile's first. Descriptors over all heads
     (``forward_descs``), ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM); FOLD, HEAD_DIM: as in
-    ``_fold_head``."""
+    ``_fold_head``. LEAN: a refill by the warpgroup whose completed MMAs read the stage, without the warpgroup
+    barriers Gluon puts before the expects and loads (``ptx_release``)."""
     stage = (base + tile) % STAGES
     pred = tile < n_tiles
     outer, col = _fold_head(kv_head, FOLD, HEAD_DIM)
     coord = [outer, tile * BLOCK_N, col]
-    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes, pred=pred)
+    mark: gl.constexpr = LEAN_MARK if LEAN else 0
+    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes + mark, pred=pred)
     tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage), pred=pred)
-    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes + mark, pred=pred)
     tma.async_copy_global_to_shared(v_desc, coord, v_bars.index(stage), v_smem.index(stage), pred=pred)
 
 
 @gluon.jit
-def _release(bar, RELEASE: gl.constexpr):
-    """A consumer warpgroup's arrival on ``bar`` once its MMAs that read what the barrier guards have completed:
-    RELEASE 2 without the warpgroup barrier Gluon puts before an arrive (``ptx_release``), else with it."""
-    if RELEASE == 2:
+def _release(bar, LEAN: gl.constexpr):
+    """A consumer warpgroup's arrival on ``bar`` once its MMAs that read what the barrier guards have completed;
+    LEAN: without the warpgroup barrier Gluon puts before an arrive (``ptx_release``)."""
+    if LEAN:
         mbarrier.arrive(bar, count=LEAN_MARK)
     else:
         mbarrier.arrive(bar)
@@ -157,7 +162,7 @@ def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, p, alpha, acc, l_i, m_i,
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
+                 WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -180,7 +185,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     acc_tok = warpgroup_mma(p_op, _stage_tile(v_smem, prev, BLOCK_N, HEAD_DIM), acc, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_j is done; P_{j-1} V_{j-1} may still run
     if RELEASE:
-        _release(empty_bars.index(stage), RELEASE)
+        _release(empty_bars.index(stage), LEAN)
     if MASK == 2:
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
@@ -197,27 +202,29 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     else:
         acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
     if RELEASE:
-        _release(empty_bars.index(STAGES + prev), RELEASE)
+        _release(empty_bars.index(STAGES + prev), LEAN)
     else:
         if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
             gl.thread_barrier()
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
-                 kv_head, FOLD, HEAD_DIM)
+                 kv_head, FOLD, HEAD_DIM, LEAN and WARPS == 4)
     return p, alpha, acc, l_i, m_i
 
 
 @gluon.jit
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
+            STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
+            FOLD: gl.constexpr):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
-    ``STAGES`` ahead (RELEASE 0: these warps issue the loads) or released to a producer (RELEASE 1, or 2 without
-    the warpgroup barrier Gluon puts before each release: ``_release``) through the mbarriers in ``empty_bars``: K's
-    half of a stage (index ``stage``) as soon as S has been computed from it, V's (``STAGES + stage``) after P V, so
-    that the next K tile can arrive while this tile's P V runs. ``base``, ``kv_head``, FOLD: as in ``_load_kv``.
+    ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
+    the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
+    (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. LEAN: releases
+    (and, one warpgroup, refills) without the warpgroup barriers Gluon puts before them (``_release``,
+    ``_load_kv``). ``base``, ``kv_head``, FOLD: as in ``_load_kv``.
 
-    Where these warps also load (RELEASE 0: the one-warpgroup kernels, whose registers set how many programs
+    Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
     one tile to the next as the 16-bit P V operand: 128 registers a thread instead of 164 for the persistent 64 x 64
     tile, 168 instead of 210 for 64 x 128 (H100: 2-4% faster at head dim 64 and 512 tokens, within the noise at
@@ -241,7 +248,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     s = warpgroup_mma(q, _stage_tile(k_smem, base % STAGES, BLOCK_N, HEAD_DIM).permute((1, 0)), s_init,
                       use_acc=False)
     if RELEASE:
-        _release(empty_bars.index(base % STAGES), RELEASE)
+        _release(empty_bars.index(base % STAGES), LEAN)
     if n_full > 0:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
     else:
@@ -252,7 +259,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, FOLD)
+                                                   RELEASE, LEAN, base, kv_head, FOLD)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(p.to(dtype), p_layout)
@@ -260,19 +267,19 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, FOLD)
+                                                   RELEASE, LEAN, base, kv_head, FOLD)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, base, kv_head, FOLD)
+                                                   RELEASE, LEAN, base, kv_head, FOLD)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     acc = warpgroup_mma(p, _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM), acc)
     if RELEASE:  # a persistent producer refills this stage with the next item's tiles
-        _release(empty_bars.index(STAGES + last % STAGES), RELEASE)
+        _release(empty_bars.index(STAGES + last % STAGES), LEAN)
     return acc, l_i, m_i
 
 
@@ -348,7 +355,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                  PERSISTENT: gl.constexpr = True):
+                                  PERSISTENT: gl.constexpr = True, LEAN: gl.constexpr = 0):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -356,7 +363,9 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     heads; INTERLEAVE (the window's left side in the Triton kernel, which this one has no use for) the heads a group
     of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
-    per call). SPAN, RIGHT and the strides (in the descriptors) are unused."""
+    per call). LEAN (``ptx_release.VERSION``, or 0): with one warpgroup, the ring's refills without the warpgroup
+    barriers before them (``_load_kv``; needs ``ptx_release``'s rewrite). SPAN, RIGHT and the strides (in the
+    descriptors) are unused."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -388,7 +397,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                base, bkv, FOLD_KV)
+                                LEAN, base, bkv, FOLD_KV)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q)
@@ -506,7 +515,6 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first). LEAN (nonzero: ``ptx_release.VERSION``): releases without the warpgroup barrier (``_release``)."""
-    RELEASE: gl.constexpr = 2 if LEAN else 1
     ROWS: gl.constexpr = BLOCK_M // 2
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -529,9 +537,9 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
             n_full = N_K // BLOCK_N
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
-                                n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, RELEASE, base,
+                                n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, LEAN, base,
                                 bkv, 0)  # the producer loads: the ring's coordinates are its
-        _release(q_empty.index(WG), RELEASE)  # every matmul that read Q has completed
+        _release(q_empty.index(WG), LEAN)  # every matmul that read Q has completed
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
         tma.store_wait(pendings=0)  # the previous item's O has left the buffer
@@ -589,4 +597,5 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     _reset_counter(counter, PERSISTENT)
 
 
+ptx_release.register(_hopper_fwd_persistent_kernel)
 ptx_release.register(_hopper_fwd_ws_persistent_kernel)

@@ -1267,10 +1267,11 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
         descs = flash_hopper.forward_descs(bh, group, n_q, n_k, sq, sk, sv, so, d,
                                            cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
                                            Q.dtype, fq, fkv)
-        lean = flash_hopper.LEAN_RELEASE and ptx_release.active()
-        lean = dict(LEAN=ptx_release.VERSION if lean else 0) if cfg.warp_specialize else {}
+        lean = flash_hopper.LEAN_RELEASE if cfg.warp_specialize else flash_hopper.LEAN_REFILL
+        lean = ptx_release.VERSION if lean and ptx_release.active() else 0
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, **folds, **lean), cfg, descs)
+                                      STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, LEAN=lean, **folds), cfg,
+                         descs)
         # (query tile, batch x head) items; the heads slot takes batch x heads, the left side's (no window here) how
         # many heads a group of items spans: K and V of a head, shared by its query group
         order = _tuning.interleave_for(cfg, "fwd", right == 0, bh, 2 * n_k * d * Q.element_size() // group,

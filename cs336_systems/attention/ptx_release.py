@@ -25,7 +25,7 @@ from triton import knobs
 MARK = 5  # an arrive count no kernel uses otherwise: marks the arrives whose warpgroup barrier goes
 # What a kernel that opts in takes as a constexpr: Triton's compile cache keys on the kernel's source and constexprs,
 # not on this rewrite, so a change to what ``patch`` does needs a new number
-VERSION = 1
+VERSION = 2
 
 _KERNELS: set[str] = set()
 _previous = None
@@ -35,6 +35,13 @@ _MARKED = re.compile(r"^(\s*(?:@%p\d+\s+)?mbarrier\.arrive\.shared::cta\.b64\s+_
                      + str(MARK) + r";\s*$")
 _MARKER = f"], {MARK};"  # a marked arrive as it appears in PTX
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+,\s*128;\s*$")
+_CTA_BAR = re.compile(r"^\s*bar\.sync\s+\d+;\s*$")  # all the CTA's threads: a warpgroup where the CTA is one
+_CTA_128 = re.compile(r"^\s*\.reqntid\s+128\s*$", re.M)
+_EXPECT = re.compile(r"^(\s*(?:@%p\d+\s+)?mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64\s+_,\s*\[(%r\d+)\]),\s*"
+                     r"(\d+);\s*$")
+_TMA_LOAD = re.compile(r"^\s*(?:@%p\d+\s+)?cp\.async\.bulk\.tensor\.\S+\.mbarrier::complete_tx::bytes\s+\[[^\]]*\],"
+                       r"\s*\[[^\]]*\],\s*\[(%r\d+)\];\s*$")
+_ELECT = re.compile(r"^\s*elect\.sync\s+\S+,\s*-?\d+;\s*$")
 _SKIP = re.compile(r"^\s*(//.*|\.loc\b.*)?$")  # comments (the inline asm brackets), debug lines, blank lines
 # register arithmetic (the arrive's address) that ptxas may find between the two: no memory, no control flow
 _ARITH = re.compile(r"^\s*(add|sub|mul|mad|shl|shr|and|or|xor|mov|cvt|selp|setp)(\.[\w:]+)*\s+%[^\[\]]*;\s*$")
@@ -42,30 +49,62 @@ _ARITH = re.compile(r"^\s*(add|sub|mul|mad|shl|shr|and|or|xor|mov|cvt|selp|setp)
 
 def patch(ptx: str) -> str:
     """``ptx`` with every marked arrive restored to a count of one and the warpgroup ``bar.sync`` before it
-    removed; unchanged if nothing is marked. Raises ``ValueError`` if a marked arrive has no such barrier."""
+    removed, and every marked expect (a byte count of ``MARK`` modulo 16, which no TMA tile has) restored and the
+    barriers between it and its TMA load removed (with the one before it, if any): a refill by the warpgroup whose
+    MMAs on the stage have completed, the CTA being that warpgroup. Unchanged if nothing is marked. Raises
+    ``ValueError`` if a marked arrive has no such barrier, or a marked expect is not followed by its load."""
     lines = ptx.split("\n")
+    cta128 = bool(_CTA_128.search(ptx))
+
+    def bar(line: str) -> bool:
+        return bool(_BAR.match(line) or (cta128 and _CTA_BAR.match(line)))
+
     drop: set[int] = set()
     for i, line in enumerate(lines):
         m = _MARKED.match(line)
-        if not m:
+        e = _EXPECT.match(line)
+        if not m and not (e and int(e.group(3)) % 16 == MARK):
             continue
         j = i - 1
         while j >= 0 and (_SKIP.match(lines[j]) or _ARITH.match(lines[j])):
             j -= 1
-        if j < 0 or not _BAR.match(lines[j]):
-            raise ValueError(f"ptx_release: no warpgroup bar.sync right before the marked arrive {line.strip()!r}")
-        drop.add(j)
-        lines[i] = m.group(1) + ";"
+        if m:
+            if j < 0 or not bar(lines[j]):
+                raise ValueError(f"ptx_release: no warpgroup bar.sync right before the marked arrive {line.strip()!r}")
+            drop.add(j)
+            lines[i] = m.group(1) + ";"
+            continue
+        if not cta128:
+            raise ValueError(f"ptx_release: a marked expect in a kernel of more than one warpgroup {line.strip()!r}")
+        if j >= 0 and bar(lines[j]):
+            drop.add(j)
+        lines[i] = f"{e.group(1)}, {int(e.group(3)) - MARK};"
+        k = i + 1
+        while k < len(lines) and not (_TMA_LOAD.match(lines[k]) and _TMA_LOAD.match(lines[k]).group(1) == e.group(2)):
+            if bar(lines[k]):
+                drop.add(k)
+            elif not (_SKIP.match(lines[k]) or _ARITH.match(lines[k]) or _ELECT.match(lines[k])):
+                raise ValueError(f"ptx_release: the marked expect {line.strip()!r} is not followed by its TMA load "
+                                 f"(found {lines[k].strip()!r})")
+            k += 1
+        if k == len(lines):
+            raise ValueError(f"ptx_release: the marked expect {line.strip()!r} has no TMA load after it")
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
+def marked(ptx: str) -> bool:
+    """Whether ``ptx`` holds a marked arrive or expect, which only this rewrite may let reach ptxas."""
+    return _MARKER in ptx or any(int(e.group(3)) % 16 == MARK for e in map(_EXPECT.match, ptx.split("\n")) if e)
+
+
 def check(compiled) -> None:
-    """Raise ``RuntimeError`` if ``compiled`` (a Triton compiled kernel) still holds a marked arrive: code compiled
-    without the rewrite (elsewhere than through this process's hook), whose barriers would count wrong and hang."""
-    if _MARKER in (getattr(compiled, "asm", None) or {}).get("ptx", ""):
+    """Raise ``RuntimeError`` if ``compiled`` (a Triton compiled kernel) still holds a mark: code compiled without
+    the rewrite (elsewhere than through this process's hook), whose barriers would count wrong and hang."""
+    if marked((getattr(compiled, "asm", None) or {}).get("ptx", "")):
         name = getattr(compiled, "name", "a kernel")
-        raise RuntimeError(f"{name}: compiled without ptx_release's rewrite (its marked arrives are left); clear "
-                           "Triton's cache (TRITON_CACHE_DIR) or set flash_hopper.LEAN_RELEASE = False")
+        raise RuntimeError(f"{name}: compiled without ptx_release's rewrite (its marked arrives or expects are left); "
+                           "clear Triton's cache (TRITON_CACHE_DIR) or set flash_hopper.LEAN_RELEASE and LEAN_REFILL "
+                           "to False")
 
 
 def _hook(backend, stages, options, language, capability):

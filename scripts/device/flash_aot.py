@@ -135,7 +135,7 @@ def main() -> None:
         print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
               f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
               f"tma_reduce={ptx.count('cp.reduce.async.bulk')} bar_sync={ptx.count('bar.sync')} "
-              f"marked={ptx.count(f'], {ptx_release.MARK};')}"
+              f"marked={int(ptx_release.marked(ptx))}"
               + (f" ex2_under_pv={sass_waits(kernel.asm['cubin'])}" if args.sass_waits else ""), flush=True)
 
     ft._Launch.__call__ = compile_instead

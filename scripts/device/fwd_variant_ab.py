@@ -6,8 +6,8 @@ Per shape (``--rounds``: in rounds, the order rotated by one each round; medians
 (``triton.testing.do_bench``) of each variant and of SDPA cuDNN / flash, the GPU time of each call's kernels
 (``bench.flash.kernel_ms``: what counts where the host sets do_bench's pace, the 512-token shapes), and each variant's
 O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale). ``--variants
-short``: the variants tried for short sequences at head dim 64; ``lean``: the warp-specialised forward with and
-without warpgroup barriers before its releases.
+short``: the variants tried for short sequences at head dim 64; ``lean``: the forwards with and without the
+warpgroup barriers that ``ptx_release`` removes.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
 
@@ -55,8 +55,11 @@ SHORT = {  # head dim 64, short sequences (session 21: none faster than the firs
          (K(128, 64, 4, 4, True, True, True), {}), (K(128, 64, 4, 3, True, True), {})],
 }
 
-LEAN = {  # the warp-specialised forward with and without warpgroup barriers before its releases (session 39)
-    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(128, 128, 4, 3, True, True, True), {"LEAN": 0}),
+LEAN = {  # the forwards with and without the warpgroup barriers ptx_release removes (session 39): the one-warpgroup
+    # form's refills, the warp-specialised form's releases
+    64: [(K(64, 64, 4, 3, True, False, True), {"LEAN": 0}),
+         (K(64, 64, 4, 3, True, False, True), {"LEAN": ptx_release.VERSION}),
+         (K(128, 128, 4, 3, True, True, True), {"LEAN": 0}),
          (K(128, 128, 4, 3, True, True, True), {"LEAN": ptx_release.VERSION})],
     128: [(K(128, 128, 4, 2, True, True, True), {"LEAN": 0}),
           (K(128, 128, 4, 2, True, True, True), {"LEAN": ptx_release.VERSION})],
