@@ -1,4 +1,4 @@
-"""Ring-stage releases without a warpgroup barrier in Gluon kernels, by rewriting their PTX.
+"""Ring-stage releases and refills without warpgroup barriers in Gluon kernels, by rewriting their PTX.
 
 Gluon (Triton 3.6) lowers ``mbarrier.arrive`` as one thread's arrive behind a ``bar.sync`` of its warpgroup, so that
 every warp's earlier work is done first. A consumer that releases a ring stage right after ``warpgroup_mma_wait``
@@ -12,8 +12,11 @@ session 39), the fused feed-forward's forward 35% of its stalls (docs/training_s
 A kernel opts in through ``register`` and marks each such arrive with ``count=MARK``: the PTX stage of its
 compilation (a compiler stage hook) turns the marked arrive back into a count of one and deletes the ``bar.sync``
 just before it (register arithmetic may sit between the two). A marked arrive without that ``bar.sync`` is an error
-at compile time, never a silently wrong count. The kernel takes ``VERSION`` as a constexpr where it marks its arrives,
-so that Triton's compile cache never hands it code from another version of the rewrite.
+at compile time, never a silently wrong count. A warpgroup that refills the stages its own MMAs read (a CTA of one
+warpgroup) marks the expect of each refill instead, its byte count plus ``MARK``: the rewrite restores the count and
+deletes the barriers before the expect and up to the stage's TMA load (only register work may sit there). The kernel
+takes ``VERSION`` as a constexpr where it marks anything, so that Triton's compile cache never hands it code from
+another version of the rewrite; ``check`` refuses code that still holds a mark.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ _TMA_LOAD = re.compile(r"^\s*(?:@%p\d+\s+)?cp\.async\.bulk\.tensor\.\S+\.mbarrie
                        r"\s*\[[^\]]*\],\s*\[(%r\d+)\];\s*$")
 _ELECT = re.compile(r"^\s*elect\.sync\s+\S+,\s*-?\d+;\s*$")
 _SKIP = re.compile(r"^\s*(//.*|\.loc\b.*)?$")  # comments (the inline asm brackets), debug lines, blank lines
-# register arithmetic (the arrive's address) that ptxas may find between the two: no memory, no control flow
+# register arithmetic (addresses, predicates) that may sit between a barrier and what it guards: no memory, no branch
 _ARITH = re.compile(r"^\s*(add|sub|mul|mad|shl|shr|and|or|xor|mov|cvt|selp|setp)(\.[\w:]+)*\s+%[^\[\]]*;\s*$")
 
 
