@@ -136,6 +136,13 @@ def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
     with pytest.raises(RuntimeError, match="compiled without ptx_release"):
         ptx_release.check(compiled)
     ptx_release.check(types.SimpleNamespace(name="k", asm={"ptx": "\n".join(out)}))
+    # the hook leaves a backend without a PTX stage (AMD's) alone, and other kernels' PTX unchanged
+    stages = {"llir": len}
+    ptx_release._hook(None, stages, None, None, None)
+    assert stages == {"llir": len}
+    stages = {"ptx": lambda src, metadata: ptx}
+    ptx_release._hook(None, stages, None, None, (9, 0))
+    assert stages["ptx"](None, {"name": "not_registered"}) == ptx
 
 
 def test_ptx_release_drops_the_barriers_around_a_marked_refill():

@@ -111,13 +111,15 @@ def check(compiled) -> None:
 
 
 def _hook(backend, stages, options, language, capability):
-    make_ptx = stages["ptx"]
+    """Triton's stage hook: the registered kernels' PTX stage goes through ``patch``; backends without a PTX stage
+    (AMD's) and every other kernel are left as they are."""
+    make_ptx = stages.get("ptx")
+    if make_ptx is not None:
+        def ptx_stage(src, metadata):
+            ptx = make_ptx(src, metadata)
+            return patch(ptx) if metadata.get("name") in _KERNELS else ptx
 
-    def ptx_stage(src, metadata):
-        ptx = make_ptx(src, metadata)
-        return patch(ptx) if metadata.get("name") in _KERNELS else ptx
-
-    stages["ptx"] = ptx_stage
+        stages["ptx"] = ptx_stage
     if _previous is not None:
         _previous(backend, stages, options, language, capability)
 
