@@ -83,7 +83,7 @@ def patch(ptx: str) -> str:
             drop.add(j)
         lines[i] = f"{e.group(1)}, {int(e.group(3)) - MARK};"
         k = i + 1
-        while k < len(lines) and not (_TMA_LOAD.match(lines[k]) and _TMA_LOAD.match(lines[k]).group(1) == e.group(2)):
+        while k < len(lines) and not ((t := _TMA_LOAD.match(lines[k])) and t.group(1) == e.group(2)):
             if bar(lines[k]):
                 drop.add(k)
             elif not (_SKIP.match(lines[k]) or _ARITH.match(lines[k]) or _ELECT.match(lines[k])):

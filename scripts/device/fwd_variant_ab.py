@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cs336_systems.attention import _tuning, ptx_release
 from cs336_systems.attention import flash_triton as ft
-from cs336_systems.bench.flash import kernel_ms
+from cs336_systems.bench.flash import _interleaved, kernel_ms
 
 K = _tuning.KernelConfig
 SHAPES = {  # batch, q heads, kv heads, n, d, causal
@@ -124,11 +124,9 @@ def main() -> None:
         if ref is not None:
             peer_err = (sdpa(SDPBackend.FLASH_ATTENTION)().double() - ref).abs().max().item()
         times = {impl: ([], []) for impl in fns}
-        order = list(fns)
-        for r in range(args.rounds):
-            for impl in order[r % len(order):] + order[:r % len(order)]:
-                times[impl][0].append(triton.testing.do_bench(fns[impl][0], warmup=25, rep=100))
-                times[impl][1].append(kernel_ms(fns[impl][0], q.device, []))
+        for _, impl in _interleaved(fns, args.rounds):
+            times[impl][0].append(triton.testing.do_bench(fns[impl][0], warmup=25, rep=100))
+            times[impl][1].append(kernel_ms(fns[impl][0], q.device, []))
         for impl, (fn, kernel) in fns.items():
             ms, gpu_ms = statistics.median(times[impl][0]), statistics.median(times[impl][1])
             out = fn()
