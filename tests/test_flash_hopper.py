@@ -10,6 +10,7 @@ most twice the error of PyTorch SDPA in the same dtype, plus the dtype's roundin
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -37,7 +38,8 @@ def test_variants_are_well_formed():
         # a warpgroup per 64 key rows (warp-specialised: two consumer warpgroups beside the 4 launched warps)
         assert v.block_n == (128 if v.warp_specialize else 16 * v.num_warps)
         assert set(v.constexprs(True)) == {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "STAGES", "DQ_TMA",
-                                           "PERSISTENT", *(["DQ_EARLY"] if v.warp_specialize else [])}
+                                           "PERSISTENT", *(["DQ_EARLY", "LEAN"] if v.warp_specialize else [])}
+        assert v.warp_specialize or not v.lean  # only the warp-specialised form releases without barriers
     assert {hb.default_variant(64), hb.default_variant(128)} <= set(hb.VARIANTS)
 
 
@@ -174,25 +176,89 @@ def test_ptx_release_drops_the_barriers_around_a_marked_refill():
         ptx_release.patch("\n".join(head + refill[:-1]))
 
 
+def _waits_behind_a_barrier(ptx: str) -> int:
+    """How many mbarrier waits in ``ptx`` have a warpgroup (or one-warpgroup CTA) barrier right before them."""
+    lines = [ln.split("//")[0].strip() for ln in ptx.split("\n")]
+    lines = [ln for ln in lines if ln and not ln.startswith((".loc", "$L__tmp", "{", ".reg", "waitLoop:"))]
+    return sum(a.startswith("bar.sync") and "mbarrier.try_wait" in b for a, b in itertools.pairwise(lines))
+
+
 @pytest.mark.parametrize(("shape", "kernel", "fewer"), [("noncausal_2k", "_hopper_fwd_ws_persistent_kernel", 10),
-                                                        ("xl_2048", "_hopper_fwd_persistent_kernel", 6)])
-def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer):
+                                                        ("xl_2048", "_hopper_fwd_persistent_kernel", 15)])
+def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer, tmp_path):
     """The forwards compiled for sm_90a on this host with ``LEAN`` have the rewrite applied: nothing marked is left,
-    and the warp-specialised one has ten warpgroup barriers fewer than with ``LEAN=0`` (five releases in each
-    consumer: the first tile's K, each later tile's K and V in the loop, the last tile's V, and Q's rows), the
-    one-warpgroup one six (three around each of its two loops' refills)."""
+    no mbarrier wait has a barrier right before it (Triton puts one before each key tile's), and the source holds
+    ``fewer`` barriers fewer than with ``LEAN=0``: the warp-specialised consumers' five releases each and the two
+    waits of each one's key loop, less the one barrier an item each consumer gains (``flash_hopper._item``); the
+    one warpgroup's three barriers around each of its two loops' refills, the four before its prologue's loads and
+    the three before its loop's waits."""
     from cs336_systems.attention import ptx_release
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
     for lean in (0, ptx_release.VERSION):
         res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", shape, "--forward-only",
-                              "--fwd-set", f"LEAN={lean}"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
-                             capture_output=True, text=True, timeout=600)
+                              "--fwd-set", f"LEAN={lean}", "--ptx-dir", str(tmp_path / str(lean))], cwd=ROOT,
+                             env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and kernel in res.stdout, res.stdout + res.stderr[-3000:]
         counts[lean] = int(res.stdout.split("bar_sync=")[1].split()[0])
         assert " marked=0" in res.stdout, res.stdout
+    ptx = {lean: (tmp_path / str(lean) / f"{kernel}.ptx").read_text() for lean in counts}
+    assert _waits_behind_a_barrier(ptx[0]) > 0 and _waits_behind_a_barrier(ptx[ptx_release.VERSION]) == 0
     assert counts[0] - counts[ptx_release.VERSION] == fewer, counts
+
+
+def test_lean_backward_compiles_without_its_release_barriers():
+    """The warp-specialised backward's lean variant (ring releases marked) compiled for sm_90a: nothing marked is
+    left, and each consumer has three barriers fewer: its release's, the one after the dS^T hand-over's arrival and
+    the one after the epilogue's arrival."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    name = "d128/n128xm64/w4/s2/tma/ws"
+    res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--gluon-bwd", name, name + "/lean"],
+                         cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
+    assert "bar_sync=" in res.stdout, res.stdout + res.stderr[-3000:]  # (exit code 1: it spills a few scalars)
+    counts = {}
+    for line in res.stdout.splitlines():
+        if " causal=1 group=1:" in line:
+            counts[line.split()[1]] = int(line.split("bar_sync=")[1].split()[0])
+            assert " marked=0" in line, line
+    assert counts[name] - counts[name + "/lean"] == 6, counts
+
+
+def test_ptx_release_drops_barriers_that_order_nothing():
+    """``drop_quiet_barriers``: a barrier goes where, on every path into it, nothing since the previous barrier
+    touched memory but mbarrier operations, MMAs and TMA loads (a loop's back edge included); it stays after a
+    shared-memory load or store on any path, after a TMA store's wait, and the PTX is left alone where its control
+    flow is not understood."""
+    from cs336_systems.attention import ptx_release
+
+    def kernel(*body):
+        return "\n".join([".visible .entry k(", ")", ".reqntid 128", "{", *body, "\tret;", "}"])
+
+    wait = ["\t// begin inline asm", "\t{", "\t.reg .pred complete;", "\twaitLoop:",
+            "\tmbarrier.try_wait.parity.shared.b64 complete, [%r1], %r2;", "\t@!complete bra.uni waitLoop;", "\t}",
+            "\t// end inline asm"]
+    bar = "\tbar.sync \t0, 128;"
+    loop = ["\tmov.b32 %r3, 0;", bar, "$L__BB0_1:", "\tadd.s32 %r4, %r4, 1;", bar, *wait,
+            "\twgmma.wait_group.sync.aligned 0;", "\t@%p1 mbarrier.arrive.shared::cta.b64 _, [%r5];",
+            "\t@%p2 bra \t$L__BB0_1;"]
+
+    def bars(ptx):
+        return ptx.count("bar.sync")
+
+    def drop(ptx):
+        return ptx_release.drop_quiet_barriers(ptx, lambda line: "bar.sync" in line)
+
+    assert bars(drop(kernel(*loop))) == 0  # the entry and the back edge are quiet
+    load = ["\tld.shared.b32 %r6, [%r7];", *loop]  # a load before the loop: its barrier stays, the loop's goes
+    assert bars(drop(kernel(*load))) == 1 and bars(drop(kernel(*load[:2], *load[3:]))) == 1
+    store = [*loop[:-1], "\tst.shared.b32 [%r7], %r6;", loop[-1]]  # a store on the back edge: the loop's stays
+    assert bars(drop(kernel(*store))) == 1
+    tma = [*loop[:-1], "\tcp.async.bulk.wait_group.read 0;", loop[-1]]
+    assert bars(drop(kernel(*tma))) == 1
+    jump = kernel(*loop[:-1], "\tbrx.idx %r9, $L_unknown;")
+    assert drop(jump) == jump
+    assert drop("\n".join(loop)) == "\n".join(loop)  # not a kernel: nothing to analyse
 
 
 # --------------------------------------------------------------------------------------------- GPU
@@ -405,3 +471,25 @@ def test_gpu_lean_forwards_give_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
         outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
     for x, y in zip(outs[ptx_release.VERSION], outs[0], strict=True):
         assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal", "early"), [
+    (2, 8, 8, 2048, 128, False, True), (1, 6, 2, 1000, 128, True, False), (2, 4, 4, 3000, 64, False, False),
+    (4, 5, 5, 777, 64, True, False)])
+def test_gpu_lean_backward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, early):
+    """The warp-specialised backward without the barriers ``ptx_release`` removes (its ring releases marked) gives
+    dK and dV bit for bit and dQ (added up across key tiles in no fixed order) to fp32 rounding."""
+    from cs336_systems.attention import flash_triton as ft
+
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    do = torch.randn_like(q)
+    o, lse = ft.flash_forward(q, k, v, causal)
+    grads = {lean: hb.run_backward(q, k, v, o, lse, do, causal, hb.Variant(d, 128, 64, 4, 3 if d == 64 else 2,
+                                                                         warp_specialize=True, dq_early=early,
+                                                                         lean=lean))
+             for lean in (True, False)}
+    assert torch.equal(grads[True][1], grads[False][1]) and torch.equal(grads[True][2], grads[False][2])
+    torch.testing.assert_close(grads[True][0], grads[False][0], rtol=1e-2, atol=1e-3)  # a bf16 step either way

@@ -508,6 +508,17 @@ def _wsp_producer(counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_s
 
 
 @gluon.jit
+def _item(item_buf, vec: gl.constexpr, LEAN: gl.constexpr):
+    """The item number the producer published in ``item_buf``. LEAN: a warpgroup barrier after the read, once an
+    item, so that no shared-memory read is pending in the key loop and ``ptx_release`` can drop the barrier that
+    Triton puts before each tile's K wait (``ptx_release.drop_quiet_barriers``)."""
+    w = gl.max(item_buf.load(vec), 0)
+    if LEAN:
+        gl.thread_barrier()
+    return w
+
+
+@gluon.jit
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
                   n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
@@ -526,7 +537,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
     base = 0
     i = 0
     mbarrier.wait(q_bars.index(WG), 0)
-    w = gl.max(item_buf.load(vec), 0)
+    w = _item(item_buf, vec, LEAN)
     while w < n_items:
         bh, bkv, start_m, n_tiles = _item_coords(w, n_mt, N_K, GROUP, n_items // n_mt, interleave, BLOCK_M,
                                                  BLOCK_N, CAUSAL)
@@ -550,7 +561,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         base += n_tiles
         i += 1
         mbarrier.wait(q_bars.index(WG), i & 1)
-        w = gl.max(item_buf.load(vec), 0)
+        w = _item(item_buf, vec, LEAN)
     tma.store_wait(pendings=0)
 
 

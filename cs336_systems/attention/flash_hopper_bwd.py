@@ -56,9 +56,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_head, head_desc
+from cs336_systems.attention import ptx_release
+from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_head, _release, head_desc
 
 LOG2E = 1.4426950408889634
+# The warp-specialised kernel's consumers release ring stages without Gluon's warpgroup barrier (``flash_hopper``'s
+# LEAN_RELEASE for the backward; where ``ptx_release``'s rewrite is active): docs/flash_tuning_notes.md, session 40
+LEAN_RELEASE = False
 
 
 @builtin
@@ -371,9 +375,12 @@ def _ws_bwd_producer(q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k
 def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                      kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles, n_iter,
                      N_Q, N_K, sm_scale, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_KV: gl.constexpr, DQ_EARLY: gl.constexpr):
+                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, FOLD_KV: gl.constexpr, DQ_EARLY: gl.constexpr,
+                     LEAN: gl.constexpr):
     """Key rows ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's
-    half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included)."""
+    half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included).
+    LEAN: ring stages released without Gluon's warpgroup barrier (``flash_hopper._release``): every warp's reads of
+    the stage's L and Delta feed the MMAs whose completion the release follows."""
     dtype: gl.constexpr = q_buf.dtype
     ROWS: gl.constexpr = 64
     DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
@@ -455,7 +462,7 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
             dk, dq = warpgroup_mma_wait(num_outstanding=1, deps=[dk, dq])
         else:
             dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
-            mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
+            _release(empty_bars.index(s), LEAN)  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
 
         tma.store_wait(pendings=0)  # the previous tile's reduce has read this warpgroup's staging buffer
         gl.thread_barrier()
@@ -465,7 +472,7 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
         _tma_reduce_add(dq_desc, [bq0 + g, start_m + dq_row, dq_col], dq_stage)  # rows past N_Q are clipped
         if DQ_EARLY:
             dv = warpgroup_mma_wait(num_outstanding=0, deps=[dv])
-            mbarrier.arrive(empty_bars.index(s))  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
+            _release(empty_bars.index(s), LEAN)  # Q, dO, L, Delta of stage s read by this warpgroup's MMAs
 
     # dV through this warpgroup's half of V's buffer (only its own MMAs read it); dK through K's half once both
     # warpgroups' dQ^T MMAs, which read all of K, have finished
@@ -492,13 +499,15 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
                           PERSISTENT: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                          DQ_EARLY: gl.constexpr = False):
+                          DQ_EARLY: gl.constexpr = False, LEAN: gl.constexpr = 0):
     """``_hopper_bwd_dkdv_kernel``'s arguments and grid (key tiles x BKV), BLOCK_N = 128, launched with 4 warps:
     the default partition is the first consumer warpgroup, the workers the second and the producer warp. DQ_TMA
     and PERSISTENT are accepted for the shared launcher (always TMA, a program per item). DQ_EARLY: each tile's
     dV product issued after its dQ product, so that it runs while dQ goes out through shared memory (H100, session
     37: 1-2.6% faster without the causal mask at head dim 128, 3.3% slower with it; at head dim 64 it spills).
-    Descriptors as in ``_hopper_bwd_dkdv_kernel``, DQ_ACC's always."""
+    LEAN (``ptx_release.VERSION``, or 0): the consumers' ring releases without a warpgroup barrier (needs
+    ``ptx_release``'s rewrite, ``ptx_release.active()``). Descriptors as in ``_hopper_bwd_dkdv_kernel``, DQ_ACC's
+    always."""
     dtype: gl.constexpr = Q.dtype
     DQ: gl.constexpr = _dq_split(HEAD_DIM, BLOCK_M)
     kv_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HEAD_DIM], dtype)
@@ -547,11 +556,11 @@ def _hopper_bwd_ws_kernel(Q, K, V, DO, L, Delta, DK, DV, DQ_ACC, DOC, SPAN,
         (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                             kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
                             n_iter, N_Q, N_K, sm_scale, qk_scale, 0, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV,
-                            DQ_EARLY)),
+                            DQ_EARLY, LEAN)),
         (_ws_bwd_consumer, (dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf, ds_buf, dq_buf,
                             kv_bar, q_bars, do_bars, empty_bars, ds_bars, epi_bar, head, start_n, bq0, lo, n_tiles,
                             n_iter, N_Q, N_K, sm_scale, qk_scale, 1, HEAD_DIM, BLOCK_M, CAUSAL, STAGES, FOLD_KV,
-                            DQ_EARLY)),
+                            DQ_EARLY, LEAN)),
         (_ws_bwd_producer, (q_desc, do_desc, k_desc, v_desc, L, Delta, q_buf, do_buf, k_buf, v_buf, lse_buf, delta_buf,
                             kv_bar, q_bars, do_bars, empty_bars, head, start_n, bq0, lo, n_tiles, n_iter, N_Q,
                             BLOCK_M, STAGES, HEAD_DIM, FOLD_Q, FOLD_KV)),
@@ -587,7 +596,8 @@ class Variant:
     """One compiled form of the kernel: tiles, warps (4: one warpgroup, 8: two), Q/dO pipeline depth, how dQ
     is accumulated (TMA reduce-add or pointer atomics), whether programs are persistent, and the warp-specialised
     form (``_hopper_bwd_ws_kernel``: 128-row key tiles over two consumer warpgroups and a producer warp, launched
-    with 4 warps)."""
+    with 4 warps), with its dV product after dQ's (``dq_early``) and its ring releases without Gluon's warpgroup
+    barrier (``lean``)."""
 
     head_dim: int
     block_n: int
@@ -598,20 +608,23 @@ class Variant:
     persistent: bool = False
     warp_specialize: bool = False
     dq_early: bool = False
+    lean: bool = False
 
     @property
     def kernel(self):
         return _hopper_bwd_ws_kernel if self.warp_specialize else _hopper_bwd_dkdv_kernel
 
     def constexprs(self, causal: bool) -> dict:
-        extra = dict(DQ_EARLY=self.dq_early) if self.warp_specialize else {}
+        extra = dict(DQ_EARLY=self.dq_early, LEAN=ptx_release.VERSION if self.lean else 0) if self.warp_specialize \
+            else {}
         return dict(HEAD_DIM=self.head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
                     STAGES=self.stages, DQ_TMA=self.dq_tma, PERSISTENT=self.persistent, **extra)
 
     def name(self) -> str:
         return (f"d{self.head_dim}/n{self.block_n}xm{self.block_m}/w{self.num_warps}/s{self.stages}/"
                 f"{'tma' if self.dq_tma else 'ptr'}{'/p' if self.persistent else ''}"
-                f"{'/ws' if self.warp_specialize else ''}{'/early' if self.dq_early else ''}")
+                f"{'/ws' if self.warp_specialize else ''}{'/early' if self.dq_early else ''}"
+                f"{'/lean' if self.lean else ''}")
 
 
 # Registers and spills: scripts/device/flash_aot.py --gluon-bwd. The one- and two-warpgroup variants compile without
@@ -628,6 +641,9 @@ VARIANTS = (
     Variant(64, 128, 128, 4, 2, warp_specialize=True),
     Variant(128, 128, 64, 4, 2, warp_specialize=True, dq_early=True),
     Variant(64, 128, 64, 4, 3, warp_specialize=True),
+    Variant(128, 128, 64, 4, 2, warp_specialize=True, lean=True),
+    Variant(128, 128, 64, 4, 2, warp_specialize=True, dq_early=True, lean=True),
+    Variant(64, 128, 64, 4, 3, warp_specialize=True, lean=True),
 )
 
 
@@ -714,3 +730,6 @@ def run_backward(q, k, v, o, lse, do, causal: bool, variant: Variant | None = No
     for launch in launches:
         launch()
     return grads
+
+
+ptx_release.register(_hopper_bwd_ws_kernel)

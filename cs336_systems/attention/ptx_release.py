@@ -28,7 +28,7 @@ from triton import knobs
 MARK = 5  # an arrive count no kernel uses otherwise: marks the arrives whose warpgroup barrier goes
 # What a kernel that opts in takes as a constexpr: Triton's compile cache keys on the kernel's source and constexprs,
 # not on this rewrite, so a change to what ``patch`` does needs a new number
-VERSION = 2
+VERSION = 3
 
 _KERNELS: set[str] = set()
 _previous = None
@@ -50,6 +50,123 @@ _SKIP = re.compile(r"^\s*(//.*|\.loc\b.*)?$")  # comments (the inline asm bracke
 _ARITH = re.compile(r"^\s*(add|sub|mul|mad|shl|shr|and|or|xor|mov|cvt|selp|setp)(\.[\w:]+)*\s+%[^\[\]]*;\s*$")
 
 
+# Instructions that touch memory (an address operand) and need no bar.sync after them for other threads' sake: the
+# mbarrier waits and arrivals (atomic; init and inval are not here), warpgroup MMAs and TMA loads (asynchronous
+# proxy, ordered by mbarriers and MMA waits), parameter loads. Every other addressed instruction counts as an access,
+# and so do fences and the bulk copies' commits and waits (a thread's wait for a TMA store that others then overwrite).
+_QUIET = re.compile(r"^\s*(?:@!?%p\d+\s+)?(mbarrier\.(try_wait|test_wait|arrive)|wgmma\.|ld\.param|"
+                    r"cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global\.mbarrier)")
+_LABEL = re.compile(r"^(\$[\w.]+):")
+_BRANCH = re.compile(r"^\s*(@!?%p\d+\s+)?bra(\.uni)?\s+(\$[\w.]+);")
+_BRX = re.compile(r"^\s*(@!?%p\d+\s+)?brx\.idx\s+%r\d+,\s*(\$[\w.]+);")
+_SYNC = re.compile(r"^\s*(bar|barrier)\.sync\s+\d+(,\s*\d+)?;\s*$")
+
+
+def _blocks(body: list[str]):
+    """The basic blocks of a PTX function body: (first line, last line, successors by label or None for the next
+    block); an inline-asm group in braces is one instruction. None if its control flow is not understood."""
+    blocks, start, depth, tables, table = [], 0, 0, {}, None
+    lines = list(enumerate(body))
+    for i, line in lines:
+        text = line.split("//")[0].strip()
+        if table is not None:  # a brx.idx target list: $L_brx_0: .branchtargets $L1, $L2, ...;
+            tables[table] += [t.strip() for t in text.rstrip(";").split(",") if t.strip()]
+            table = None if text.endswith(";") else table
+            continue
+        if text == "{":
+            depth += 1
+        elif text == "}":
+            depth -= 1
+        if depth:
+            continue
+        if (m := _LABEL.match(text)) and ".branchtargets" in text:
+            tables[m.group(1)], table = [], m.group(1)
+            continue
+        if _LABEL.match(text) and i > start:
+            blocks.append([start, i - 1, [None]])  # falls through to the label
+            start = i
+        if (b := _BRANCH.match(text)) or (x := _BRX.match(text)) or text.startswith(("ret;", "exit;", "trap;")):
+            succ = [b.group(3)] if b else [x.group(2)] if x else []
+            conditional = bool((b or x) and (b or x).group(1))
+            blocks.append([start, i, succ + ([None] if conditional else [])])
+            start = i + 1
+        elif text.startswith(("call", "brx", "bra")):
+            return None
+    if start < len(body):
+        blocks.append([start, len(body) - 1, [None]])
+    labels = {}
+    for n, (first, _last, _succ) in enumerate(blocks):
+        if m := _LABEL.match(body[first].strip()):
+            labels[m.group(1)] = n
+    graph = []
+    for n, (first, last, succ) in enumerate(blocks):
+        out = []
+        for t in succ:
+            if t is None:
+                out.append(n + 1) if n + 1 < len(blocks) else None
+            elif t in tables:
+                out += [labels[x] for x in tables[t] if x in labels]
+                if any(x not in labels for x in tables[t]):
+                    return None
+            elif t in labels:
+                out.append(labels[t])
+            else:
+                return None
+        graph.append((first, last, out))
+    return graph
+
+
+def drop_quiet_barriers(ptx: str, bar) -> str:
+    """``ptx`` without the barriers ``bar`` (a predicate on a line) that order nothing: on every path into one, no
+    instruction since the last ``bar.sync`` has touched memory but mbarrier arrivals and waits, warpgroup MMAs and
+    TMA loads (``_QUIET``). Triton's shared-memory analysis puts such a barrier before an mbarrier wait that follows
+    an arrive (it treats both as accesses of one buffer), one per key tile in the attention forward's loop. The
+    PTX unchanged where its control flow is not understood (``_blocks``)."""
+    lines = ptx.split("\n")
+    try:
+        entry = next(i for i, line in enumerate(lines) if line.startswith(".visible .entry"))
+        open_ = next(i for i in range(entry, len(lines)) if lines[i].strip() == "{")
+        close = max(i for i, line in enumerate(lines) if line.rstrip() == "}")
+    except (StopIteration, ValueError):
+        return ptx
+    body = lines[open_ + 1:close]
+    graph = _blocks(body)
+    if graph is None:
+        return ptx
+
+    def walk(first, last, quiet, drop=None):
+        for i in range(first, last + 1):
+            text = body[i].split("//")[0].strip()
+            if _SYNC.match(body[i]):
+                if quiet and bar(body[i]) and drop is not None:
+                    drop.add(i)
+                quiet = True
+            elif ("[" in text or text.startswith(("cp.", "fence.", "membar"))) and not _QUIET.match(text):
+                quiet = False
+        return quiet
+
+    # forward dataflow: a block starts quiet when every predecessor ends quiet (the entry, and blocks that nothing
+    # reaches, start quiet); from all quiet down to the greatest fixed point
+    quiet_in = [True] * len(graph)
+    preds = [[] for _ in graph]
+    for n, (_f, _l, out) in enumerate(graph):
+        for m in out:
+            preds[m].append(n)
+    changed = True
+    state_out = [True] * len(graph)
+    while changed:
+        changed = False
+        for n, (first, last, _out) in enumerate(graph):
+            q = all(state_out[p] for p in preds[n])
+            out = walk(first, last, q)
+            if (q, out) != (quiet_in[n], state_out[n]):
+                quiet_in[n], state_out[n], changed = q, out, True
+    drop: set[int] = set()
+    for n, (first, last, _out) in enumerate(graph):
+        walk(first, last, quiet_in[n], drop)
+    return "\n".join(lines[:open_ + 1] + [line for i, line in enumerate(body) if i not in drop] + lines[close:])
+
+
 def patch(ptx: str) -> str:
     """``ptx`` with every marked arrive restored to a count of one and the warpgroup ``bar.sync`` before it
     removed, and every marked expect (a byte count of ``MARK`` modulo 16, which no TMA tile has) restored and the
@@ -63,6 +180,7 @@ def patch(ptx: str) -> str:
         return bool(_BAR.match(line) or (cta128 and _CTA_BAR.match(line)))
 
     drop: set[int] = set()
+    marks = False
     for i, line in enumerate(lines):
         m = _MARKED.match(line)
         e = _EXPECT.match(line)
@@ -76,6 +194,7 @@ def patch(ptx: str) -> str:
                 raise ValueError(f"ptx_release: no warpgroup bar.sync right before the marked arrive {line.strip()!r}")
             drop.add(j)
             lines[i] = m.group(1) + ";"
+            marks = True
             continue
         if not cta128:
             raise ValueError(f"ptx_release: a marked expect in a kernel of more than one warpgroup {line.strip()!r}")
@@ -92,7 +211,9 @@ def patch(ptx: str) -> str:
             k += 1
         if k == len(lines):
             raise ValueError(f"ptx_release: the marked expect {line.strip()!r} has no TMA load after it")
-    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+        marks = True
+    out = "\n".join(line for i, line in enumerate(lines) if i not in drop)
+    return drop_quiet_barriers(out, bar) if marks else out
 
 
 def marked(ptx: str) -> bool:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu] [wsfwdncu]
+#     [wsbwd] [wsncu] [wsfwdncu] [lean]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
@@ -10,7 +10,9 @@
 # (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
 # them) checked against fp64 and timed in interleaved rounds (WSBWD_ARGS: default lb2025, d128_4k, noncausal_2k and
 # gqa, 7 rounds); wsncu: Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV;
-# wsfwdncu: Nsight Compute's sections of the forward at noncausal_2k, ours (stall samples as CSV) and cuDNN's.
+# wsfwdncu: Nsight Compute's sections of the forward at noncausal_2k, ours (stall samples as CSV) and cuDNN's;
+# lean: the kernels with and without the barriers ptx_release removes: their GPU tests, the forwards' A/B
+# (fwd_variant_ab.py --variants lean; LEAN_SHAPES) and the warp-specialised backward's (wsbwd's check and timing).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -37,6 +39,12 @@ for s in "$@"; do
     wsbwd) step 420 wsbwd python3 scripts/device/gluon_bwd_check.py --only ${WSBWD_ONLY:-$(python3 -c \
              "from cs336_systems.attention import flash_hopper_bwd as h; print(*[v.name() for v in h.VARIANTS if v.warp_specialize])")} \
              ${WSBWD_ARGS:---rounds 7 --time-shapes 1 3 4 5} --no-triton ;;
+    lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
+          step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
+            --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}
+          step 360 lean-bwd python3 scripts/device/gluon_bwd_check.py --rounds 5 --time-shapes 0 1 3 4 5 --no-triton \
+            --only $(python3 -c "from cs336_systems.attention import flash_hopper_bwd as h
+print(*[v.name() for v in h.VARIANTS if v.warp_specialize and (v.lean or h.Variant(**{**vars(v), 'lean': True}) in h.VARIANTS)])") ;;
     wsncu) step 200 wsncu ncu --kernel-name regex:hopper_bwd_ws --launch-skip 2 --launch-count 1 --section SourceCounters \
              --section WarpStateStats --section SpeedOfLight --import-source no -f -o "$OUT/ncu-wsbwd" \
              python3 scripts/device/ncu_attention.py --shape noncausal_2k --impl triton --backward --calls 3

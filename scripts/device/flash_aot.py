@@ -5,6 +5,7 @@ registers and spills of each.
     python scripts/device/flash_aot.py --gluon-bwd      # every Variant of flash_hopper_bwd, causal and not
     python scripts/device/flash_aot.py --shape xl_2048 --forward-only --fwd-set NAME=1   # a patch's constexpr
     python scripts/device/flash_aot.py --shape xl_2048 --forward-only --sass-waits  # softmax under P V or not
+    python scripts/device/flash_aot.py --shape noncausal_2k --backward atomic --ptx-dir /tmp/ptx  # the PTX too
 
 The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
 tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
@@ -72,8 +73,8 @@ def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000
                 usage = ptxas_usage(ptx)
                 bad += "spill_stores=0B" not in usage
                 print(f"gluon_bwd {var.name()} causal={int(causal)} group={group}: shared={kernel.metadata.shared} "
-                      f"{usage} wgmma={ptx.count('wgmma.mma_async')} tma_reduce={ptx.count('cp.reduce.async.bulk')}",
-                      flush=True)
+                      f"{usage} wgmma={ptx.count('wgmma.mma_async')} tma_reduce={ptx.count('cp.reduce.async.bulk')} "
+                      f"bar_sync={ptx.count('bar.sync')} marked={int(ptx_release.marked(ptx))}", flush=True)
     return bad
 
 
@@ -111,16 +112,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="xl_512", choices=list(MODEL_SHAPES))
     p.add_argument("--backward", default="single", choices=["single", "atomic", "deterministic"])
-    p.add_argument("--gluon-bwd", action="store_true", help="compile the Gluon backward kernel's variants instead")
+    p.add_argument("--gluon-bwd", nargs="*", default=None, metavar="NAME",
+                   help="compile the Gluon backward kernel's variants instead (these, by Variant.name(); default all)")
     p.add_argument("--fwd-set", nargs="*", default=[], metavar="NAME=INT",
                    help="constexprs added to the forward's launch (an experiment's, e.g. Q_REGS=1)")
     p.add_argument("--forward-only", action="store_true")
+    p.add_argument("--ptx-dir", default=None, help="also write each compiled kernel's PTX there (<kernel>.ptx)")
     p.add_argument("--sass-waits", action="store_true",
                    help="also print, per pipelined step, the exponentials between the two wgmma waits")
     args = p.parse_args()
     fwd_set = {name: int(value) for name, value in (kv.split("=") for kv in args.fwd_set)}
-    if args.gluon_bwd:
-        raise SystemExit(1 if gluon_bwd() else 0)
+    if args.gluon_bwd is not None:
+        from cs336_systems.attention import flash_hopper_bwd as hb
+
+        names = set(args.gluon_bwd)
+        raise SystemExit(1 if gluon_bwd([v for v in hb.VARIANTS if not names or v.name() in names]) else 0)
     s = MODEL_SHAPES[args.shape]
     q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=torch.bfloat16) for _ in range(4))
     cfg = _tuning.resolve(ft._d_pad(s.head_dim), torch.bfloat16, s.seq_len, (9, 0), _tuning.load_pinned())
@@ -132,6 +138,9 @@ def main() -> None:
                              **dict(self.constexprs, **extra),
                              num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages)
         ptx = kernel.asm["ptx"]
+        if args.ptx_dir:
+            Path(args.ptx_dir).mkdir(parents=True, exist_ok=True)
+            (Path(args.ptx_dir) / f"{self.kernel.__name__}.ptx").write_text(ptx)
         print(f"{args.shape} {self.kernel.__name__} {self.cfg.short()} grid={grid}: shared={kernel.metadata.shared} "
               f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
               f"tma_reduce={ptx.count('cp.reduce.async.bulk')} bar_sync={ptx.count('bar.sync')} "
