@@ -5,6 +5,9 @@
 set -u
 shards=("low_precision and fp16" "low_precision and bf16" "not low_precision")
 pids=()
+# a time limit (step.sh's timeout) stops the shards too: left running, they would compile and launch beside the
+# next step's timings
+trap 'kill "${pids[@]}" 2>/dev/null; exit 124' TERM INT
 for i in 0 1 2; do
   python3 -m pytest -m gpu tests/test_flash_attention.py -q -p no:cacheprovider -rf -k "${shards[$i]}" \
     >"/tmp/flash-tests-$i.txt" 2>&1 &
