@@ -46,8 +46,8 @@ def test_variants_are_well_formed():
 def test_the_planner_picks_the_warp_specialised_backward_forms_that_measured_faster(monkeypatch):
     """On sm_90 the warp-specialised backward issues dV's product after dQ's (DQ_EARLY) at head dim 128 without the
     causal mask only (H100: faster there, slower causal, spills at head dim 64), and at head dim 64 runs 64-row query
-    tiles with three stages. CPU tensors stand in, their tensor-descriptor check forced."""
-    from cs336_systems.attention import _tuning
+    tiles with three stages and lean releases. CPU tensors stand in, their tensor-descriptor check forced."""
+    from cs336_systems.attention import _tuning, ptx_release
     from cs336_systems.attention import flash_triton as ft
 
     monkeypatch.setattr(ft, "_tma_fits", lambda *args: True)
@@ -58,6 +58,8 @@ def test_the_planner_picks_the_warp_specialised_backward_forms_that_measured_fas
         dkdv = launches[1][0]
         assert mode == "atomic" and dkdv.kernel is hb._hopper_bwd_ws_kernel, (d, n, right)
         assert dkdv.constexprs["DQ_EARLY"] is early, (d, n, right)
+        # lean ring releases at head dim 64 only (session 40: faster there, slower at 128)
+        assert dkdv.constexprs["LEAN"] == (ptx_release.VERSION if d == 64 else 0), (d, n, right)
         # at head dim 64 (from 8,192 queries on) 64-row query tiles and three stages: no spills (session 37)
         assert (dkdv.constexprs["BLOCK_M"], dkdv.constexprs["STAGES"]) == ((64, 3) if d == 64 else (64, 2))
 

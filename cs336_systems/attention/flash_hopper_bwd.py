@@ -60,9 +60,10 @@ from cs336_systems.attention import ptx_release
 from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_head, _release, head_desc
 
 LOG2E = 1.4426950408889634
-# The warp-specialised kernel's consumers release ring stages without Gluon's warpgroup barrier (``flash_hopper``'s
-# LEAN_RELEASE for the backward; where ``ptx_release``'s rewrite is active): docs/flash_tuning_notes.md, session 40
-LEAN_RELEASE = False
+# The head dims at which the warp-specialised kernel's consumers release ring stages without Gluon's warpgroup
+# barrier (``flash_hopper``'s LEAN_RELEASE for the backward; where ``ptx_release``'s rewrite is active). H100, session 40
+# (docs/flash_tuning_notes.md): 0.3-0.7% faster at head dim 64, 0.5-6% slower at 128
+LEAN_RELEASE = frozenset({64})
 
 
 @builtin

@@ -1435,9 +1435,9 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
             raise ValueError("the warp-specialised Gluon backward runs a program per item: a hopper_bwd config with "
                              f"warp_specialize=True needs persistent=False, got {cfg.short()}")
         # the warp-specialised kernel's dV product after dQ's (DQ_EARLY) where that measured faster: full attention at
-        # head dim 128 (flash_hopper_bwd's docstring); its ring releases without Gluon's warpgroup barrier where
-        # ``flash_hopper_bwd.LEAN_RELEASE`` says so
-        lean = ptx_release.VERSION if flash_hopper_bwd.LEAN_RELEASE and ptx_release.active() else 0
+        # head dim 128 (flash_hopper_bwd's docstring); its ring releases without Gluon's warpgroup barrier at the head
+        # dims of ``flash_hopper_bwd.LEAN_RELEASE``
+        lean = ptx_release.VERSION if d in flash_hopper_bwd.LEAN_RELEASE and ptx_release.active() else 0
         early = dict(DQ_EARLY=right is None and d == 128, LEAN=lean) if cfg.warp_specialize else {}
         descs = flash_hopper_bwd.backward_descs(bh_kv, group, n_q, n_k, sq, sk, sv, sdo, skv, d, cfg.block_m,
                                                 cfg.block_n, Q.dtype, fq, fkv, cfg.warp_specialize, cfg.tma)
