@@ -61,8 +61,8 @@ from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_hea
 
 LOG2E = 1.4426950408889634
 # The head dims at which the warp-specialised kernel's consumers release ring stages without Gluon's warpgroup
-# barrier (``flash_hopper``'s LEAN_RELEASE for the backward; where ``ptx_release``'s rewrite is active). H100, session 40
-# (docs/flash_tuning_notes.md): 0.3-0.7% faster at head dim 64, 0.5-6% slower at 128
+# barrier (``flash_hopper``'s LEAN_RELEASE for the backward; where ``ptx_release``'s rewrite is active). H100,
+# session 40 (docs/flash_tuning_notes.md): 0.3-0.7% faster at head dim 64, 0.5-6% slower at 128
 LEAN_RELEASE = frozenset({64})
 
 
