@@ -10,7 +10,6 @@ most twice the error of PyTorch SDPA in the same dtype, plus the dtype's roundin
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import subprocess
@@ -26,6 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cs336_systems.attention import flash_hopper_bwd as hb
+from tests.sm90_ptxas import waits_behind_a_barrier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,13 +178,6 @@ def test_ptx_release_drops_the_barriers_around_a_marked_refill():
         ptx_release.patch("\n".join(head + refill[:-1]))
 
 
-def _waits_behind_a_barrier(ptx: str) -> int:
-    """How many mbarrier waits in ``ptx`` have a warpgroup (or one-warpgroup CTA) barrier right before them."""
-    lines = [ln.split("//")[0].strip() for ln in ptx.split("\n")]
-    lines = [ln for ln in lines if ln and not ln.startswith((".loc", "$L__tmp", "{", ".reg", "waitLoop:"))]
-    return sum(a.startswith("bar.sync") and "mbarrier.try_wait" in b for a, b in itertools.pairwise(lines))
-
-
 @pytest.mark.parametrize(("shape", "kernel", "fewer"), [("noncausal_2k", "_hopper_fwd_ws_persistent_kernel", 10),
                                                         ("xl_2048", "_hopper_fwd_persistent_kernel", 15)])
 def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer, tmp_path):
@@ -206,7 +199,7 @@ def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer,
         counts[lean] = int(res.stdout.split("bar_sync=")[1].split()[0])
         assert " marked=0" in res.stdout, res.stdout
     ptx = {lean: (tmp_path / str(lean) / f"{kernel}.ptx").read_text() for lean in counts}
-    assert _waits_behind_a_barrier(ptx[0]) > 0 and _waits_behind_a_barrier(ptx[ptx_release.VERSION]) == 0
+    assert waits_behind_a_barrier(ptx[0]) > 0 and waits_behind_a_barrier(ptx[ptx_release.VERSION]) == 0
     assert counts[0] - counts[ptx_release.VERSION] == fewer, counts
 
 

@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from cs336_systems.attention import ptx_release
+from cs336_systems.attention.ptx_release import release as _release
 
 LN2 = gl.constexpr(0.6931471805599453)
 LEAN_MARK = gl.constexpr(ptx_release.MARK)
@@ -140,16 +141,6 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOC
     tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage), pred=pred)
     mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes + mark, pred=pred)
     tma.async_copy_global_to_shared(v_desc, coord, v_bars.index(stage), v_smem.index(stage), pred=pred)
-
-
-@gluon.jit
-def _release(bar, LEAN: gl.constexpr):
-    """A consumer warpgroup's arrival on ``bar`` once its MMAs that read what the barrier guards have completed;
-    LEAN: without the warpgroup barrier Gluon puts before an arrive (``ptx_release``)."""
-    if LEAN:
-        mbarrier.arrive(bar, count=LEAN_MARK)
-    else:
-        mbarrier.arrive(bar)
 
 
 @gluon.jit

@@ -57,7 +57,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from cs336_systems.attention import ptx_release
-from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_head, _release, head_desc
+from cs336_systems.attention.flash_hopper import HostDesc, _fold_head, _item_head, head_desc
+from cs336_systems.attention.ptx_release import release as _release
 
 LOG2E = 1.4426950408889634
 # The head dims at which the warp-specialised kernel's consumers release ring stages without Gluon's warpgroup

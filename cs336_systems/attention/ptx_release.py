@@ -24,11 +24,16 @@ from __future__ import annotations
 import re
 
 from triton import knobs
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 MARK = 5  # an arrive count no kernel uses otherwise: marks the arrives whose warpgroup barrier goes
 # What a kernel that opts in takes as a constexpr: Triton's compile cache keys on the kernel's source and constexprs,
 # not on this rewrite, so a change to what ``patch`` does needs a new number
 VERSION = 3
+
+_MARK = gl.constexpr(MARK)
 
 _KERNELS: set[str] = set()
 _previous = None
@@ -243,6 +248,17 @@ def _hook(backend, stages, options, language, capability):
         stages["ptx"] = ptx_stage
     if _previous is not None:
         _previous(backend, stages, options, language, capability)
+
+
+@gluon.jit
+def release(bar, LEAN: gl.constexpr):
+    """A consumer warpgroup's arrival on ``bar`` once its MMAs that read what the barrier guards have completed;
+    LEAN: marked, so that the rewrite drops the warpgroup barrier Gluon puts before the arrive (and the kernel's
+    barriers that order nothing, ``drop_quiet_barriers``)."""
+    if LEAN:
+        mbarrier.arrive(bar, count=_MARK)
+    else:
+        mbarrier.arrive(bar)
 
 
 def active() -> bool:

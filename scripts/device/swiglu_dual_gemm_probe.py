@@ -11,7 +11,7 @@ Configurations are (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M[, consumer regist
 (our error at most twice the cuBLAS path's, plus one bf16 rounding of the reference's magnitude). Variants measured
 and dropped (Triton kernels, software-pipelined Gluon, stores from registers): ``experiments/swiglu_gemm_epilogues/``.
 
-    python scripts/device/swiglu_dual_gemm_probe.py [--shapes xl_2048 xl_512] [--out DIR]
+    python scripts/device/swiglu_dual_gemm_probe.py [--shapes xl_2048 xl_512] [--rounds N] [--out DIR]
     ncu --kernel-name regex:'swiglu|nvjet' --section SpeedOfLight --section WarpStateStats \\
         python scripts/device/swiglu_dual_gemm_probe.py --ncu --shapes xl_2048
 """
@@ -21,17 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 import torch
 import triton
 
+from cs336_systems.bench.flash import _interleaved
 from cs336_systems.fused import swiglu_gemm
 from cs336_systems.fused.swiglu import _gate_backward_reference, _gate_reference
 
 SHAPES = {"xl_2048": (8192, 1600, 6400), "xl_512": (2048, 1600, 6400), "small_512": (2048, 768, 3072)}  # M, K, N
 # (config, keyword arguments): the shipped configuration first
-FWD_CONFIGS = ((swiglu_gemm.FWD_CONFIG, {}),)
-BWD_CONFIGS = ((swiglu_gemm.BWD_CONFIG, {}), ((128, 128, 64, 4, 8), {}), ((128, 128, 64, 5, 16), {}))
+# (lean: the ring releases and the barriers that order nothing dropped by ``ptx_release``, session 40)
+FWD_CONFIGS = ((swiglu_gemm.FWD_CONFIG, {}), (swiglu_gemm.FWD_CONFIG, {"lean": True}))
+BWD_CONFIGS = ((swiglu_gemm.BWD_CONFIG, {}), (swiglu_gemm.BWD_CONFIG, {"lean": True}), ((128, 128, 64, 4, 8), {}),
+               ((128, 128, 64, 5, 16), {}))
 
 
 def _errors(got: torch.Tensor, ref: torch.Tensor, base: torch.Tensor) -> tuple[float, float, bool]:
@@ -54,11 +58,12 @@ def _launch(fn, cfg, kw):
 
 
 def _label(cfg, kw) -> str:
-    return "x".join(map(str, cfg)) + "".join(f" {v}" for v in kw.values())
+    return "x".join(map(str, cfg)) + "".join(f" {k}={v}" for k, v in kw.items())
 
 
-def time_shape(name: str, do_bench) -> list[dict]:
-    """Each variant at one shape: median ms, TFLOP/s of its products, error against the fp32 reference."""
+def time_shape(name: str, do_bench, rounds: int = 1) -> list[dict]:
+    """Each variant at one shape: median ms (of ``rounds`` interleaved rounds), TFLOP/s of its products, error
+    against the fp32 reference."""
     m, k, n = SHAPES[name]
     x, w13, w1, w3, dy, w2 = _inputs(name)
     elementwise = torch.compile(lambda a, b: torch.nn.functional.silu(a) * b)
@@ -83,23 +88,31 @@ def time_shape(name: str, do_bench) -> list[dict]:
             for c, kw in FWD_CONFIGS}
     full.update({f"bwd gluon {_label(c, kw)}": lambda c=c, kw=kw: _launch(swiglu_gemm.swiglu_backward, c, kw)(
         dy, w2, a, b) for c, kw in BWD_CONFIGS})
-    rows = []
+    rows, live = [], {}
     for label, check, fn in variants:
-        flops = (2 if "bwd" in label else 4) * m * n * k  # the forward's two products, the backward's one
         try:
             out = fn()
             err, base_err, ok = (float("nan"), float("nan"), True) if check is None else _errors(out, *checks[check])
             # every output (h, a, b or da, db) bit for bit the shipped kernel's: the variants change schedules only
             same = all(torch.equal(u, v) for u, v in zip(full[label](), shipped[check])) if label in full else None
-            ok = ok and same is not False
-            ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
         except Exception as e:  # a configuration that does not fit (shared memory, registers)
             print(f"{name:<9} {label:<28} {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
             continue
-        rows.append(dict(shape=name, variant=label, ms=ms, tflops=flops / ms / 1e9, err=err, ok=ok, same=same))
-        print(f"{name:<9} {label:<36} {ms:.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  err {err:.2e} "
-              f"(cuBLAS path {base_err:.2e}) {'ok' if ok else 'FAIL'}{'' if same is None else f' same={same}'}",
-              flush=True)
+        live[label] = fn
+        rows.append(dict(shape=name, variant=label, err=err, base_err=base_err, ok=ok and same is not False,
+                         same=same, rounds=[]))
+    by_label = {row["variant"]: row for row in rows}
+    for _r, label in _interleaved(live, rounds):  # the order rotated each round: every variant sees the same drift
+        by_label[label]["rounds"].append(do_bench(live[label], warmup=50, rep=max(60, 300 // rounds),
+                                                  return_mode="median"))
+    for row in rows:
+        label, ms = row["variant"], statistics.median(row["rounds"])
+        flops = (2 if "bwd" in label else 4) * m * n * k  # the forward's two products, the backward's one
+        row.update(ms=ms, tflops=flops / ms / 1e9)
+        same = row["same"]
+        print(f"{name:<9} {label:<36} {ms:.4f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  err {row['err']:.2e} "
+              f"(cuBLAS path {row['base_err']:.2e}) {'ok' if row['ok'] else 'FAIL'}"
+              f"{'' if same is None else f' same={same}'}", flush=True)
     return rows
 
 
@@ -129,13 +142,14 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", default=["xl_2048", "xl_512"], choices=list(SHAPES))
     p.add_argument("--ncu", action="store_true", help="two calls of each kernel at the first shape, for ncu")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--rounds", type=int, default=1, help="timing rounds, the order rotated by one each round; medians")
     args = p.parse_args()
     if args.ncu:
         ncu_calls(args.shapes[0])
         return
     from triton.testing import do_bench
 
-    rows = [row for name in args.shapes for row in time_shape(name, do_bench)]
+    rows = [row for name in args.shapes for row in time_shape(name, do_bench, args.rounds)]
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": os.environ.get("CS336_GIT_COMMIT", "")}
     with open(os.path.join(args.out, "swiglu_dual_gemm.json"), "w") as f:
