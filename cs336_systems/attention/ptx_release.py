@@ -59,64 +59,62 @@ _ARITH = re.compile(r"^\s*(add|sub|mul|mad|shl|shr|and|or|xor|mov|cvt|selp|setp)
 # mbarrier waits and arrivals (atomic; init and inval are not here), warpgroup MMAs and TMA loads (asynchronous
 # proxy, ordered by mbarriers and MMA waits), parameter loads. Every other addressed instruction counts as an access,
 # and so do fences and the bulk copies' commits and waits (a thread's wait for a TMA store that others then overwrite).
-_QUIET = re.compile(r"^\s*(?:@!?%p\d+\s+)?(mbarrier\.(try_wait|test_wait|arrive)|wgmma\.|ld\.param|"
+_QUIET = re.compile(r"^\s*(mbarrier\.(try_wait|test_wait|arrive)|wgmma\.|ld\.param|"
                     r"cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global\.mbarrier)")
 _LABEL = re.compile(r"^(\$[\w.]+):")
 _BRANCH = re.compile(r"^\s*(@!?%p\d+\s+)?bra(\.uni)?\s+(\$[\w.]+);")
 _BRX = re.compile(r"^\s*(@!?%p\d+\s+)?brx\.idx\s+%r\d+,\s*(\$[\w.]+);")
 _SYNC = re.compile(r"^\s*(bar|barrier)\.sync\s+\d+(,\s*\d+)?;\s*$")
+_PRED = re.compile(r"^@!?%p\d+\s+")
+
+
+_JUMP = re.compile(r"^(@!?%p\d+\s+)?(call|brx|bra)\b")
 
 
 def _blocks(body: list[str]):
-    """The basic blocks of a PTX function body: (first line, last line, successors by label or None for the next
-    block); an inline-asm group in braces is one instruction. None if its control flow is not understood."""
+    """The basic blocks of a PTX function body as (first line, last line, successor blocks); an inline-asm group in
+    braces is one instruction. None if its control flow is not understood (a call, a jump this does not parse, a
+    target it cannot find)."""
     blocks, start, depth, tables, table = [], 0, 0, {}, None
-    lines = list(enumerate(body))
-    for i, line in lines:
+    for i, line in enumerate(body):
         text = line.split("//")[0].strip()
         if table is not None:  # a brx.idx target list: $L_brx_0: .branchtargets $L1, $L2, ...;
             tables[table] += [t.strip() for t in text.rstrip(";").split(",") if t.strip()]
             table = None if text.endswith(";") else table
             continue
-        if text == "{":
-            depth += 1
-        elif text == "}":
-            depth -= 1
+        depth += (text == "{") - (text == "}")
         if depth:
             continue
-        if (m := _LABEL.match(text)) and ".branchtargets" in text:
-            tables[m.group(1)], table = [], m.group(1)
+        label = _LABEL.match(text)
+        if label and ".branchtargets" in text:
+            tables[label.group(1)], table = [], label.group(1)
             continue
-        if _LABEL.match(text) and i > start:
+        if label and i > start:
             blocks.append([start, i - 1, [None]])  # falls through to the label
             start = i
-        if (b := _BRANCH.match(text)) or (x := _BRX.match(text)) or text.startswith(("ret;", "exit;", "trap;")):
-            succ = [b.group(3)] if b else [x.group(2)] if x else []
-            conditional = bool((b or x) and (b or x).group(1))
-            blocks.append([start, i, succ + ([None] if conditional else [])])
+        branch, indexed = _BRANCH.match(text), _BRX.match(text)
+        if branch or indexed:
+            jump = branch or indexed
+            target = branch.group(3) if branch else indexed.group(2)
+            blocks.append([start, i, [target] + ([None] if jump.group(1) else [])])  # predicated: falls through too
             start = i + 1
-        elif text.startswith(("call", "brx", "bra")):
+        elif text in ("ret;", "exit;", "trap;"):
+            blocks.append([start, i, []])
+            start = i + 1
+        elif _JUMP.match(text):
             return None
     if start < len(body):
         blocks.append([start, len(body) - 1, [None]])
-    labels = {}
-    for n, (first, _last, _succ) in enumerate(blocks):
-        if m := _LABEL.match(body[first].strip()):
-            labels[m.group(1)] = n
+    labels = {m.group(1): n for n, (first, _last, _succ) in enumerate(blocks)
+              if (m := _LABEL.match(body[first].strip()))}
     graph = []
     for n, (first, last, succ) in enumerate(blocks):
         out = []
         for t in succ:
-            if t is None:
-                out.append(n + 1) if n + 1 < len(blocks) else None
-            elif t in tables:
-                out += [labels[x] for x in tables[t] if x in labels]
-                if any(x not in labels for x in tables[t]):
-                    return None
-            elif t in labels:
-                out.append(labels[t])
-            else:
+            targets = [n + 1] if t is None else [labels.get(x) for x in tables[t]] if t in tables else [labels.get(t)]
+            if None in targets:
                 return None
+            out += [x for x in targets if x < len(blocks)]
         graph.append((first, last, out))
     return graph
 
@@ -128,11 +126,17 @@ def drop_quiet_barriers(ptx: str, bar) -> str:
     an arrive (it treats both as accesses of one buffer), one per key tile in the attention forward's loop. The
     PTX unchanged where its control flow is not understood (``_blocks``)."""
     lines = ptx.split("\n")
-    try:
-        entry = next(i for i, line in enumerate(lines) if line.startswith(".visible .entry"))
-        open_ = next(i for i in range(entry, len(lines)) if lines[i].strip() == "{")
-        close = max(i for i, line in enumerate(lines) if line.rstrip() == "}")
-    except (StopIteration, ValueError):
+    entry = next((i for i, line in enumerate(lines) if line.startswith(".visible .entry")), None)
+    open_ = next((i for i in range(entry, len(lines)) if lines[i].strip() == "{"), None) if entry is not None else None
+    if open_ is None:
+        return ptx
+    depth, close = 0, None
+    for i in range(open_, len(lines)):  # the body's closing brace (inline asm opens and closes its own)
+        depth += (lines[i].strip() == "{") - (lines[i].strip() == "}")
+        if depth == 0:
+            close = i
+            break
+    if close is None:
         return ptx
     body = lines[open_ + 1:close]
     graph = _blocks(body)
@@ -140,32 +144,33 @@ def drop_quiet_barriers(ptx: str, bar) -> str:
         return ptx
 
     def walk(first, last, quiet, drop=None):
+        """Whether the block ends quiet, given how it starts; with ``drop``, collect its barriers that order nothing."""
         for i in range(first, last + 1):
             text = body[i].split("//")[0].strip()
-            if _SYNC.match(body[i]):
+            op = _PRED.sub("", text)  # a predicated barrier does not count as one, a predicated access does
+            if _SYNC.match(text):
                 if quiet and bar(body[i]) and drop is not None:
                     drop.add(i)
                 quiet = True
-            elif ("[" in text or text.startswith(("cp.", "fence.", "membar"))) and not _QUIET.match(text):
+            elif ("[" in op or op.startswith(("cp.", "fence.", "membar"))) and not _QUIET.match(op):
                 quiet = False
         return quiet
 
-    # forward dataflow: a block starts quiet when every predecessor ends quiet (the entry, and blocks that nothing
-    # reaches, start quiet); from all quiet down to the greatest fixed point
-    quiet_in = [True] * len(graph)
+    # a must-dataflow forward: a block starts quiet when every predecessor ends quiet (the entry, which nothing
+    # precedes, does); iterated from all quiet down to the greatest fixed point
     preds = [[] for _ in graph]
-    for n, (_f, _l, out) in enumerate(graph):
+    for n, (_first, _last, out) in enumerate(graph):
         for m in out:
             preds[m].append(n)
+    quiet_in, quiet_out = [True] * len(graph), [True] * len(graph)
     changed = True
-    state_out = [True] * len(graph)
     while changed:
         changed = False
         for n, (first, last, _out) in enumerate(graph):
-            q = all(state_out[p] for p in preds[n])
+            q = all(quiet_out[p] for p in preds[n])
             out = walk(first, last, q)
-            if (q, out) != (quiet_in[n], state_out[n]):
-                quiet_in[n], state_out[n], changed = q, out, True
+            if (q, out) != (quiet_in[n], quiet_out[n]):
+                quiet_in[n], quiet_out[n], changed = q, out, True
     drop: set[int] = set()
     for n, (first, last, _out) in enumerate(graph):
         walk(first, last, quiet_in[n], drop)
