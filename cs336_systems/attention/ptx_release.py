@@ -9,7 +9,7 @@ release the same way, one thread and no barrier (``PipelineTmaAsync::consumer_re
 warp-specialised attention forward spent 32% of its warps' cycles at such barriers (docs/flash_tuning_notes.md,
 session 39), the fused feed-forward's forward 35% of its stalls (docs/training_step.md, session 32).
 
-A kernel opts in through ``register`` and marks each such arrive with ``count=MARK``: the PTX stage of its
+A kernel opts in through ``register`` and marks each such arrive with ``count=MARK`` (``release``): the PTX stage of its
 compilation (a compiler stage hook) turns the marked arrive back into a count of one and deletes the ``bar.sync``
 just before it (register arithmetic may sit between the two). A marked arrive without that ``bar.sync`` is an error
 at compile time, never a silently wrong count. A warpgroup that refills the stages its own MMAs read (a CTA of one
@@ -17,6 +17,11 @@ warpgroup) marks the expect of each refill instead, its byte count plus ``MARK``
 deletes the barriers before the expect and up to the stage's TMA load (only register work may sit there). The kernel
 takes ``VERSION`` as a constexpr where it marks anything, so that Triton's compile cache never hands it code from
 another version of the rewrite; ``check`` refuses code that still holds a mark.
+
+In a kernel that carries a mark the rewrite then drops every warpgroup barrier that orders nothing
+(``drop_quiet_barriers``, a dataflow over the PTX's basic blocks): one with only mbarrier operations, MMAs and TMA loads
+since the previous barrier on every path into it. Triton's shared-memory analysis puts one before each mbarrier wait
+that follows an arrive; in the attention forward's key loop that was the last barrier per tile (session 40).
 """
 
 from __future__ import annotations
