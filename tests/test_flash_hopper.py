@@ -183,10 +183,10 @@ def test_ptx_release_drops_the_barriers_around_a_marked_refill():
 def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer, tmp_path):
     """The forwards compiled for sm_90a on this host with ``LEAN`` have the rewrite applied: nothing marked is left,
     no mbarrier wait has a barrier right before it (Triton puts one before each key tile's), and the source holds
-    ``fewer`` barriers fewer than with ``LEAN=0``: the warp-specialised consumers' five releases each and the two
-    waits of each one's key loop, less the one barrier an item each consumer gains (``flash_hopper._item``); the
-    one warpgroup's three barriers around each of its two loops' refills, the four before its prologue's loads and
-    the three before its loop's waits."""
+    ``fewer`` barriers fewer than with ``LEAN=0`` in the source: the warp-specialised consumers' five releases each
+    and the two waits of each one's key loop, less the two each gains (one after each read of the item number,
+    ``flash_hopper._item``); the one warpgroup's six around its prologue's loads, three around each of its two
+    loops' refills and three before its loops' waits."""
     from cs336_systems.attention import ptx_release
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -165,8 +165,8 @@ def test_backward_kernel_compiles_for_sm90_without_spills():
 @pytest.mark.parametrize(("kernel", "fewer"), [("swiglu_forward", 4), ("swiglu_backward", 15)])
 def test_lean_kernels_compile_without_their_ring_barriers(kernel, fewer):
     """With ``lean`` the fused feed-forward's kernels compile for sm_90a (this host's ptxas) with the rewrite
-    applied: nothing marked left, no mbarrier wait behind a barrier (each K slice had one, and one before its release),
-    one barrier a tile instead, and the same registers without new spills."""
+    applied: nothing marked left, no mbarrier wait behind a barrier (each K slice had one, and one before its release;
+    one or two a tile are added instead), and the same spills as the shipped kernels."""
     import os
     import re
     import subprocess
