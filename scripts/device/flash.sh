@@ -10,7 +10,8 @@
 # (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
 # them) checked against fp64 and timed in interleaved rounds (WSBWD_ARGS: default lb2025, d128_4k, noncausal_2k and
 # gqa, 7 rounds); wsncu: Nsight Compute's per-instruction stall samples of that kernel at noncausal_2k, as CSV;
-# wsfwdncu: Nsight Compute's sections of the forward at noncausal_2k, ours (stall samples as CSV) and cuDNN's;
+# wsfwdncu: Nsight Compute's sections of the forward at noncausal_2k (NCU_SHAPE), ours (stall samples as CSV) and
+# cuDNN's;
 # lean: the kernels with and without the barriers ptx_release removes: their GPU tests, the forwards' A/B
 # (fwd_variant_ab.py --variants lean; LEAN_SHAPES) and the warp-specialised backward's (wsbwd's check and timing).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
@@ -51,12 +52,12 @@ print(*[v.name() for v in h.VARIANTS if v.warp_specialize and (v.lean or h.Varia
            ncu --import "$OUT/ncu-wsbwd.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-wsbwd-sass.csv.gz"
            ncu --import "$OUT/ncu-wsbwd.ncu-rep" --page details > "$OUT/ncu-wsbwd-details.txt" 2>&1
            rm -f "$OUT/ncu-wsbwd.ncu-rep" ;;
-    wsfwdncu) for impl in triton sdpa_cudnn; do  # the forward at noncausal_2k, ours (with SASS stall samples) and cuDNN
+    wsfwdncu) for impl in triton sdpa_cudnn; do  # the forward at NCU_SHAPE, ours (with SASS stall samples) and cuDNN
              step 200 "wsfwdncu-$impl" ncu --kernel-name regex:'hopper_fwd|cudnn|fprop|sdpa' --launch-skip 2 \
                --launch-count 1 --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
                --section SchedulerStats --section InstructionStats --section LaunchStats --section Occupancy \
                --section MemoryWorkloadAnalysis --section SourceCounters --import-source no -f -o "$OUT/ncu-fwd-$impl" \
-               python3 scripts/device/ncu_attention.py --shape noncausal_2k --impl $impl --calls 4
+               python3 scripts/device/ncu_attention.py --shape ${NCU_SHAPE:-noncausal_2k} --impl $impl --calls 4
              ncu --import "$OUT/ncu-fwd-$impl.ncu-rep" --page details > "$OUT/ncu-fwd-$impl-details.txt" 2>&1
              [ $impl = triton ] && ncu --import "$OUT/ncu-fwd-$impl.ncu-rep" --page source --csv --print-source sass \
                2>&1 | gzip > "$OUT/ncu-fwd-$impl-sass.csv.gz"
