@@ -71,8 +71,6 @@ _BRANCH = re.compile(r"^\s*(@!?%p\d+\s+)?bra(\.uni)?\s+(\$[\w.]+);")
 _BRX = re.compile(r"^\s*(@!?%p\d+\s+)?brx\.idx\s+%r\d+,\s*(\$[\w.]+);")
 _SYNC = re.compile(r"^\s*(bar|barrier)\.sync\s+\d+(,\s*\d+)?;\s*$")
 _PRED = re.compile(r"^@!?%p\d+\s+")
-
-
 _JUMP = re.compile(r"^(@!?%p\d+\s+)?(call|brx|bra)\b")
 
 
@@ -186,8 +184,9 @@ def patch(ptx: str) -> str:
     """``ptx`` with every marked arrive restored to a count of one and the warpgroup ``bar.sync`` before it
     removed, and every marked expect (a byte count of ``MARK`` modulo 16, which no TMA tile has) restored and the
     barriers between it and its TMA load removed (with the one before it, if any): a refill by the warpgroup whose
-    MMAs on the stage have completed, the CTA being that warpgroup. Unchanged if nothing is marked. Raises
-    ``ValueError`` if a marked arrive has no such barrier, or a marked expect is not followed by its load."""
+    MMAs on the stage have completed, the CTA being that warpgroup; then, if anything was marked, without the
+    barriers that order nothing (``drop_quiet_barriers``). Unchanged if nothing is marked. Raises ``ValueError`` if a
+    marked arrive has no such barrier, or a marked expect is not followed by its load."""
     lines = ptx.split("\n")
     cta128 = bool(_CTA_128.search(ptx))
 
