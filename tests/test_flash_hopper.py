@@ -149,45 +149,14 @@ def test_ptx_release_drops_only_the_barrier_before_a_marked_arrive():
     assert stages["ptx"](None, {"name": "not_registered"}) == ptx
 
 
-def test_ptx_release_drops_the_barriers_around_a_marked_refill():
-    """A marked expect (byte count MARK modulo 16) of a one-warpgroup CTA gets its count back and loses the CTA
-    barrier before it and those between it and its own TMA load; an unmarked refill keeps its barriers; a marked
-    expect in a larger CTA, or followed by anything but register work before its load, is an error."""
+def test_lean_forward_compiles_without_the_marked_barriers(tmp_path):
+    """The warp-specialised forward compiled for sm_90a on this host with ``LEAN`` has the rewrite applied: nothing
+    marked is left, no mbarrier wait has a barrier right before it (Triton puts one before each key tile's), and the
+    source holds ten barriers fewer than with ``LEAN=0``: the consumers' five releases each and the two waits of each
+    one's key loop, less the two each gains (one after each read of the item number, ``flash_hopper._item``)."""
     from cs336_systems.attention import ptx_release
 
-    mark = ptx_release.MARK
-    tma = ("\t@%p72 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r570], "
-           "[%rd10, {%r571, %r572, %r1192}], [%r569];")
-    refill = ["\tbar.sync \t0;", "\tand.pred \t%p71, %p1, %p74;",
-              f"\t@%p71 mbarrier.arrive.expect_tx.shared.b64 _, [%r569], {8192 + mark};",
-              "\tmul.lo.s32 \t%r717, %r714, 8184;", "\tbar.sync \t0;", "\telect.sync \t%r718|%p75, -1;",
-              "\tmov.b32 \t%r571, 0;", tma]
-    head = [".reqntid 128", ""]
-    out = ptx_release.patch("\n".join(head + refill)).split("\n")
-    assert out == [*head, "\tand.pred \t%p71, %p1, %p74;",
-                   "\t@%p71 mbarrier.arrive.expect_tx.shared.b64 _, [%r569], 8192;",
-                   "\tmul.lo.s32 \t%r717, %r714, 8184;", "\telect.sync \t%r718|%p75, -1;", "\tmov.b32 \t%r571, 0;", tma]
-    assert not ptx_release.marked("\n".join(out)) and ptx_release.marked("\n".join(refill))
-    plain = "\n".join(head + [line.replace(str(8192 + mark), "8192") for line in refill])
-    assert ptx_release.patch(plain) == plain
-    with pytest.raises(ValueError, match="more than one warpgroup"):
-        ptx_release.patch("\n".join([".reqntid 256", "", *refill]))
-    with pytest.raises(ValueError, match="not followed by its TMA load"):
-        ptx_release.patch("\n".join([*head, *refill[:4], "\tst.shared.b32 [%r1], %r2;", *refill[4:]]))
-    with pytest.raises(ValueError, match="no TMA load"):
-        ptx_release.patch("\n".join(head + refill[:-1]))
-
-
-@pytest.mark.parametrize(("shape", "kernel", "fewer"), [("noncausal_2k", "_hopper_fwd_ws_persistent_kernel", 10),
-                                                        ("xl_2048", "_hopper_fwd_persistent_kernel", 15)])
-def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer, tmp_path):
-    """The forwards compiled for sm_90a on this host with ``LEAN`` have the rewrite applied: nothing marked is left,
-    no mbarrier wait has a barrier right before it (Triton puts one before each key tile's), and the source holds
-    ``fewer`` barriers fewer than with ``LEAN=0`` in the source: the warp-specialised consumers' five releases each
-    and the two waits of each one's key loop, less the two each gains (one after each read of the item number,
-    ``flash_hopper._item``); the one warpgroup's six around its prologue's loads, three around each of its two
-    loops' refills and three before its loops' waits."""
-    from cs336_systems.attention import ptx_release
+    shape, kernel = "noncausal_2k", "_hopper_fwd_ws_persistent_kernel"
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
@@ -200,7 +169,7 @@ def test_lean_forwards_compile_without_the_marked_barriers(shape, kernel, fewer,
         assert " marked=0" in res.stdout, res.stdout
     ptx = {lean: (tmp_path / str(lean) / f"{kernel}.ptx").read_text() for lean in counts}
     assert waits_behind_a_barrier(ptx[0]) > 0 and waits_behind_a_barrier(ptx[ptx_release.VERSION]) == 0
-    assert counts[0] - counts[ptx_release.VERSION] == fewer, counts
+    assert counts[0] - counts[ptx_release.VERSION] == 10, counts
 
 
 def test_lean_backward_compiles_without_its_release_barriers():
@@ -437,11 +406,10 @@ def test_gpu_work_item_order_does_not_change_the_results(seed, causal):
 @pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), [
     (2, 8, 8, 2048, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (2, 4, 4, 3000, 64, False)])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
-@pytest.mark.parametrize("ws", [True, False], ids=["warp-specialised", "one-warpgroup"])
-def test_gpu_lean_forwards_give_the_same_bits(seed, b, hq, hkv, n, d, causal, persistent, ws):
-    """The forwards without the warpgroup barriers that ``ptx_release`` removes (the warp-specialised consumers'
-    releases, the one warpgroup's refills) compute what they compute with them: O and L bit for bit. The planner
-    launches the lean form where the module's switch (``LEAN_RELEASE``, ``LEAN_REFILL``) is on."""
+def test_gpu_lean_forward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, persistent):
+    """The warp-specialised forward without the warpgroup barriers that ``ptx_release`` removes (its consumers'
+    releases, and the barriers that then order nothing) computes what it computes with them: O and L bit for bit.
+    The planner launches the lean form where the module's switch (``LEAN_RELEASE``) is on."""
     import dataclasses
 
     from cs336_systems.attention import _tuning, flash_hopper, ptx_release
@@ -450,12 +418,10 @@ def test_gpu_lean_forwards_give_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
     q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     base = _tuning.config_for(q.device, n, d, q.dtype)
-    tile = (_tuning.KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=persistent) if ws else
-            _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent))
+    tile = _tuning.KernelConfig(128, 128, 4, 2, True, warp_specialize=True, persistent=persistent)
     cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=tile)
     right, scale = 0 if causal else None, 1 / math.sqrt(d)
-    kernel = flash_hopper._hopper_fwd_ws_persistent_kernel if ws else flash_hopper._hopper_fwd_persistent_kernel
-    switch = flash_hopper.LEAN_RELEASE if ws else flash_hopper.LEAN_REFILL
+    kernel, switch = flash_hopper._hopper_fwd_ws_persistent_kernel, flash_hopper.LEAN_RELEASE
     outs = {}
     for lean in (ptx_release.VERSION, 0):
         fwd = ft._plan_forward(q, k, v, cfg, None, right, False)

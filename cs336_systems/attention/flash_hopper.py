@@ -44,15 +44,11 @@ from cs336_systems.attention import ptx_release
 from cs336_systems.attention.ptx_release import release as _release
 
 LN2 = gl.constexpr(0.6931471805599453)
-LEAN_MARK = gl.constexpr(ptx_release.MARK)
 
 HEAD_DIMS = (64, 128)
 # The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
 # ``ptx_release``'s rewrite is active): see docs/flash_tuning_notes.md, session 39
 LEAN_RELEASE = True
-# The one-warpgroup forward refills its ring without the warpgroup barriers before each expect and load
-# (``_load_kv``): off until timed on a GPU (docs/pending_device_runs.md)
-LEAN_REFILL = False
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -126,20 +122,18 @@ def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, tile, n_tiles, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, base, kv_head, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr, LEAN: gl.constexpr = 0):
+             STAGES: gl.constexpr, base, kv_head, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Start the TMA loads of key/value tile ``tile`` of key/value head ``kv_head`` into its ring stage (nothing past
     the last tile); ``base``: tiles through the ring before this query tile's first. Descriptors over all heads
     (``forward_descs``), ring buffers of shape (STAGES, 1, BLOCK_N, HEAD_DIM); FOLD, HEAD_DIM: as in
-    ``_fold_head``. LEAN: a refill by the warpgroup whose completed MMAs read the stage, without the warpgroup
-    barriers Gluon puts before the expects and loads (``ptx_release``)."""
+    ``_fold_head``."""
     stage = (base + tile) % STAGES
     pred = tile < n_tiles
     outer, col = _fold_head(kv_head, FOLD, HEAD_DIM)
     coord = [outer, tile * BLOCK_N, col]
-    mark: gl.constexpr = LEAN_MARK if LEAN else 0
-    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes + mark, pred=pred)
+    mbarrier.expect(k_bars.index(stage), k_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, coord, k_bars.index(stage), k_smem.index(stage), pred=pred)
-    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes + mark, pred=pred)
+    mbarrier.expect(v_bars.index(stage), v_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(v_desc, coord, v_bars.index(stage), v_smem.index(stage), pred=pred)
 
 
@@ -198,7 +192,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         if WARPS > 4:  # the other warpgroup may still be reading the stage about to be refilled
             gl.thread_barrier()
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
-                 kv_head, FOLD, HEAD_DIM, LEAN and WARPS == 4)
+                 kv_head, FOLD, HEAD_DIM)
     return p, alpha, acc, l_i, m_i
 
 
@@ -212,8 +206,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. LEAN: releases
-    (and, one warpgroup, refills) without the warpgroup barriers Gluon puts before them (``_release``,
-    ``_load_kv``). ``base``, ``kv_head``, FOLD: as in ``_load_kv``.
+    (RELEASE True) without the warpgroup barrier Gluon puts before them (``_release``). ``base``, ``kv_head``, FOLD:
+    as in ``_load_kv``.
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -346,7 +340,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                  PERSISTENT: gl.constexpr = True, LEAN: gl.constexpr = 0):
+                                  PERSISTENT: gl.constexpr = True):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -354,9 +348,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     heads; INTERLEAVE (the window's left side in the Triton kernel, which this one has no use for) the heads a group
     of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
-    per call). LEAN (``ptx_release.VERSION``, or 0): with one warpgroup, the ring's refills without the warpgroup
-    barriers before them (``_load_kv``; needs ``ptx_release``'s rewrite). SPAN, RIGHT and the strides (in the
-    descriptors) are unused."""
+    per call). SPAN, RIGHT and the strides (in the descriptors) are unused."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -388,7 +380,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                LEAN, base, bkv, FOLD_KV)
+                                0, base, bkv, FOLD_KV)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q)
@@ -599,5 +591,4 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     _reset_counter(counter, PERSISTENT)
 
 
-ptx_release.register(_hopper_fwd_persistent_kernel)
 ptx_release.register(_hopper_fwd_ws_persistent_kernel)

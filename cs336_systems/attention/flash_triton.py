@@ -1267,10 +1267,10 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
         descs = flash_hopper.forward_descs(bh, group, n_q, n_k, sq, sk, sv, so, d,
                                            cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
                                            Q.dtype, fq, fkv)
-        lean = flash_hopper.LEAN_RELEASE if cfg.warp_specialize else flash_hopper.LEAN_REFILL
-        lean = ptx_release.VERSION if lean and ptx_release.active() else 0
+        # the warp-specialised consumers' releases without Gluon's warpgroup barriers (``ptx_release``)
+        lean = dict(LEAN=ptx_release.lean(flash_hopper.LEAN_RELEASE)) if cfg.warp_specialize else {}
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
-                                      STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, LEAN=lean, **folds), cfg,
+                                      STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, **lean, **folds), cfg,
                          descs)
         # (query tile, batch x head) items; the heads slot takes batch x heads, the left side's (no window here) how
         # many heads a group of items spans: K and V of a head, shared by its query group
@@ -1437,8 +1437,8 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         # the warp-specialised kernel's dV product after dQ's (DQ_EARLY) where that measured faster: full attention at
         # head dim 128 (flash_hopper_bwd's docstring); its ring releases without Gluon's warpgroup barrier at the head
         # dims of ``flash_hopper_bwd.LEAN_RELEASE``
-        lean = ptx_release.VERSION if d in flash_hopper_bwd.LEAN_RELEASE and ptx_release.active() else 0
-        early = dict(DQ_EARLY=right is None and d == 128, LEAN=lean) if cfg.warp_specialize else {}
+        early = dict(DQ_EARLY=right is None and d == 128, LEAN=ptx_release.lean(d in flash_hopper_bwd.LEAN_RELEASE)) \
+            if cfg.warp_specialize else {}
         descs = flash_hopper_bwd.backward_descs(bh_kv, group, n_q, n_k, sq, sk, sv, sdo, skv, d, cfg.block_m,
                                                 cfg.block_n, Q.dtype, fq, fkv, cfg.warp_specialize, cfg.tma)
         launch = _Launch(flash_hopper_bwd._hopper_bwd_ws_kernel if cfg.warp_specialize else

@@ -1,4 +1,4 @@
-"""Ring-stage releases and refills without warpgroup barriers in Gluon kernels, by rewriting their PTX.
+"""Ring-stage releases without warpgroup barriers in Gluon kernels, by rewriting their PTX.
 
 Gluon (Triton 3.6) lowers ``mbarrier.arrive`` as one thread's arrive behind a ``bar.sync`` of its warpgroup, so that
 every warp's earlier work is done first. A consumer that releases a ring stage right after ``warpgroup_mma_wait``
@@ -12,11 +12,10 @@ session 39), the fused feed-forward's forward 35% of its stalls (docs/training_s
 A kernel opts in through ``register`` and marks each such arrive with ``count=MARK`` (``release``): the PTX stage of its
 compilation (a compiler stage hook) turns the marked arrive back into a count of one and deletes the ``bar.sync``
 just before it (register arithmetic may sit between the two). A marked arrive without that ``bar.sync`` is an error
-at compile time, never a silently wrong count. A warpgroup that refills the stages its own MMAs read (a CTA of one
-warpgroup) marks the expect of each refill instead, its byte count plus ``MARK``: the rewrite restores the count and
-deletes the barriers before the expect and up to the stage's TMA load (only register work may sit there). The kernel
-takes ``VERSION`` as a constexpr where it marks anything, so that Triton's compile cache never hands it code from
-another version of the rewrite; ``check`` refuses code that still holds a mark.
+at compile time, never a silently wrong count. (The same for a one-warpgroup CTA's own refills, marked expects, did
+not pay: ``experiments/lean_refill/``.) The kernel takes ``VERSION`` as a constexpr where it marks anything, so that
+Triton's compile cache never hands it code from another version of the rewrite; ``check`` refuses code that still
+holds a mark.
 
 In a kernel that carries a mark the rewrite then drops every warpgroup barrier that orders nothing
 (``drop_quiet_barriers``, a dataflow over the PTX's basic blocks): one with only mbarrier operations, MMAs and TMA loads
@@ -48,13 +47,6 @@ _MARKED = re.compile(r"^(\s*(?:@%p\d+\s+)?mbarrier\.arrive\.shared::cta\.b64\s+_
                      + str(MARK) + r";\s*$")
 _MARKER = f"], {MARK};"  # a marked arrive as it appears in PTX
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+,\s*128;\s*$")
-_CTA_BAR = re.compile(r"^\s*bar\.sync\s+\d+;\s*$")  # all the CTA's threads: a warpgroup where the CTA is one
-_CTA_128 = re.compile(r"^\s*\.reqntid\s+128\s*$", re.M)
-_EXPECT = re.compile(r"^(\s*(?:@%p\d+\s+)?mbarrier\.arrive\.expect_tx\.shared(?:::cta)?\.b64\s+_,\s*\[(%r\d+)\]),\s*"
-                     r"(\d+);\s*$")
-_TMA_LOAD = re.compile(r"^\s*(?:@%p\d+\s+)?cp\.async\.bulk\.tensor\.\S+\.mbarrier::complete_tx::bytes\s+\[[^\]]*\],"
-                       r"\s*\[[^\]]*\],\s*\[(%r\d+)\];\s*$")
-_ELECT = re.compile(r"^\s*elect\.sync\s+\S+,\s*-?\d+;\s*$")
 _SKIP = re.compile(r"^\s*(//.*|\.loc\b.*)?$")  # comments (the inline asm brackets), debug lines, blank lines
 # register arithmetic (addresses, predicates) that may sit between a barrier and what it guards: no memory, no branch
 _ARITH = re.compile(r"^\s*(add|sub|mul|mad|shl|shr|and|or|xor|mov|cvt|selp|setp)(\.[\w:]+)*\s+%[^\[\]]*;\s*$")
@@ -182,57 +174,32 @@ def drop_quiet_barriers(ptx: str, bar) -> str:
 
 def patch(ptx: str) -> str:
     """``ptx`` with every marked arrive restored to a count of one and the warpgroup ``bar.sync`` before it
-    removed, and every marked expect (a byte count of ``MARK`` modulo 16, which no TMA tile has) restored and the
-    barriers between it and its TMA load removed (with the one before it, if any): a refill by the warpgroup whose
-    MMAs on the stage have completed, the CTA being that warpgroup; then, if anything was marked, without the
-    barriers that order nothing (``drop_quiet_barriers``). Unchanged if nothing is marked. Raises ``ValueError`` if a
-    marked arrive has no such barrier, or a marked expect is not followed by its load."""
+    removed; then, if anything was marked, without the barriers that order nothing (``drop_quiet_barriers``).
+    Unchanged if nothing is marked. Raises ``ValueError`` if a marked arrive has no such barrier."""
     lines = ptx.split("\n")
-    cta128 = bool(_CTA_128.search(ptx))
 
     def bar(line: str) -> bool:
-        return bool(_BAR.match(line) or (cta128 and _CTA_BAR.match(line)))
+        return bool(_BAR.match(line))
 
     drop: set[int] = set()
-    marks = False
     for i, line in enumerate(lines):
         m = _MARKED.match(line)
-        e = _EXPECT.match(line)
-        if not m and not (e and int(e.group(3)) % 16 == MARK):
+        if not m:
             continue
         j = i - 1
         while j >= 0 and (_SKIP.match(lines[j]) or _ARITH.match(lines[j])):
             j -= 1
-        if m:
-            if j < 0 or not bar(lines[j]):
-                raise ValueError(f"ptx_release: no warpgroup bar.sync right before the marked arrive {line.strip()!r}")
-            drop.add(j)
-            lines[i] = m.group(1) + ";"
-            marks = True
-            continue
-        if not cta128:
-            raise ValueError(f"ptx_release: a marked expect in a kernel of more than one warpgroup {line.strip()!r}")
-        if j >= 0 and bar(lines[j]):
-            drop.add(j)
-        lines[i] = f"{e.group(1)}, {int(e.group(3)) - MARK};"
-        k = i + 1
-        while k < len(lines) and not ((t := _TMA_LOAD.match(lines[k])) and t.group(1) == e.group(2)):
-            if bar(lines[k]):
-                drop.add(k)
-            elif not (_SKIP.match(lines[k]) or _ARITH.match(lines[k]) or _ELECT.match(lines[k])):
-                raise ValueError(f"ptx_release: the marked expect {line.strip()!r} is not followed by its TMA load "
-                                 f"(found {lines[k].strip()!r})")
-            k += 1
-        if k == len(lines):
-            raise ValueError(f"ptx_release: the marked expect {line.strip()!r} has no TMA load after it")
-        marks = True
+        if j < 0 or not bar(lines[j]):
+            raise ValueError(f"ptx_release: no warpgroup bar.sync right before the marked arrive {line.strip()!r}")
+        drop.add(j)
+        lines[i] = m.group(1) + ";"
     out = "\n".join(line for i, line in enumerate(lines) if i not in drop)
-    return drop_quiet_barriers(out, bar) if marks else out
+    return drop_quiet_barriers(out, bar) if drop else out
 
 
 def marked(ptx: str) -> bool:
-    """Whether ``ptx`` holds a marked arrive or expect, which only this rewrite may let reach ptxas."""
-    return _MARKER in ptx or any(int(e.group(3)) % 16 == MARK for e in map(_EXPECT.match, ptx.split("\n")) if e)
+    """Whether ``ptx`` holds a marked arrive, which only this rewrite may let reach ptxas."""
+    return _MARKER in ptx
 
 
 def check(compiled) -> None:
@@ -240,9 +207,8 @@ def check(compiled) -> None:
     the rewrite (elsewhere than through this process's hook), whose barriers would count wrong and hang."""
     if marked((getattr(compiled, "asm", None) or {}).get("ptx", "")):
         name = getattr(compiled, "name", "a kernel")
-        raise RuntimeError(f"{name}: compiled without ptx_release's rewrite (its marked arrives or expects are left); "
-                           "clear Triton's cache (TRITON_CACHE_DIR) or set flash_hopper.LEAN_RELEASE and LEAN_REFILL "
-                           "to False")
+        raise RuntimeError(f"{name}: compiled without ptx_release's rewrite (its marked arrives are left); clear "
+                           "Triton's cache (TRITON_CACHE_DIR) or set flash_hopper.LEAN_RELEASE to False")
 
 
 def _hook(backend, stages, options, language, capability):
@@ -268,6 +234,12 @@ def release(bar, LEAN: gl.constexpr):
         mbarrier.arrive(bar, count=_MARK)
     else:
         mbarrier.arrive(bar)
+
+
+def lean(on: bool) -> int:
+    """The ``LEAN`` constexpr of a kernel that marks its releases: ``VERSION`` where ``on`` and this module's hook is
+    in place (``active``), else 0 (the kernel's barriered form)."""
+    return VERSION if on and active() else 0
 
 
 def active() -> bool:

@@ -381,7 +381,7 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
 def _lean(lean: bool | None) -> int:
     """The kernels' LEAN constexpr: the rewrite's version where asked for (default: the module's ``LEAN``) and its
     compiler hook is in place, else 0."""
-    return ptx_release.VERSION if (LEAN if lean is None else lean) and ptx_release.active() else 0
+    return ptx_release.lean(LEAN if lean is None else lean)
 
 
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,

@@ -55,11 +55,9 @@ SHORT = {  # head dim 64, short sequences (session 21: none faster than the firs
          (K(128, 64, 4, 4, True, True, True), {}), (K(128, 64, 4, 3, True, True), {})],
 }
 
-LEAN = {  # the forwards with and without the warpgroup barriers ptx_release removes (session 39): the one-warpgroup
-    # form's refills, the warp-specialised form's releases
-    64: [(K(64, 64, 4, 3, True, False, True), {"LEAN": 0}),
-         (K(64, 64, 4, 3, True, False, True), {"LEAN": ptx_release.VERSION}),
-         (K(128, 128, 4, 3, True, True, True), {"LEAN": 0}),
+LEAN = {  # the warp-specialised forward with and without the warpgroup barriers ptx_release removes (sessions 39-40;
+    # the one-warpgroup form's refills: experiments/lean_refill/)
+    64: [(K(128, 128, 4, 3, True, True, True), {"LEAN": 0}),
          (K(128, 128, 4, 3, True, True, True), {"LEAN": ptx_release.VERSION})],
     128: [(K(128, 128, 4, 2, True, True, True), {"LEAN": 0}),
           (K(128, 128, 4, 2, True, True, True), {"LEAN": ptx_release.VERSION})],
