@@ -381,7 +381,7 @@ def _ws_bwd_consumer(dq_desc, dk_desc, dv_desc, q_buf, do_buf, k_buf, v_buf, lse
                      LEAN: gl.constexpr):
     """Key rows ``start_n + 64 WG`` .. + 64 of the tile: S^T, dP^T, dS^T, dK and dV for them, and this warpgroup's
     half of each query tile's dQ^T (``_dq_split``) over all 128 keys (the other warpgroup's dS^T rows included).
-    LEAN: ring stages released without Gluon's warpgroup barrier (``flash_hopper._release``): every warp's reads of
+    LEAN: ring stages released without Gluon's warpgroup barrier (``ptx_release.release``): every warp's reads of
     the stage's L and Delta feed the MMAs whose completion the release follows."""
     dtype: gl.constexpr = q_buf.dtype
     ROWS: gl.constexpr = 64
