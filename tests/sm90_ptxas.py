@@ -1,5 +1,5 @@
 """A Gluon kernel compiled for sm_90a on any host (Triton's bundled ptxas, no GPU), printing ptxas's resource report
-(registers, spills) and the PTX's count of warpgroup barriers: ``python -m tests.sm90_ptxas swiglu_backward [lean]``.
+(registers, spills) and the PTX's count of warpgroup barriers: ``python -m tests.sm90_ptxas swiglu_backward``.
 Run without ``TRITON_INTERPRET``, which makes the kernels' decorators build interpreter functions instead."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _compile(kernel, descs: list, consts: dict) -> str:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
 
 
-def swiglu_backward_ptx(lean: bool = False) -> str:
+def swiglu_backward_ptx() -> str:
     """The fused feed-forward's backward kernel at the package's configuration, as PTX for sm_90a."""
     from cs336_systems.fused import swiglu_gemm
 
@@ -36,11 +36,10 @@ def swiglu_backward_ptx(lean: bool = False) -> str:
     descs = [swiglu_gemm._desc(dy, [block_m // 2, block_k]), swiglu_gemm._desc(w2, [block_k, block_n])]
     descs += [swiglu_gemm._desc(out, [block_m // 2, block_n])] * 4
     return _compile(swiglu_gemm._swiglu_bwd_kernel, descs, {"GROUP_M": group_m, "STAGES": stages,
-                                                            "REGS": swiglu_gemm.CONSUMER_REGS,
-                                                            "LEAN": swiglu_gemm._lean(True) if lean else 0})
+                                                            "REGS": swiglu_gemm.CONSUMER_REGS})
 
 
-def swiglu_forward_ptx(lean: bool = False) -> str:
+def swiglu_forward_ptx() -> str:
     """The fused feed-forward's forward (dual GEMM) kernel at the package's configuration, as PTX for sm_90a."""
     from cs336_systems.fused import swiglu_gemm
 
@@ -50,8 +49,7 @@ def swiglu_forward_ptx(lean: bool = False) -> str:
     descs = [swiglu_gemm._desc(x, [block_m // 2, block_k])] + [swiglu_gemm._desc(w, [block_n, block_k])] * 2
     descs += [swiglu_gemm._desc(out, [block_m // 2, block_n])] * 3
     return _compile(swiglu_gemm._dual_swiglu_kernel, descs, {"GROUP_M": group_m, "STAGES": stages, "SAVE_AB": True,
-                                                             "REGS": swiglu_gemm.CONSUMER_REGS,
-                                                             "LEAN": swiglu_gemm._lean(True) if lean else 0})
+                                                             "REGS": swiglu_gemm.CONSUMER_REGS})
 
 
 def ptxas_report(ptx: str) -> str:
@@ -73,11 +71,8 @@ def waits_behind_a_barrier(ptx: str) -> int:
 KERNELS = {"swiglu_backward": swiglu_backward_ptx, "swiglu_forward": swiglu_forward_ptx}
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in KERNELS or sys.argv[2:] not in ([], ["lean"]):
-        sys.exit(f"usage: python -m tests.sm90_ptxas {{{','.join(KERNELS)}}} [lean]")
-    from cs336_systems.attention import ptx_release
-
-    ptx = KERNELS[sys.argv[1]](lean=sys.argv[2:] == ["lean"])
+    if len(sys.argv) != 2 or sys.argv[1] not in KERNELS:
+        sys.exit(f"usage: python -m tests.sm90_ptxas {{{','.join(KERNELS)}}}")
+    ptx = KERNELS[sys.argv[1]]()
     print(ptxas_report(ptx))
-    print(f"bar_sync={ptx.count('bar.sync')} waits_behind_a_barrier={waits_behind_a_barrier(ptx)} "
-          f"marked={int(ptx_release.marked(ptx))}")
+    print(f"bar_sync={ptx.count('bar.sync')} waits_behind_a_barrier={waits_behind_a_barrier(ptx)}")

@@ -162,52 +162,6 @@ def test_backward_kernel_compiles_for_sm90_without_spills():
     assert spills and all(int(n) == 0 for n in spills), out.stdout
 
 
-@pytest.mark.parametrize(("kernel", "fewer"), [("swiglu_forward", 4), ("swiglu_backward", 15)])
-def test_lean_kernels_compile_without_their_ring_barriers(kernel, fewer):
-    """With ``lean`` the fused feed-forward's kernels compile for sm_90a (this host's ptxas) with the rewrite
-    applied: nothing marked left, no mbarrier wait behind a barrier (each K slice had one, and one before its release;
-    one or two a tile are added instead), and the same spills as the shipped kernels."""
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    outs = {}
-    for lean in ([], ["lean"]):
-        out = subprocess.run([sys.executable, "-m", "tests.sm90_ptxas", kernel, *lean], capture_output=True,
-                             text=True, env=env, cwd=Path(__file__).resolve().parent.parent, timeout=300)
-        assert out.returncode == 0, out.stdout + out.stderr
-        outs[bool(lean)] = out.stdout
-    count = {lean: int(re.search(r"bar_sync=(\d+)", text).group(1)) for lean, text in outs.items()}
-    assert count[False] - count[True] == fewer, count
-    assert "waits_behind_a_barrier=0 marked=0" in outs[True] and "waits_behind_a_barrier=2" in outs[False], outs
-    spills = {lean: re.findall(r"(\d+) bytes spill stores", text) for lean, text in outs.items()}
-    assert spills[True] == spills[False], spills
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="the Gluon kernels are sm_90's")
-def test_gpu_lean_kernels_give_the_same_bits(seed):
-    """The lean kernels (releases and barriers dropped by ``ptx_release``) compute what the shipped ones do: h, a, b
-    and da, db bit for bit, at a shape with several tiles a program and a partial last tile."""
-    from cs336_systems.fused import swiglu_gemm
-
-    m, k, n = 1000, 320, 1536
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w1, w3 = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(2))
-    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w2 = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / n**0.5
-    fwd = {lean: swiglu_gemm.dual_swiglu(x, w1, w3, lean=lean) for lean in (True, False)}
-    for u, v in zip(fwd[True], fwd[False], strict=True):
-        assert torch.equal(u, v)
-    _, a, b = fwd[False]
-    bwd = {lean: swiglu_gemm.swiglu_backward(dy, w2, a, b, lean=lean) for lean in (True, False)}
-    for u, v in zip(bwd[True], bwd[False], strict=True):
-        assert torch.equal(u, v)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the Gluon kernels are sm_90's")
 def test_gpu_compiled_model_with_fused_ffn_matches_the_modules(seed):

@@ -39,8 +39,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from cs336_systems.attention import ptx_release
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), measured at the xl shapes on an H100
 # (scripts/device/swiglu_dual_gemm_probe.py; docs/training_step.md, session 29). Shared memory sets the stages: the
 # forward's ring takes 48 KiB a stage beside 32 KiB of output buffers, the backward's 32 KiB a stage beside 64 KiB
@@ -48,10 +46,6 @@ from cs336_systems.attention import ptx_release
 FWD_CONFIG = (128, 128, 64, 4, 8)
 BWD_CONFIG = (128, 128, 64, 5, 8)
 CONSUMER_REGS = 240  # of the 264 a thread that the consumers and the producer share (168 at launch, 384 threads)
-# The consumers' ring releases marked for ``ptx_release``, which then drops the warpgroup barrier before each and the
-# barriers that order nothing (one before each K slice's wait): the attention forward's key loop ran 7% faster so
-# (docs/flash_tuning_notes.md, session 40). Off until timed here (docs/pending_device_runs.md)
-LEAN = False
 
 
 @gluon.jit
@@ -121,14 +115,10 @@ def _ws_dual_producer(x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M,
 
 @gluon.jit
 def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: gl.constexpr,
-                   STAGES: gl.constexpr, LEAN: gl.constexpr):
+                   STAGES: gl.constexpr):
     """One tile's two products for consumer WG (its 64 rows of x's tiles against both weights' tiles), from the
     ring's ``it``-th K slice on; each stage goes back to the producer once its MMAs are done. Returns (acc_a,
-    acc_b, it) with ``it`` past the tile's slices. LEAN: marked releases, and one barrier before the loop so that
-    the previous tile's epilogue leaves no access pending in it (``ptx_release.drop_quiet_barriers`` then drops the
-    barrier before each slice's wait)."""
-    if LEAN:
-        gl.thread_barrier()
+    acc_b, it) with ``it`` past the tile's slices."""
     for kk in range(k_tiles):
         stage = it % STAGES
         mbarrier.wait(full.index(stage), (it // STAGES) & 1)
@@ -137,16 +127,16 @@ def _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG: 
         tok_b = warpgroup_mma(xs, w3_s.index(stage).permute((1, 0)), acc_b, use_acc=kk > 0, is_async=True)
         acc_a, acc_b = warpgroup_mma_wait(2, deps=(tok_a, tok_b))
         if kk > 0:  # the previous slice's MMAs are done: its stage goes back to the producer
-            ptx_release.release(empty.index((it + STAGES - 1) % STAGES), LEAN)
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         it += 1
     acc_a, acc_b = warpgroup_mma_wait(0, deps=(acc_a, acc_b))
-    ptx_release.release(empty.index((it + STAGES - 1) % STAGES), LEAN)
+    mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
     return acc_a, acc_b, it
 
 
 @gluon.jit
 def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, WG: gl.constexpr,
-                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr, LEAN: gl.constexpr):
+                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SAVE_AB: gl.constexpr):
     """Rows WG * 64 .. WG * 64 + 63 of every tile: both products, then h (and a, b) through this warpgroup's
     output buffer."""
     ROWS: gl.constexpr = h_desc.block_type.shape[0]
@@ -161,8 +151,7 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
     out = out_s.index(WG)
     it = 0
     for t in range(n_mine):
-        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES,
-                                          LEAN)
+        acc_a, acc_b, it = _dual_mainloop(x_s, w1_s, w3_s, full, empty, acc_a, acc_b, it, k_tiles, WG, STAGES)
         pid_m, pid_n = _tile_coords(start + t * step, n_m, n_n, GROUP_M)
         om = pid_m * 2 * ROWS + WG * ROWS
         a = acc_a.to(dtype)
@@ -177,10 +166,9 @@ def _ws_dual_consumer(h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empt
 
 @gluon.jit
 def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr,
-                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr, LEAN: gl.constexpr = 0):
+                        STAGES: gl.constexpr, SAVE_AB: gl.constexpr, REGS: gl.constexpr):
     """h = silu(x W1^T) * (x W3^T) (and a, b with SAVE_AB) for x (M, K), W1 and W3 (N, K); x's and the outputs'
-    descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer). LEAN
-    (``ptx_release.VERSION``, or 0): ring releases marked for ``ptx_release``."""
+    descriptors have blocks of half a tile's rows (launch with 4 warps: the first consumer)."""
     ROWS: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w1_desc.block_type.shape[0]
@@ -196,9 +184,9 @@ def _dual_swiglu_kernel(x_desc, w1_desc, w3_desc, h_desc, a_desc, b_desc, M, N, 
         mbarrier.init(empty.index(i), count=2)
     gl.warp_specialize([
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 0, GROUP_M, STAGES,
-                             SAVE_AB, LEAN)),
+                             SAVE_AB)),
         (_ws_dual_consumer, (h_desc, a_desc, b_desc, x_s, w1_s, w3_s, out_s, full, empty, M, N, K, 1, GROUP_M, STAGES,
-                             SAVE_AB, LEAN)),
+                             SAVE_AB)),
         (_ws_dual_producer, (x_desc, w1_desc, w3_desc, x_s, w1_s, w3_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -270,7 +258,7 @@ def _gate_grad_epilogue(dh, a_s, b_s, bar, phase: gl.constexpr, da_desc, db_desc
 
 @gluon.jit
 def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K,
-                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, LEAN: gl.constexpr):
+                  WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Every other tile of this program (ping-pong): both 64-row halves of dh, then their da and db while the other
     consumer runs its tile's products. The consumers take turns at the products (``turn``), as CUTLASS's ping-pong
     kernels do: that keeps each one's ring waits within a lap of the producer, which a parity wait needs."""
@@ -296,8 +284,6 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
             mbarrier.wait(turn.index(0), (j + 1) & 1, pred=j > 0)
         else:
             mbarrier.wait(turn.index(1), j & 1)
-        if LEAN:  # nothing of the last epilogue pending in the K loop (as ``_dual_mainloop``)
-            gl.thread_barrier()
         for kk in range(k_tiles):
             stage = it % STAGES
             mbarrier.wait(full.index(stage), (it // STAGES) & 1)
@@ -306,15 +292,13 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
             tok1 = warpgroup_mma(dy_s.index(2 * stage + 1), w, acc1, is_async=True)
             acc0, acc1 = warpgroup_mma_wait(2, deps=(tok0, tok1))
             if kk > 0:
-                ptx_release.release(empty.index((it + STAGES - 1) % STAGES), LEAN)
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
             else:
                 _load_ab(a_desc, b_desc, a_s, b_s, bar, om, on)
-                if LEAN:
-                    gl.thread_barrier()
             it += 1
         mbarrier.arrive(turn.index(1 - WG))  # the other consumer's products may start behind these
         acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
-        ptx_release.release(empty.index((it + STAGES - 1) % STAGES), LEAN)
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
         dh0 = acc0.to(dtype)
         dh1 = acc1.to(dtype)
         _gate_grad_epilogue(dh0, a_s, b_s, bar, 0, da_desc, db_desc, om, on)
@@ -325,12 +309,11 @@ def _bwd_consumer(a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empt
 
 @gluon.jit
 def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N, K, GROUP_M: gl.constexpr,
-                       STAGES: gl.constexpr, REGS: gl.constexpr, LEAN: gl.constexpr = 0):
+                       STAGES: gl.constexpr, REGS: gl.constexpr):
     """da, db of h = silu(a) * b for dh = dy W2; dy (M, K), W2 (K, N) (the Linear's (d_model, d_ff) weight), a and b
     (M, N); dy's and the (M, N) descriptors have blocks of half a tile's rows (launch with 4 warps). Ping-pong
     schedule (CUTLASS's name): each consumer warpgroup owns whole 128-row tiles, alternating with the other, so one's
-    epilogue (a and b in by TMA, da and db out over them) runs under the other's products. LEAN: as
-    ``_dual_swiglu_kernel``'s."""
+    epilogue (a and b in by TMA, da and db out over them) runs under the other's products."""
     ROWS: gl.constexpr = dy_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = dy_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
@@ -350,9 +333,9 @@ def _swiglu_bwd_kernel(dy_desc, w2_desc, a_desc, b_desc, da_desc, db_desc, M, N,
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 0,
-                         GROUP_M, STAGES, LEAN)),
+                         GROUP_M, STAGES)),
         (_bwd_consumer, (a_desc, b_desc, da_desc, db_desc, dy_s, w2_s, ab_s, full, empty, ab_bar, turn, M, N, K, 1,
-                         GROUP_M, STAGES, LEAN)),
+                         GROUP_M, STAGES)),
         (_bwd_producer, (dy_desc, w2_desc, dy_s, w2_s, full, empty, M, N, K, GROUP_M, STAGES)),
     ], [4, 1], [REGS, 264 - REGS])
 
@@ -378,18 +361,11 @@ def _programs(device: torch.device, m: int, n: int, block_m: int, block_n: int) 
     return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def _lean(lean: bool | None) -> int:
-    """The kernels' LEAN constexpr: the rewrite's version where asked for (default: the module's ``LEAN``) and its
-    compiler hook is in place, else 0."""
-    return ptx_release.lean(LEAN if lean is None else lean)
-
-
 def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bool = True,
-                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS, lean: bool | None = None
+                config: tuple = FWD_CONFIG, regs: int = CONSUMER_REGS
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """h = silu(x W1^T) * (x W3^T) for x (M, K), W1 and W3 (N, K); also a = x W1^T and b = x W3^T with
-    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128. ``lean``: the
-    ring releases marked for ``ptx_release`` (default: the module's ``LEAN``)."""
+    ``save_ab`` (else None). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M), BLOCK_M = 128."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = x.shape, w1.shape[0]
     h = x.new_empty(m, n)
@@ -398,25 +374,19 @@ def dual_swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, save_ab: bo
     _dual_swiglu_kernel[(_programs(x.device, m, n, block_m, block_n),)](
         _desc(x, [block_m // 2, block_k]), _desc(w1, [block_n, block_k]), _desc(w3, [block_n, block_k]),
         _desc(h, rows), _desc(a, rows), _desc(b, rows), m, n, k, GROUP_M=group_m, STAGES=stages, SAVE_AB=save_ab,
-        REGS=regs, LEAN=_lean(lean), num_warps=4)
+        REGS=regs, num_warps=4)
     return (h, a, b) if save_ab else (h, None, None)
 
 
 def swiglu_backward(dy: torch.Tensor, w2: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS,
-                    lean: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    config: tuple = BWD_CONFIG, regs: int = CONSUMER_REGS) -> tuple[torch.Tensor, torch.Tensor]:
     """da, db of h = silu(a) * b given dy (M, d_model) and the down projection's weight w2 (d_model, d_ff).
-    ``config`` and ``lean`` as ``dual_swiglu``'s."""
+    ``config`` as ``dual_swiglu``'s."""
     block_m, block_n, block_k, stages, group_m = config
     (m, k), n = dy.shape, w2.shape[1]
     da, db = torch.empty_like(a), torch.empty_like(b)
     rows = [block_m // 2, block_n]
     _swiglu_bwd_kernel[(_programs(dy.device, m, n, block_m, block_n),)](
         _desc(dy, [block_m // 2, block_k]), _desc(w2, [block_k, block_n]), _desc(a, rows), _desc(b, rows),
-        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, LEAN=_lean(lean),
-        num_warps=4)
+        _desc(da, rows), _desc(db, rows), m, n, k, GROUP_M=group_m, STAGES=stages, REGS=regs, num_warps=4)
     return da, db
-
-
-ptx_release.register(_dual_swiglu_kernel)
-ptx_release.register(_swiglu_bwd_kernel)

@@ -60,13 +60,14 @@
 #   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
 #   s35ab (session 35): the fused feed-forward's kernels with their epilogues cut down or in other forms
 #      (s35_variants.patch, applied first), beside cuBLAS's products, timed alternately; VARIANTS=... picks them
-#   lean (session 40): the fused feed-forward's kernels with and without the barriers ptx_release drops (their GPU
-#      tests, then swiglu_dual_gemm_probe.py's rounds at xl_2048 and xl_512, every variant checked bit for bit)
+#   (session 41, lean at a1f7752: the fused feed-forward's kernels with and without the barriers ptx_release drops;
+#      no gain, now experiments/swiglu_gemm_epilogues/lean_s40.patch)
 #   s36ncu (session 36): Nsight Compute's per-instruction (SASS) stall samples of the fused feed-forward's backward as
 #      shipped, with a copy-only epilogue and with none (s35_variants.patch; NCU_VARIANTS=... picks them), as CSV
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
 set -u
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # scripts/device/*.py import the package from the tree
 source scripts/device/step.sh
 R=$OUT/results
 mkdir -p "$R"
@@ -313,11 +314,6 @@ s34)
   step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
   ;;
-lean)
-  step 240 lean-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_swiglu.py -k lean
-  step 300 lean-probe python3 scripts/device/swiglu_dual_gemm_probe.py --shapes xl_2048 xl_512 --rounds ${ROUNDS:-7} \
-    --out "$OUT"
-  ;;
 swab)  # the device's copy of the tree takes the variants' patch
   git apply experiments/swiglu_gemm_epilogues/s34_variants.patch || exit 1
   step 240 swiglu-ab python3 experiments/swiglu_gemm_epilogues/variant_ab_s34.py --rounds ${ROUNDS:-6} --out "$OUT" \
@@ -343,7 +339,7 @@ s36ncu)  # the device's copy of the tree takes the variants' patch; per-instruct
     ncu --import "$OUT/ncu-$v.ncu-rep" --page details > "$OUT/ncu-$v-details.txt" 2>&1
   done
   ;;
-*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab|s36ab|s36ncu|lean (see the header)"; exit 2;;
+*) echo "usage: $0 a|b|...|x|y|z|f2|f3|f4|f5|pp|pp2|gemm2|host|launch|frope|peer|ncu|timing|timing512|timing-graphs|timing2048|lt|swab|s34|s35ab|s36ab|s36ncu (see the header)"; exit 2;;
 esac
 tar -czf "$OUT/results.tgz" -C "$R" . && echo "records: $(find "$R" -name '*.jsonl' | wc -l) files"
 cat "$OUT/summary.txt" | grep -v '^\s*$' | tail -n 80
