@@ -1,0 +1,83 @@
+"""Power and SM clock while one attention kernel runs back to back: ours and SDPA cuDNN's forward (or
+forward+backward), alternating in one process, with ``nvidia-smi`` sampling every 20 ms, so that a kernel that
+takes as many cycles as its peer but runs at a lower clock shows whether it draws more power (session 41).
+
+    python scripts/device/attention_power.py --shape xl_2048 [--backward] [--seconds 4] [--rounds 3]
+
+Prints per implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call
+(mJ = power / calls a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import time
+
+import torch
+
+from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs
+
+
+def _run(fn, q, k, v, do, causal: bool, backward: bool, seconds: float) -> tuple[int, float, float]:
+    """Calls ``fn`` for ``seconds`` (after one second of warm-up), returning (calls, start, end) wall times."""
+    def call():
+        o = fn(q, k, v, causal)
+        if backward:
+            o.backward(do)
+
+    end = time.time() + 1.0
+    while time.time() < end:
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+    n, t0 = 0, time.time()
+    while time.time() < t0 + seconds:
+        for _ in range(20):
+            call()
+        n += 20
+        torch.cuda.synchronize()
+    return n, t0, time.time()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="xl_2048", choices=list(MODEL_SHAPES))
+    p.add_argument("--impl", nargs="*", default=["triton", "sdpa_cudnn"])
+    p.add_argument("--backward", action="store_true")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    s = MODEL_SHAPES[args.shape]
+    dev = torch.device("cuda")
+    q, k, v, do = shape_inputs(s, dev)
+    fns = {impl: attention_fn(impl, s, dev) for impl in args.impl}
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm", "--format=csv,noheader,nounits",
+                            "-lms", "20"], stdout=subprocess.PIPE, text=True)
+    spans = []
+    for r in range(args.rounds):
+        for impl in (args.impl if r % 2 == 0 else args.impl[::-1]):
+            n, t0, t1 = _run(fns[impl], q, k, v, do, s.causal, args.backward, args.seconds)
+            spans.append((r, impl, n, t0, t1))
+    time.sleep(0.2)
+    smi.terminate()
+    samples = []
+    for line in smi.stdout.read().splitlines():
+        stamp, watts, mhz = (x.strip() for x in line.split(","))
+        t = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + stamp.split(".")[1])
+        samples.append((t, float(watts), float(mhz)))
+    print(f"{args.shape} {'forward+backward' if args.backward else 'forward'}")
+    for r, impl, n, t0, t1 in spans:
+        inside = [(w, c) for t, w, c in samples if t0 + 0.1 <= t <= t1 - 0.1]
+        if not inside:
+            print(f"round {r} {impl:<11} no samples")
+            continue
+        watts, mhz = statistics.median(w for w, _ in inside), statistics.median(c for _, c in inside)
+        rate = n / (t1 - t0)
+        print(f"round {r} {impl:<11} {rate:8.1f} calls/s  {watts:6.1f} W  {mhz:6.0f} MHz  "
+              f"{1e3 * watts / rate:7.3f} mJ a call  ({len(inside)} samples)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
