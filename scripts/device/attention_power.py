@@ -53,15 +53,15 @@ def main() -> None:
     dev = torch.device("cuda")
     q, k, v, do = shape_inputs(s, dev)
     fns = {impl: attention_fn(impl, s, dev) for impl in args.impl}
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm", "--format=csv,noheader,nounits",
-                            "-lms", "20"], stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(["stdbuf", "-oL", "nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm",
+                            "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
     spans = []
     for r in range(args.rounds):
         for impl in (args.impl if r % 2 == 0 else args.impl[::-1]):
             n, t0, t1 = _run(fns[impl], q, k, v, do, s.causal, args.backward, args.seconds)
             spans.append((r, impl, n, t0, t1))
-    time.sleep(0.2)
-    smi.terminate()
+    time.sleep(0.5)
+    smi.terminate()  # line-buffered output (stdbuf): the last span's samples are not lost with the process
     samples = []
     for line in smi.stdout.read().splitlines():
         stamp, watts, mhz = (x.strip() for x in line.split(","))
