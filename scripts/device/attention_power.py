@@ -3,9 +3,12 @@ forward+backward), alternating in one process, with ``nvidia-smi`` sampling ever
 takes as many cycles as its peer but runs at a lower clock shows whether it draws more power (session 41).
 
     python scripts/device/attention_power.py --shape xl_2048 [--backward] [--seconds 4] [--rounds 3]
+        [--tiles 64,64,4,3,p 128,128,4,3,ws,p]
 
-Prints per implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call
-(mJ = power / calls a second).
+``--tiles`` adds our forward at forced Gluon tiles (BLOCK_M, BLOCK_N, warps, stages, then ``ws`` for the
+warp-specialised form and ``p`` for persistent programs; ``fwd_variant_ab.py``'s launcher), forward only. Prints per
+implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
+calls a second).
 """
 
 from __future__ import annotations
@@ -17,16 +20,24 @@ import time
 
 import torch
 
+from cs336_systems.attention._tuning import KernelConfig
 from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs
 
 
-def _run(fn, q, k, v, do, causal: bool, backward: bool, seconds: float) -> tuple[int, float, float]:
-    """Calls ``fn`` for ``seconds`` (after one second of warm-up), returning (calls, start, end) wall times."""
-    def call():
-        o = fn(q, k, v, causal)
-        if backward:
-            o.backward(do)
+def _tile(spec: str) -> KernelConfig:
+    """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p]`` as the forward's Gluon tile (TMA on)."""
+    parts = spec.split(",")
+    flags = set(parts[4:])
+    if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p"}:
+        raise argparse.ArgumentTypeError(f"a tile is BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p], got {spec!r}")
+    try:
+        return KernelConfig(*map(int, parts[:4]), True, "ws" in flags, "p" in flags)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
+
+def _run(call, seconds: float) -> tuple[int, float, float]:
+    """Calls ``call`` for ``seconds`` (after one second of warm-up), returning (calls, start, end) wall times."""
     end = time.time() + 1.0
     while time.time() < end:
         for _ in range(20):
@@ -48,17 +59,35 @@ def main() -> None:
     p.add_argument("--backward", action="store_true")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tiles", nargs="*", type=_tile, default=[], help="our forward at these Gluon tiles as well")
     args = p.parse_args()
+    if args.tiles and args.backward:
+        p.error("--tiles times forwards only")
     s = MODEL_SHAPES[args.shape]
     dev = torch.device("cuda")
     q, k, v, do = shape_inputs(s, dev)
-    fns = {impl: attention_fn(impl, s, dev) for impl in args.impl}
+    def through(fn):
+        def call():
+            o = fn(q, k, v, s.causal)
+            if args.backward:
+                o.backward(do)
+        return call
+
+    calls = {impl: through(attention_fn(impl, s, dev)) for impl in args.impl}
+    if args.tiles:
+        from fwd_variant_ab import runner  # this script's folder is on sys.path
+
+        qd, kd, vd = (t.detach() for t in (q, k, v))
+        for t in args.tiles:
+            calls[f"{t.block_m}x{t.block_n}/w{t.num_warps}/s{t.num_stages}" + "/ws" * t.warp_specialize
+                  + "/p" * t.persistent] = runner(qd, kd, vd, s.causal, t, {})[0]
+    names = list(calls)
     smi = subprocess.Popen(["stdbuf", "-oL", "nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm",
                             "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
     spans = []
     for r in range(args.rounds):
-        for impl in (args.impl if r % 2 == 0 else args.impl[::-1]):
-            n, t0, t1 = _run(fns[impl], q, k, v, do, s.causal, args.backward, args.seconds)
+        for impl in (names if r % 2 == 0 else names[::-1]):
+            n, t0, t1 = _run(calls[impl], args.seconds)
             spans.append((r, impl, n, t0, t1))
     time.sleep(0.5)
     smi.terminate()  # line-buffered output (stdbuf): the last span's samples are not lost with the process
@@ -71,11 +100,11 @@ def main() -> None:
     for r, impl, n, t0, t1 in spans:
         inside = [(w, c) for t, w, c in samples if t0 + 0.1 <= t <= t1 - 0.1]
         if not inside:
-            print(f"round {r} {impl:<11} no samples")
+            print(f"round {r} {impl:<20} no samples")
             continue
         watts, mhz = statistics.median(w for w, _ in inside), statistics.median(c for _, c in inside)
         rate = n / (t1 - t0)
-        print(f"round {r} {impl:<11} {rate:8.1f} calls/s  {watts:6.1f} W  {mhz:6.0f} MHz  "
+        print(f"round {r} {impl:<20} {rate:8.1f} calls/s  {watts:6.1f} W  {mhz:6.0f} MHz  "
               f"{1e3 * watts / rate:7.3f} mJ a call  ({len(inside)} samples)", flush=True)
 
 
