@@ -167,6 +167,17 @@ def test_bad_configs_are_value_errors():
             BenchConfig(**TINY, **bad)
 
 
+@pytest.mark.parametrize(("bad", "message"), [
+    (dict(steps=-3), r"need --warmup >= 0 and --steps >= 1, got --warmup \d+, --steps -3"),
+    (dict(warmup=-1), r"need --warmup >= 0 and --steps >= 1, got --warmup -1"),
+    (dict(context_length=0), r"--context-length must be >= 1, got 0"),
+    (dict(batch_size=0), r"--batch-size must be >= 1, got 0"),
+])
+def test_bad_sizes_name_the_flag_and_value(bad, message):
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(**{**TINY, **bad})
+
+
 def test_warmup_study_flag_builds_the_study():
     args = argparse.Namespace(default=False, preset=["tiny"], context_length=[32], batch_size=None, mode=["train-step"],
                               precision=["fp32"], compile="no", compile_scope="model", attention=["reference"],

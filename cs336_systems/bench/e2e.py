@@ -145,11 +145,14 @@ class BenchConfig:
                 raise ValueError(f"benchmarking_script: --cuda-graph yes needs a CUDA device, got "
                                  f"{self.torch_device}")
         if self.warmup < 0 or self.steps < 1:
-            raise ValueError(f"benchmarking_script: need warmup >= 0 and steps >= 1, got {self.warmup}, {self.steps}")
+            raise ValueError(f"benchmarking_script: need --warmup >= 0 and --steps >= 1, got --warmup {self.warmup}, "
+                             f"--steps {self.steps}")
         if not 0 <= self.warmup_seconds <= 600:  # also refuses nan
             raise ValueError(f"benchmarking_script: --warmup-seconds must be in [0, 600], got {self.warmup_seconds}")
-        if self.context_length < 1 or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError("benchmarking_script: context_length and batch_size must be positive")
+        if self.context_length < 1:
+            raise ValueError(f"benchmarking_script: --context-length must be >= 1, got {self.context_length}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"benchmarking_script: --batch-size must be >= 1, got {self.batch_size}")
         self.checkpoint = parse_checkpoint_spec(self.checkpoint)
         if self.checkpoint.isdigit() and int(self.checkpoint) > get_preset(self.preset).num_layers:
             raise ValueError(f"gradient_checkpointing: k={self.checkpoint} exceeds the {self.preset} preset's "
