@@ -43,6 +43,18 @@ def test_bad_cli_input_is_a_clear_error(capsys):
     assert "unknown model preset 'huge'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seq-len", "128", "-5"], "--seq-len takes sizes >= 1, got 128 -5"),
+    (["--head-dim", "0"], "--head-dim takes sizes >= 1, got 0"),
+    (["--rep-ms", "0"], "--rep-ms must be > 0, got 0.0"),
+    (["--lb-rep-ms", "nan"], "--lb-rep-ms must be > 0, got nan"),
+])
+def test_flash_bench_bad_sizes_exit_2_before_any_gpu_check(capsys, args, message):
+    assert main(["flash-bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 def test_flops_hand_count_small():
     # small: d=768, d_ff=3072, 12 layers, vocab 10,000, T=512.
     cfg = get_preset("small")

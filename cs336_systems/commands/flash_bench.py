@@ -92,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
     if args.shape_rounds < 1 or args.shape_rep_ms <= 0:
         raise ValueError(f"flash-bench: --shape-rounds must be >= 1 and --shape-rep-ms > 0, got "
                          f"{args.shape_rounds} and {args.shape_rep_ms}")
+    for flag, values in (("--seq-len", args.seq_len or []), ("--head-dim", args.head_dim)):
+        if any(v < 1 for v in values):
+            raise ValueError(f"flash-bench: {flag} takes sizes >= 1, got {' '.join(map(str, values))}")
+    for flag in ("rep_ms", "lb_rep_ms", "feature_rep_ms"):
+        if not getattr(args, flag) > 0:  # also refuses nan
+            raise ValueError(f"flash-bench: --{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     if not torch.cuda.is_available():
         raise ValueError("flash-bench needs a CUDA GPU (the Triton kernels and the SDPA peers are GPU code)")
     device = torch.device("cuda")
