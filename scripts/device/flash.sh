@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu] [wsfwdncu] [lean]
+#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
@@ -13,7 +13,10 @@
 # wsfwdncu: Nsight Compute's sections of the forward at noncausal_2k (NCU_SHAPE), ours (stall samples as CSV) and
 # cuDNN's;
 # lean: the kernels with and without the barriers ptx_release removes: their GPU tests, the forwards' A/B
-# (fwd_variant_ab.py --variants lean; LEAN_SHAPES) and the warp-specialised backward's (wsbwd's check and timing).
+# (fwd_variant_ab.py --variants lean; LEAN_SHAPES) and the warp-specialised backward's (wsbwd's check and timing);
+# power: the forward back to back at the power cap, ours at its planned and forced tiles (POWER_TILES) beside cuDNN's
+# (attention_power.py: calls a second, watts, energy a call), then the same tiles in bursts with their numerics
+# (fwd_variant_ab.py) at POWER_SHAPE (xl_2048).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -40,6 +43,10 @@ for s in "$@"; do
     wsbwd) step 420 wsbwd python3 scripts/device/gluon_bwd_check.py --only ${WSBWD_ONLY:-$(python3 -c \
              "from cs336_systems.attention import flash_hopper_bwd as h; print(*[v.name() for v in h.VARIANTS if v.warp_specialize])")} \
              ${WSBWD_ARGS:---rounds 7 --time-shapes 1 3 4 5} --no-triton ;;
+    power) step 300 power python3 scripts/device/attention_power.py --shape ${POWER_SHAPE:-xl_2048} --rounds 3 \
+             --tiles ${POWER_TILES:-64,64,4,3,p 128,64,8,2,p 128,128,4,3,ws,p}
+           step 240 fwd-tiles python3 scripts/device/fwd_variant_ab.py --shapes ${POWER_SHAPE:-xl_2048} --rounds 5 \
+             --out "$OUT" ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}
