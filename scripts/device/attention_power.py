@@ -66,7 +66,9 @@ def main() -> None:
     s = MODEL_SHAPES[args.shape]
     dev = torch.device("cuda")
     q, k, v, do = shape_inputs(s, dev)
+
     def through(fn):
+        """A zero-argument call of ``fn`` on this shape's inputs (and its backward)."""
         def call():
             o = fn(q, k, v, s.causal)
             if args.backward:
