@@ -1167,6 +1167,46 @@ def test_shapes_are_timed_in_interleaved_rounds_on_the_same_inputs():
     from cs336_systems.cli import main
 
     assert main(["flash-bench", "--only", "shapes", "--shape-rounds", "0"]) == 2  # before the GPU check
+    assert main(["flash-bench", "--only", "shapes", "--sustained-seconds", "-1"]) == 2
+    assert main(["flash-bench", "--only", "shapes", "--sustained-seconds", "2", "--sustained-rounds", "0"]) == 2
+
+
+def test_sustained_rounds_are_interleaved_after_the_others():
+    """With ``sustained_s`` the implementations also run back to back in ``sustained_rounds`` interleaved rounds
+    (forward, then forward+backward, each its gradients reset), ``{mode}_sustained_ms`` the median; without it
+    nothing of the kind is recorded. ``sustained_ms`` itself: milliseconds a call, at least one batch of calls."""
+    from cs336_systems.bench.flash import AttnShape, sustained_ms, time_interleaved
+
+    shape = AttnShape(1, 2, 24, 16, dtype="fp32")
+    held = []
+
+    def fake_held(fn, device, grads, seconds):
+        fn()
+        held.append((seconds, grads is None))
+        return 10.0 * len(held)
+
+    def quick(fn, warmup, rep, return_mode, grad_to_none):
+        fn()
+        return 1.0
+
+    rows = time_interleaved(["naive", "torch_tiled"], shape, torch.device("cpu"), rounds=1, bench=quick,
+                            sustained_s=2.5, sustained_rounds=3, sustained_timer=fake_held)
+    naive, tiled = rows
+    # per round and implementation the forward, then forward+backward: (naive, tiled), (tiled, naive), (naive, tiled)
+    assert naive["forward_sustained_ms_rounds"] == [10.0, 70.0, 90.0]
+    assert tiled["forward_backward_sustained_ms_rounds"] == [40.0, 60.0, 120.0]
+    assert naive["forward_sustained_ms"] == 70.0 and tiled["forward_backward_sustained_ms"] == 60.0
+    assert [sec for sec, _ in held] == [2.5] * 12 and [none for _, none in held] == [True, False] * 6
+    assert "forward_sustained_ms" not in time_interleaved(["naive"], shape, torch.device("cpu"), rounds=1,
+                                                          bench=quick)[0]
+    with pytest.raises(ValueError, match="sustained_s must be >= 0"):
+        time_interleaved(["naive"], shape, torch.device("cpu"), bench=quick, sustained_s=float("nan"))
+
+    x = torch.zeros(4)
+    grad_holder = torch.zeros(2, requires_grad=True)
+    grad_holder.grad = torch.ones(2)
+    ms = sustained_ms(lambda: x.add_(1), torch.device("cpu"), [grad_holder], seconds=0.01, warmup_s=0.0)
+    assert ms > 0 and x[0] >= 20 and grad_holder.grad is None
 
 
 def test_flash_shapes_run_keeps_the_shapes_it_measured_when_cut(tmp_path, monkeypatch):
@@ -1185,7 +1225,8 @@ def test_flash_shapes_run_keeps_the_shapes_it_measured_when_cut(tmp_path, monkey
 
     monkeypatch.setattr(flash_bench, "time_interleaved", fake)
     args = argparse.Namespace(impl=["triton", "sdpa_cudnn"], shape=["xl_2048", "xl_512", "small_512"],
-                              shape_rounds=3, shape_rep_ms=30.0, results_dir=str(tmp_path), auto_table=None)
+                              shape_rounds=3, shape_rep_ms=30.0, results_dir=str(tmp_path), auto_table=None,
+                              sustained_seconds=0.0, sustained_rounds=2)
     with pytest.raises(KeyboardInterrupt):
         flash_bench._shapes(args, torch.device("cpu"))
     rows = read_records("flash_leaderboard", tmp_path, strict=True)

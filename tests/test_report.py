@@ -342,3 +342,30 @@ def test_model_shapes_table_says_how_each_run_was_timed(tmp_path):
     xl = next(line for line in section.splitlines() if line.startswith("| xl_512"))
     small = next(line for line in section.splitlines() if line.startswith("| small_512"))
     assert "| 5 " in xl and "| - " in small and "1.250" in xl
+    header = next(line for line in section.splitlines() if line.startswith("| config"))
+    assert "sustained" not in header  # no run here timed back to back
+
+
+def test_model_shapes_table_shows_sustained_ratios_where_recorded(tmp_path):
+    """A shapes run with ``--sustained-seconds`` adds ours over the fastest peer back to back (forward+backward and
+    forward); a run without them has no such columns."""
+    res = tmp_path / "results"
+    base = dict(batch=4, heads=25, seq_len=2048, head_dim=64, dtype="bf16", causal=True, compiled_apply=False,
+                status="ok", suite="issue18_shapes", config="xl_2048", rounds=5)
+    lb = {k: v for k, v in base.items() if k not in ("suite", "rounds")}  # the section needs a leaderboard run
+    lb.update(config="leaderboard", heads=16, seq_len=16384, compiled_apply=True, forward_ms=1.2,
+              forward_backward_ms=4.3, forward_backward_tflops=430.0, matmul_peak_tflops=700.0)
+    write_records("flash_leaderboard", [dict(lb, impl="triton"), dict(lb, impl="sdpa_cudnn")], res, device="cpu")
+    write_records("flash_leaderboard", [
+        dict(base, impl="triton", forward_ms=0.15, forward_backward_ms=0.58, forward_sustained_ms=0.1672,
+             forward_backward_sustained_ms=0.70),
+        dict(base, impl="sdpa_cudnn", forward_ms=0.15, forward_backward_ms=0.61, forward_sustained_ms=0.16,
+             forward_backward_sustained_ms=0.71),
+        dict(base, impl="sdpa_flash", forward_ms=0.2, forward_backward_ms=0.9, forward_sustained_ms=0.2,
+             forward_backward_sustained_ms=1.0),
+    ], res, device="cpu")
+    section = build_report(res, tmp_path / "REPORT.md").read_text().split("### Attention at our models' shapes")[1]
+    header = next(line for line in section.splitlines() if line.startswith("| config"))
+    row = next(line for line in section.splitlines() if line.startswith("| xl_2048"))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")], strict=True))
+    assert cells["fwd+bwd sustained ratio"] == f"{0.70 / 0.71:.3f}" and cells["fwd sustained ratio"] == "1.045"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -205,6 +206,31 @@ def kernel_ms(fn: Callable[[], object], device: torch.device, grad_to_none: list
     return gpu_us / calls / 1e3
 
 
+def sustained_ms(fn: Callable[[], object], device: torch.device, grad_to_none: list[torch.Tensor] | None,
+                 seconds: float, warmup_s: float = 0.5) -> float:
+    """Milliseconds a call while ``fn`` runs back to back for ``seconds`` (after ``warmup_s``), no L2 flush, a
+    synchronisation every 20 calls, the gradients of ``grad_to_none`` reset before each call. Long enough, this is
+    the GPU at its power cap, as in a training step, where the clock follows each kernel's energy a call; a short
+    ``do_bench`` burst sees boost clocks instead, and the two ratios differ by several percent for attention
+    (docs/flash_tuning_notes.md, session 41)."""
+    def batch():
+        for _ in range(20):
+            for t in grad_to_none or ():
+                t.grad = None
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    end = time.perf_counter() + warmup_s
+    while time.perf_counter() < end:
+        batch()
+    n, t0 = 0, time.perf_counter()
+    while n == 0 or time.perf_counter() - t0 < seconds:
+        batch()
+        n += 20
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
 def _calls(impl: str, shape: AttnShape, device: torch.device, compile_apply: bool, backward_of: str,
            inputs: tuple[torch.Tensor, ...] | None = None) -> tuple[dict[str, Callable[[], object]], list]:
     """The timed calls of one implementation: ``{"forward": ..., "backward": ..., "forward_backward": ...}`` on
@@ -286,7 +312,9 @@ def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, mod
 def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
                      modes: tuple[str, ...] = ("forward", "forward_backward"), rounds: int = 5,
                      warmup_ms: float = 100, rep_ms: float = 300, kernel_time: bool = False,
-                     bench: Callable | None = None, kernel_timer: Callable | None = None) -> list[dict]:
+                     bench: Callable | None = None, kernel_timer: Callable | None = None,
+                     sustained_s: float = 0.0, sustained_rounds: int = 2,
+                     sustained_timer: Callable | None = None) -> list[dict]:
     """One record per implementation, all on the same inputs, timed in ``rounds`` interleaved rounds: each round
     runs every implementation's ``bench`` (``do_bench``, ``rep_ms / rounds`` each) in an order rotated by one per
     round, and ``{mode}_ms`` is the median of the rounds (each round's in ``{mode}_ms_rounds``). Where the host
@@ -295,9 +323,14 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
     rounds of ``kernel_timer`` (``kernel_ms``, 20 profiled calls an implementation in all), ``{mode}_kernel_ms``
     their median and ``{mode}_kernel_ms_rounds`` the rounds: the GPU's clocks drift with its power and temperature
     over a run, by a few percent at the long shapes, and timing one implementation's kernels after another's would
-    put that drift into their ratio."""
-    if rounds < 1:
-        raise ValueError(f"time_interleaved: rounds must be >= 1, got {rounds}")
+    put that drift into their ratio. ``sustained_s`` > 0: then ``sustained_rounds`` interleaved rounds of
+    ``sustained_timer`` (``sustained_ms``, that many seconds a round and mode), ``{mode}_sustained_ms`` their median:
+    the implementations at the GPU's power cap."""
+    if rounds < 1 or sustained_rounds < 1:
+        raise ValueError(f"time_interleaved: rounds and sustained_rounds must be >= 1, got {rounds} and "
+                         f"{sustained_rounds}")
+    if not sustained_s >= 0:  # also refuses nan
+        raise ValueError(f"time_interleaved: sustained_s must be >= 0, got {sustained_s}")
     if bench is None:
         from triton.testing import do_bench as bench
     rows, live = {}, {}
@@ -339,6 +372,17 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
             except Exception as err:
                 rows[impl] = _failed(rows[impl], err)
                 del live[impl]
+        sustained = [m for m in modes if m != "backward"] if sustained_s > 0 else []
+        held = sustained_timer or sustained_ms
+        for _, impl in _interleaved(live, sustained_rounds if sustained else 0):
+            calls, grads = live[impl]
+            try:
+                for mode in sustained:
+                    ms = held(calls[mode], device, None if mode == "forward" else grads, sustained_s)
+                    rows[impl].setdefault(f"{mode}_sustained_ms_rounds", []).append(ms)
+            except Exception as err:
+                rows[impl] = _failed(rows[impl], err)
+                del live[impl]
         for impl in live:
             row = rows[impl]
             try:
@@ -346,6 +390,8 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
                     row[f"{mode}_ms"] = statistics.median(row[f"{mode}_ms_rounds"])
                 for mode in timed:
                     row[f"{mode}_kernel_ms"] = statistics.median(row[f"{mode}_kernel_ms_rounds"])
+                for mode in sustained:
+                    row[f"{mode}_sustained_ms"] = statistics.median(row[f"{mode}_sustained_ms_rounds"])
                 _add_tflops(row, shape, modes)
                 row["status"] = "ok"
             except Exception as err:

@@ -66,6 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape-rounds", type=int, default=5,
                    help="with --only shapes: interleaved rounds (every implementation once a round, the order "
                         "rotated); the median of the rounds is recorded")
+    p.add_argument("--sustained-seconds", type=float, default=0.0,
+                   help="with --only shapes: also time each implementation back to back for this many seconds a "
+                        "round and mode (no L2 flush): the GPU at its power cap, as in a training step (0: off)")
+    p.add_argument("--sustained-rounds", type=int, default=2,
+                   help="with --sustained-seconds: interleaved rounds; the median is recorded")
     p.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
     p.add_argument("--seq-len", nargs="+", type=int, default=None, help="default: powers of two 128..65536")
     p.add_argument("--head-dim", nargs="+", type=int, default=[16, 32, 64, 128])
@@ -98,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("rep_ms", "lb_rep_ms", "feature_rep_ms"):
         if not getattr(args, flag) > 0:  # also refuses nan
             raise ValueError(f"flash-bench: --{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if not 0 <= args.sustained_seconds <= 600 or args.sustained_rounds < 1:
+        raise ValueError(f"flash-bench: --sustained-seconds must be in [0, 600] and --sustained-rounds >= 1, got "
+                         f"{args.sustained_seconds} and {args.sustained_rounds}")
     if not torch.cuda.is_available():
         raise ValueError("flash-bench needs a CUDA GPU (the Triton kernels and the SDPA peers are GPU code)")
     device = torch.device("cuda")
@@ -170,7 +178,8 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
         group = [{**row, "config": name, "suite": "issue18_shapes"}
                  for row in time_interleaved(impls, MODEL_SHAPES[name], device, rounds=args.shape_rounds,
                                              warmup_ms=min(100.0, args.shape_rep_ms / 3), rep_ms=args.shape_rep_ms,
-                                             kernel_time=device.type == "cuda")]
+                                             kernel_time=device.type == "cuda", sustained_s=args.sustained_seconds,
+                                             sustained_rounds=args.sustained_rounds)]
         for row in group:  # written shape by shape: a run cut at its time limit keeps the shapes it measured
             writer.add(row)
         rows += group
@@ -187,6 +196,10 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
         print(_table(versus_peers(rows, modes=("forward_kernel", "forward_backward_kernel")),
                      ["config", "forward_kernel_ratio", "forward_backward_kernel_best_peer",
                       "forward_backward_kernel_ratio"]))
+    if args.sustained_seconds > 0:
+        print(_table(versus_peers(rows, modes=("forward_sustained", "forward_backward_sustained")),
+                     ["config", "forward_sustained_ratio", "forward_backward_sustained_best_peer",
+                      "forward_backward_sustained_ratio"]))
     print(f"wrote {path}")
     return 0
 

@@ -267,8 +267,9 @@ _kind(FLASH_BENCHMARKING, "cs336-systems flash-bench --only sweep: one implement
 _kind(FLASH_LEADERBOARD, "cs336-systems flash-bench --only leaderboard: one implementation at a leaderboard shape",
       {**_FLASH_CONFIG, "config": STR},
       {**_FLASH_MEASURED, "matmul_peak_tflops": NUM, "suite": STR, "rounds": INT,  # rounds: --only shapes
-       **_f("forward_ms_rounds forward_backward_ms_rounds forward_kernel_ms_rounds forward_backward_kernel_ms_rounds",
-            LIST)})
+       **_f("forward_ms_rounds forward_backward_ms_rounds forward_kernel_ms_rounds forward_backward_kernel_ms_rounds "
+            "forward_sustained_ms_rounds forward_backward_sustained_ms_rounds", LIST),
+       **_f("forward_sustained_ms forward_backward_sustained_ms", NUM)})  # --sustained-seconds
 _kind(FLASH_FEATURES, "cs336-systems flash-bench --only features: one implementation at one of issue 21's shapes "
       "(grouped-query heads, a sliding window, packed documents), its role ours / peer / reference",
       {**_f("config impl role dtype status", STR), **_f("batch q_heads kv_heads seq_len head_dim", INT),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power]
+#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
@@ -16,7 +16,8 @@
 # (fwd_variant_ab.py --variants lean; LEAN_SHAPES) and the warp-specialised backward's (wsbwd's check and timing);
 # power: the forward back to back at the power cap, ours at its planned and forced tiles (POWER_TILES) beside cuDNN's
 # (attention_power.py: calls a second, watts, energy a call), then the same tiles in bursts with their numerics
-# (fwd_variant_ab.py) at POWER_SHAPE (xl_2048).
+# (fwd_variant_ab.py) at POWER_SHAPE (xl_2048); sustained: the shapes run with each implementation also timed back to
+# back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -43,6 +44,9 @@ for s in "$@"; do
     wsbwd) step 420 wsbwd python3 scripts/device/gluon_bwd_check.py --only ${WSBWD_ONLY:-$(python3 -c \
              "from cs336_systems.attention import flash_hopper_bwd as h; print(*[v.name() for v in h.VARIANTS if v.warp_specialize])")} \
              ${WSBWD_ARGS:---rounds 7 --time-shapes 1 3 4 5} --no-triton ;;
+    sustained) step 480 sustained python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash \
+                 flex --shape ${SUSTAINED_SHAPES:-xl_2048 lb2025 noncausal_2k d128_4k} --sustained-seconds 2 \
+                 --results-dir "$OUT/results" ;;
     power) step 300 power python3 scripts/device/attention_power.py --shape ${POWER_SHAPE:-xl_2048} --rounds 3 \
              --tiles ${POWER_TILES:-64,64,4,3,p 128,64,8,2,p 128,128,4,3,ws,p}
            step 240 fwd-tiles python3 scripts/device/fwd_variant_ab.py --shapes ${POWER_SHAPE:-xl_2048} --rounds 5 \

@@ -133,13 +133,14 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
             shape = f"{ours['batch']} x {ours['heads']} x {ours['seq_len']:,} x {ours['head_dim']}" \
                 if "batch" in ours else f"{ours['heads']} x {ours['seq_len']:,} x {ours['head_dim']}"
             kernels = _kernel_ratios(ours, peers)
+            sustained = _sustained_ratios(ours, peers)
             measured.append((ratio, ours, peers[best], best, kernels))
             used += list(g.values())
             lines.append({"config": config, "shape": shape, "causal": ours.get("causal"),
                           "ours fwd+bwd ms": ours["forward_backward_ms"], "best peer": best,
                           "peer fwd+bwd ms": peers[best]["forward_backward_ms"], "fwd+bwd ratio": ratio,
                           "ours fwd ms": ours["forward_ms"], "best fwd peer": best_fwd,
-                          "fwd ratio": ours["forward_ms"] / peers[best_fwd]["forward_ms"], **kernels,
+                          "fwd ratio": ours["forward_ms"] / peers[best_fwd]["forward_ms"], **kernels, **sustained,
                           "rounds": str(ours["rounds"]) if "rounds" in ours else "-", "run": date})
         if not measured:
             continue
@@ -165,7 +166,9 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
         "shapes and the floor) the other columns time the host, and the kernel time is what the call costs "
         "inside a CUDA graph or a compiled model. `rounds`: the implementations timed in that many interleaved "
         "rounds on the same inputs, the median of the rounds shown (runs from ab4848f on; before, back to back, "
-        "which let the host's drift into the host-bound rows' ratios).\n",
+        "which let the host's drift into the host-bound rows' ratios). The sustained columns (runs with "
+        "`--sustained-seconds`) time each implementation back to back for seconds, without L2 flushes: the GPU at "
+        "its power cap, as in a training step, where a kernel's clock follows its energy a call.\n",
         table(pd.DataFrame(lines), ".3f") + "\n", provenance(used)])
 
 
@@ -181,6 +184,18 @@ def _kernel_ratios(ours: dict, peers: dict) -> dict:
            "fwd+bwd kernel ratio": ours["forward_backward_kernel_ms"] / timed[best]}
     if fwd and "forward_kernel_ms" in ours:
         out["fwd kernel ratio"] = ours["forward_kernel_ms"] / min(fwd.values())
+    return out
+
+
+def _sustained_ratios(ours: dict, peers: dict) -> dict:
+    """Ours over the peer fastest back to back (``flash-bench --sustained-seconds``), forward+backward and forward,
+    or {} for runs that did not record it."""
+    out = {}
+    for mode, label in (("forward_backward", "fwd+bwd"), ("forward", "fwd")):
+        key = f"{mode}_sustained_ms"
+        timed = [r[key] for r in peers.values() if key in r]
+        if key in ours and timed:
+            out[f"{label} sustained ratio"] = ours[key] / min(timed)
     return out
 
 
