@@ -1106,6 +1106,20 @@ def test_kernel_ms_counts_gpu_time_not_host_time():
     assert kernel_ms(lambda: None, dev, []) == 0.0  # nothing but the flush ran
 
 
+@pytest.mark.gpu
+def test_sustained_ms_is_the_time_a_call_back_to_back():
+    """``sustained_ms`` of a GPU-bound call: within a factor of do_bench's burst median (back to back the clock may
+    drop under the power cap, and no L2 flush separates the calls), and every queued call counted."""
+    from triton.testing import do_bench
+
+    from cs336_systems.bench.flash import sustained_ms
+
+    dev = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    burst = do_bench(lambda: a @ a, warmup=10, rep=50)
+    assert 0.7 < sustained_ms(lambda: a @ a, dev, None, seconds=0.5) / burst < 1.5
+
+
 def test_shapes_are_timed_in_interleaved_rounds_on_the_same_inputs():
     """``time_interleaved``: every implementation once a round, the order rotated by one each round, the median of
     the rounds recorded with the rounds themselves; a failing implementation is recorded, the others go on."""
