@@ -8,7 +8,8 @@ takes as many cycles as its peer but runs at a lower clock shows whether it draw
 ``--tiles`` adds our forward at forced Gluon tiles (BLOCK_M, BLOCK_N, warps, stages, then ``ws`` for the
 warp-specialised form and ``p`` for persistent programs; ``fwd_variant_ab.py``'s launcher), forward only. Prints per
 implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
-calls a second).
+calls a second). The calls are ``flash-bench --sustained-seconds``'s (``bench.flash.sustained_ms``); the session-41
+logs (8e44651, 6429360) ran a loop of their own that left q, k and v's gradients accumulating across forward+backward calls.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import time
 import torch
 
 from cs336_systems.attention._tuning import KernelConfig
-from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs
+from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs, sustained_ms
+
+WARMUP_S = 1.0  # each span's untimed start (its samples left out too): the clock settles on this kernel
 
 
 def _tile(spec: str) -> KernelConfig:
@@ -34,22 +37,6 @@ def _tile(spec: str) -> KernelConfig:
         return KernelConfig(*map(int, parts[:4]), True, "ws" in flags, "p" in flags)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _run(call, seconds: float) -> tuple[int, float, float]:
-    """Calls ``call`` for ``seconds`` (after one second of warm-up), returning (calls, start, end) wall times."""
-    end = time.time() + 1.0
-    while time.time() < end:
-        for _ in range(20):
-            call()
-        torch.cuda.synchronize()
-    n, t0 = 0, time.time()
-    while time.time() < t0 + seconds:
-        for _ in range(20):
-            call()
-        n += 20
-        torch.cuda.synchronize()
-    return n, t0, time.time()
 
 
 def main() -> None:
@@ -75,6 +62,7 @@ def main() -> None:
                 o.backward(do)
         return call
 
+    grads = [q, k, v] if args.backward else None  # reset before each call, as flash-bench does
     calls = {impl: through(attention_fn(impl, s, dev)) for impl in args.impl}
     if args.tiles:
         from fwd_variant_ab import runner  # this script's folder is on sys.path
@@ -89,8 +77,9 @@ def main() -> None:
     spans = []
     for r in range(args.rounds):
         for impl in (names if r % 2 == 0 else names[::-1]):
-            n, t0, t1 = _run(calls[impl], args.seconds)
-            spans.append((r, impl, n, t0, t1))
+            t0 = time.time() + WARMUP_S
+            ms = sustained_ms(calls[impl], dev, grads, args.seconds, warmup_s=WARMUP_S)
+            spans.append((r, impl, 1e3 / ms, t0, time.time()))
     time.sleep(0.5)
     smi.terminate()  # line-buffered output (stdbuf): the last span's samples are not lost with the process
     samples = []
@@ -99,13 +88,12 @@ def main() -> None:
         t = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + stamp.split(".")[1])
         samples.append((t, float(watts), float(mhz)))
     print(f"{args.shape} {'forward+backward' if args.backward else 'forward'}")
-    for r, impl, n, t0, t1 in spans:
+    for r, impl, rate, t0, t1 in spans:
         inside = [(w, c) for t, w, c in samples if t0 + 0.1 <= t <= t1 - 0.1]
         if not inside:
             print(f"round {r} {impl:<20} no samples")
             continue
         watts, mhz = statistics.median(w for w, _ in inside), statistics.median(c for _, c in inside)
-        rate = n / (t1 - t0)
         print(f"round {r} {impl:<20} {rate:8.1f} calls/s  {watts:6.1f} W  {mhz:6.0f} MHz  "
               f"{1e3 * watts / rate:7.3f} mJ a call  ({len(inside)} samples)", flush=True)
 
