@@ -9,7 +9,8 @@ takes as many cycles as its peer but runs at a lower clock shows whether it draw
 warp-specialised form and ``p`` for persistent programs; ``fwd_variant_ab.py``'s launcher), forward only. Prints per
 implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
 calls a second). The calls are ``flash-bench --sustained-seconds``'s (``bench.flash.sustained_ms``); the session-41
-logs (8e44651, 6429360) ran a loop of their own that left q, k and v's gradients accumulating across forward+backward calls.
+logs (8e44651, 6429360) ran a loop of their own that left q, k and v's gradients accumulating across
+forward+backward calls.
 """
 
 from __future__ import annotations
