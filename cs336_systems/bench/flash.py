@@ -360,7 +360,8 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
             except Exception as err:
                 rows[impl] = _failed(rows[impl], err)
                 del live[impl]
-        timed = [m for m in modes if m != "backward"] if kernel_time else []
+        whole = [m for m in modes if m != "backward"]  # the calls that run on their own (a backward needs its forward)
+        timed = whole if kernel_time else []
         timer = kernel_timer or kernel_ms
         per_round = -(-20 // rounds)
         for r, impl in _interleaved(live, rounds if timed else 0):
@@ -372,7 +373,7 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
             except Exception as err:
                 rows[impl] = _failed(rows[impl], err)
                 del live[impl]
-        sustained = [m for m in modes if m != "backward"] if sustained_s > 0 else []
+        sustained = whole if sustained_s > 0 else []
         held = sustained_timer or sustained_ms
         for _, impl in _interleaved(live, sustained_rounds if sustained else 0):
             calls, grads = live[impl]
