@@ -360,7 +360,7 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
             except Exception as err:
                 rows[impl] = _failed(rows[impl], err)
                 del live[impl]
-        whole = [m for m in modes if m != "backward"]  # the calls that run on their own (a backward needs its forward)
+        whole = [m for m in modes if m != "backward"]  # a backward alone is timed by do_bench only
         timed = whole if kernel_time else []
         timer = kernel_timer or kernel_ms
         per_round = -(-20 // rounds)
