@@ -11,6 +11,7 @@ rounding step of the dtype at the data's magnitude (for values near zero).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -801,6 +802,29 @@ def test_flash_auto_chooses_by_the_nearest_measured_shape():
     torch.testing.assert_close(flash_auto_attention(q, k, v, True), reference(q, k, v, True, torch.float32)[0])
 
 
+def test_flash_auto_takes_the_table_of_the_gpu_model():
+    """A table file holds one table per GPU model: each model's own, none for an unmeasured model; the older
+    single-table file reads as a list of one and anything else is refused."""
+    from cs336_systems.attention.auto import AUTO_TABLE, auto_tables, choose, device_table
+
+    row = dict(batch_heads=100, seq_len=2048, head_dim=64, dtype="bfloat16", causal=True, sdpa_backend="sdpa_cudnn")
+    h100 = {"device": "NVIDIA H100 80GB HBM3", "records": "a.jsonl", "shapes": [dict(row, ours_ms=0.5, sdpa_ms=0.6)]}
+    h200 = {"device": "NVIDIA H200", "records": "b.jsonl", "shapes": [dict(row, ours_ms=0.7, sdpa_ms=0.6)]}
+    both = {"tables": [h100, h200]}
+    assert choose(100, 2048, 64, torch.bfloat16, True, "NVIDIA H100 80GB HBM3", both) == "flash_triton"
+    assert choose(100, 2048, 64, torch.bfloat16, True, "NVIDIA H200", both) == "sdpa_cudnn"
+    assert choose(100, 2048, 64, torch.bfloat16, True, "NVIDIA B200", both) == "sdpa"
+    assert device_table("NVIDIA H200", both) is h200 and device_table("NVIDIA B200", both) is None
+    assert auto_tables(h100) == [h100]  # the older format: one table
+    assert choose(100, 2048, 64, torch.bfloat16, True, "NVIDIA H100 80GB HBM3", h100) == "flash_triton"
+    assert auto_tables({"tables": []}) == []
+    for bad in ({}, [], {"tables": {}}, {"tables": [{"device": "X"}]}, {"device": 1, "shapes": []}):
+        with pytest.raises(ValueError, match="not a flash_auto table file"):
+            auto_tables(bad)
+    devices = [t["device"] for t in auto_tables(json.loads(AUTO_TABLE.read_text()))]  # the committed file
+    assert devices and len(set(devices)) == len(devices) and device_table(devices[0])["device"] == devices[0]
+
+
 @pytest.mark.parametrize("decision", [None, "sdpa_efficient"])
 def test_flash_auto_compiles_without_a_graph_break(monkeypatch, decision):
     """Under torch.compile the choice is a constant and the SDPA backend's priority context is traced: one graph
@@ -841,10 +865,10 @@ def test_gpu_flash_auto_runs_the_measured_backend_within_twice_sdpa_error(shape,
         err, peer_err = ((t.double() - exact).abs().max().item() for t in (got, peer))
         assert torch.isfinite(got).all() and err <= 2 * peer_err + 1e-3, f"{name}: {err:.3g} vs sdpa {peer_err:.3g}"
     key = (tuple(q.shape), tuple(k.shape), q.dtype, True, q.device, False)
-    table = auto._table()
-    rows = [r for r in table.get("shapes", []) if (r["batch_heads"], r["seq_len"], r["head_dim"], r["dtype"],
-                                                  r["causal"]) == (shape[0] * shape[1], *shape[2:], "bfloat16", True)]
-    if torch.cuda.get_device_name() == table.get("device") and rows:
+    table = auto.device_table(torch.cuda.get_device_name()) or {"shapes": []}
+    rows = [r for r in table["shapes"] if (r["batch_heads"], r["seq_len"], r["head_dim"], r["dtype"],
+                                           r["causal"]) == (shape[0] * shape[1], *shape[2:], "bfloat16", True)]
+    if rows:
         row = rows[0]
         assert auto._choices[key] == ("flash_triton" if row["ours_ms"] <= row["sdpa_ms"] else row["sdpa_backend"])
 
@@ -1045,9 +1069,25 @@ def test_flash_bench_peer_ratios_and_auto_table():
         0.088, 0.086, "sdpa_cudnn", "kernel_ms")
 
 
+def test_merge_auto_table_replaces_the_same_gpu_model_and_keeps_the_others():
+    """A GPU model's new table takes its entry's place; other models' tables stay; the older format reads."""
+    from cs336_systems.bench.flash import merge_auto_table
+
+    h100, h200 = ({"device": d, "records": "old.jsonl", "shapes": []} for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
+    new = {"device": "NVIDIA H100 80GB HBM3", "records": "new.jsonl", "shapes": [{"config": "xl_512"}]}
+    assert merge_auto_table(None, new) == {"tables": [new]}
+    assert merge_auto_table(h100, h200) == {"tables": [h100, h200]}  # the older single-table format
+    assert merge_auto_table({"tables": [h100, h200]}, new) == {"tables": [new, h200]}  # in its place
+    assert merge_auto_table({"tables": [h200]}, new) == {"tables": [h200, new]}
+    with pytest.raises(ValueError, match="not a flash_auto table file"):
+        merge_auto_table({"shapes": []}, new)
+
+
 def test_flash_bench_writes_the_auto_table_from_records(tmp_path, capsys):
-    """``--from-records``: the table of a committed shapes run, on a machine without a GPU; bad input exits 2."""
+    """``--from-records``: the table of a committed shapes run, on a machine without a GPU, added to the file's
+    tables; bad input exits 2."""
     from cs336_systems.cli import main
+    from cs336_systems.commands import flash_bench
 
     base = dict(config="xl_2048", batch=4, heads=25, seq_len=2048, head_dim=64, dtype="bf16", causal=True,
                 status="ok", suite="issue18_shapes", provenance={"device": "GPU X"})
@@ -1056,9 +1096,23 @@ def test_flash_bench_writes_the_auto_table_from_records(tmp_path, capsys):
                                for i, ms in (("triton", 0.79), ("sdpa_cudnn", 0.60), ("sdpa_flash", 0.96))))
     out = tmp_path / "auto.json"
     assert main(["flash-bench", "--only", "shapes", "--auto-table", str(out), "--from-records", str(records)]) == 0
-    table = json.loads(out.read_text())
+    (table,) = json.loads(out.read_text())["tables"]
     assert table["device"] == "GPU X" and table["records"] == str(records)
     assert [(r["sdpa_backend"], r["sdpa_ms"]) for r in table["shapes"]] == [("sdpa_cudnn", 0.60)]
+    # onto a file with another GPU model's table (the older format here): both kept; again: replaced, not added
+    other = {"device": "GPU Y", "records": "y.jsonl", "shapes": []}
+    out.write_text(json.dumps(other))
+    for _ in range(2):
+        assert main(["flash-bench", "--only", "shapes", "--auto-table", str(out), "--from-records", str(records)]) == 0
+        assert json.loads(out.read_text()) == {"tables": [other, table]}
+    # a file that is not a table file: exit 2, left as it was
+    for text in ("not json", json.dumps({"config": "something else"})):
+        out.write_text(text)
+        assert main(["flash-bench", "--only", "shapes", "--auto-table", str(out), "--from-records", str(records)]) == 2
+        assert out.read_text() == text
+        assert "not overwritten: not a flash_auto table file" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="not overwritten"):  # a GPU run refuses it before measuring
+            flash_bench._shapes(argparse.Namespace(auto_table=str(out)), torch.device("cpu"))
     assert main(["flash-bench", "--auto-table", str(out), "--from-records", str(records)]) == 2
     assert main(["flash-bench", "--only", "shapes", "--auto-table", str(out),
                  "--from-records", str(tmp_path / "missing.jsonl")]) == 2

@@ -3,13 +3,16 @@
 The choice comes from ``auto_choice.json`` next to this module, written by ``cs336-systems flash-bench
 --only shapes --auto-table PATH`` from the same-run measurements of ours and the SDPA backends (forward +
 backward, the training case; the calls' kernel time where recorded, which is what a CUDA-graph or compiled step
-pays) on one GPU model. A call on a CUDA GPU of that model looks up the nearest measured
+pays). The file holds one table per GPU model, ``{"tables": [{"device": NAME, "records": PATH, "shapes": [...]},
+...]}`` (the older single table ``{"device": ..., "shapes": ...}`` reads as a list of one): which kernel wins
+differs between GPU models, so each is measured on its own and writing one keeps the others. A call on a CUDA GPU
+looks up the table of its model (``torch.cuda.get_device_name``) and in it the nearest measured
 shape (same head dim, dtype and causality; nearest in sequence length, then in batch x heads, on a log scale)
 and runs what was fastest there: our kernel, or SDPA with that backend first in its priority order (cuDNN,
 flash or memory-efficient). SDPA's own dispatch varies with the torch version and GPU (torch 2.11 on an H100
 already picks cuDNN, the fastest of its backends there at every model shape, ``results/flash_leaderboard/``,
 although the priority order it reports puts flash first), so the measured choice is pinned rather than assumed.
-Without a measurement (CPU, another GPU, Nq != Nk, a table without backends) it calls
+Without a measurement (CPU, an unmeasured GPU model, Nq != Nk, a table without backends) it calls
 ``F.scaled_dot_product_attention`` as PyTorch dispatches it. Decisions are
 cached per (shape, dtype, causality, device) and are constants to ``torch.compile`` (no graph break). Windows
 and packed documents (``window=``, ``doc_ids=``) run ours on a CUDA GPU and SDPA with an explicit mask
@@ -43,25 +46,46 @@ _loaded: dict | None = None
 
 
 def _table() -> dict:
+    """The committed table file (no tables where there is none)."""
     global _loaded
     if _loaded is None:
         try:
             _loaded = json.loads(AUTO_TABLE.read_text())
         except FileNotFoundError:
-            _loaded = {}
+            _loaded = {"tables": []}
     return _loaded
+
+
+def auto_tables(data: dict) -> list[dict]:
+    """The per-GPU-model tables of a table file: ``{"tables": [...]}``, or one table (``{"device": ...,
+    "shapes": [...]}``) as a list of one. ValueError for anything else."""
+    tables = data.get("tables") if isinstance(data, dict) and "device" not in data else [data]
+    if not isinstance(tables, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("device"), str) and isinstance(t.get("shapes"), list)
+            for t in tables):
+        raise ValueError('not a flash_auto table file (expected {"tables": [{"device": NAME, "shapes": [...]}, ...]} '
+                         'or one {"device": NAME, "shapes": [...]})')
+    return tables
+
+
+def device_table(device_name: str, table: dict | None = None) -> dict | None:
+    """The table measured on GPU model ``device_name`` in ``table`` (a table file or one table; default: the
+    committed file), or None."""
+    tables = auto_tables(_table() if table is None else table)
+    return next((t for t in tables if t["device"] == device_name), None)
 
 
 def choose(batch_heads: int, seq_len: int, head_dim: int, dtype: torch.dtype, causal: bool, device_name: str,
            table: dict | None = None, sdpa_only: bool = False) -> str:
-    """What ran fastest at the nearest measured shape: ``"flash_triton"``, an SDPA backend (``"sdpa_cudnn"``,
-    ``"sdpa_flash"``, ``"sdpa_efficient"``) or ``"sdpa"`` (PyTorch's own dispatch: nothing measured, or a table
-    that names no backend). ``sdpa_only``: among SDPA's backends."""
-    table = _table() if table is None else table
-    if table.get("device") != device_name:
+    """What ran fastest at the nearest measured shape on GPU model ``device_name``: ``"flash_triton"``, an SDPA
+    backend (``"sdpa_cudnn"``, ``"sdpa_flash"``, ``"sdpa_efficient"``) or ``"sdpa"`` (PyTorch's own dispatch:
+    nothing measured on that model, or a table that names no backend). ``table``: a table file or one table
+    (default: the committed file). ``sdpa_only``: among SDPA's backends."""
+    table = device_table(device_name, table)
+    if table is None:
         return "sdpa"
     dtype_name = str(dtype).removeprefix("torch.")
-    rows = [r for r in table.get("shapes", []) if r["head_dim"] == head_dim and r["dtype"] == dtype_name
+    rows = [r for r in table["shapes"] if r["head_dim"] == head_dim and r["dtype"] == dtype_name
             and r["causal"] == causal]
     if not rows:
         return "sdpa"

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.attention._common import attention_flops
+from cs336_systems.attention.auto import auto_tables
 from cs336_systems.bench.e2e import is_oom
 
 IMPLEMENTATIONS = ("triton", "torch_tiled", "naive", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex")
@@ -483,6 +484,16 @@ def auto_table(rows: list[dict], device_name: str, records: str) -> dict:
                        "causal": r["causal"], "ours_ms": r[key], "sdpa_ms": sdpa_ms, "sdpa_backend": backend,
                        "measure": "kernel_ms" if kernel else "do_bench_ms"})
     return {"device": device_name, "records": records, "shapes": shapes}
+
+
+def merge_auto_table(existing: dict | None, table: dict) -> dict:
+    """The table file with ``table`` in it: ``existing`` (a table file in either format, or None) with the entry of
+    ``table``'s GPU model replaced, or ``table`` appended, the other models' tables kept (each GPU model is
+    measured on its own host). ValueError where ``existing`` is not a table file."""
+    tables = [] if existing is None else auto_tables(existing)
+    at = next((i for i, t in enumerate(tables) if t["device"] == table["device"]), len(tables))  # keeps its place
+    others = [t for t in tables if t["device"] != table["device"]]
+    return {"tables": [*others[:at], table, *others[at:]]}
 
 
 def seq_lens_pow2(lo: int = 128, hi: int = 65536) -> list[int]:

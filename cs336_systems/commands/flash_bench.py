@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from cs336_systems.attention.auto import auto_tables
 from cs336_systems.bench.flash import (
     DTYPES,
     IMPLEMENTATIONS,
@@ -33,6 +34,7 @@ from cs336_systems.bench.flash import (
     MODEL_SHAPES,
     PEERS,
     auto_table,
+    merge_auto_table,
     seq_lens_pow2,
     sweep_shapes,
     time_impl,
@@ -57,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", nargs="+", choices=list(MODEL_SHAPES), default=list(MODEL_SHAPES),
                    help="with --only shapes: which of issue 18's shapes")
     p.add_argument("--auto-table", default=None,
-                   help="with --only shapes: also write the flash_auto backend's choice table (JSON) here")
+                   help="with --only shapes: also write the flash_auto backend's choice table for this GPU model "
+                        "into this JSON file (an existing file keeps the other models' tables)")
     p.add_argument("--from-records", default=None, metavar="JSONL",
                    help="with --only shapes --auto-table: write the table from a shapes run's records instead of "
                         "measuring (no GPU needed)")
@@ -166,12 +169,36 @@ def _table_from_records(args: argparse.Namespace) -> int:
         raise ValueError(f"flash-bench: {path} holds no records of one --only shapes run (suite issue18_shapes, "
                          "one device)")
     table = auto_table(rows, devices.pop(), str(path))
-    Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
+    _write_auto_table(Path(args.auto_table), table)
     print(f"wrote {args.auto_table} ({len(table['shapes'])} shapes from {path})")
     return 0
 
 
+def _existing_auto_tables(path: Path) -> dict | None:
+    """The table file at ``path`` (None where there is none); a ValueError for a file that is not one, so that a
+    run never overwrites it."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # a JSONDecodeError is a ValueError
+        raise ValueError(f"flash-bench: --auto-table {path} not overwritten: not a flash_auto table file "
+                         f"({err})") from err
+    try:
+        auto_tables(data)
+    except ValueError as err:
+        raise ValueError(f"flash-bench: --auto-table {path} not overwritten: {err}") from err
+    return data
+
+
+def _write_auto_table(path: Path, table: dict) -> None:
+    """``table`` into the table file at ``path``: the entry of its GPU model replaced or added, the others kept."""
+    path.write_text(json.dumps(merge_auto_table(_existing_auto_tables(path), table), indent=1) + "\n")
+
+
 def _shapes(args: argparse.Namespace, device: torch.device) -> int:
+    if args.auto_table:
+        _existing_auto_tables(Path(args.auto_table))  # a file it would refuse to write: before measuring
     impls = ["triton", *[p for p in PEERS if p in args.impl]] if "triton" in args.impl else list(args.impl)
     rows, writer = [], RecordWriter("flash_leaderboard", args.results_dir, device)
     for name in tqdm(args.shape, desc="flash_shapes", unit="shape"):
@@ -185,8 +212,7 @@ def _shapes(args: argparse.Namespace, device: torch.device) -> int:
         rows += group
     path = writer.path
     if args.auto_table:
-        table = auto_table(rows, torch.cuda.get_device_name(device), str(path))
-        Path(args.auto_table).write_text(json.dumps(table, indent=1) + "\n")
+        _write_auto_table(Path(args.auto_table), auto_table(rows, torch.cuda.get_device_name(device), str(path)))
         print(f"wrote {args.auto_table}")
     print(_table(rows, ["config", *SHOW, "forward_backward_kernel_ms"]))
     print(_table(versus_peers(rows), ["config", "forward_ours_ms", "forward_best_peer", "forward_best_ms",

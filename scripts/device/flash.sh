@@ -4,7 +4,8 @@
 #     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
-# cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer;
+# cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer (this
+# GPU model's flash_auto table replaced or added in a copy of the committed auto_choice.json, $OUT/auto_choice.json);
 # lb: the 2025 leaderboard harness (compiled apply); sweep: the handout's sweep (bf16, d 64/128);
 # features: issue 21's shapes (grouped-query heads, a window, packed documents) against FlexAttention and SDPA
 # (FEATURES_ARGS, e.g. "--feature gqa"); wsbwd: the warp-specialised Gluon backward's variants (WSBWD_ONLY names
@@ -33,7 +34,8 @@ for s in "$@"; do
     host) step 150 host python3 scripts/device/flash_host.py --single ;;
     tune) step 280 tune python3 scripts/device/flash_tune.py --out "$OUT/tune.json" --pin "$PIN" ${TUNE_ARGS:-}
           cp "$PIN" "$OUT/flash_tune_h100.json" ;;
-    shapes) step 420 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \
+    shapes) cp cs336_systems/attention/auto_choice.json "$OUT/auto_choice.json"  # this GPU's table joins the others
+            step 420 shapes python3 -m cs336_systems flash-bench --only shapes --impl triton sdpa_cudnn sdpa_flash flex \
               ${SHAPES_ARGS:-} --auto-table "$OUT/auto_choice.json" --results-dir "$OUT/results" ;;
     lb) step 120 lb python3 -m cs336_systems flash-bench --only leaderboard --impl ${LB_IMPLS:-triton sdpa_cudnn sdpa_flash flex} \
           --lb-shape leaderboard --lb-rep-ms 1000 --results-dir "$OUT/results" ;;
