@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
+import tempfile
 import time
 
 import torch
@@ -73,18 +74,23 @@ def main() -> None:
             calls[f"{t.block_m}x{t.block_n}/w{t.num_warps}/s{t.num_stages}" + "/ws" * t.warp_specialize
                   + "/p" * t.persistent] = runner(qd, kd, vd, s.causal, t, {})[0]
     names = list(calls)
-    smi = subprocess.Popen(["stdbuf", "-oL", "nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm",
-                            "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
-    spans = []
-    for r in range(args.rounds):
-        for impl in (names if r % 2 == 0 else names[::-1]):
-            t0 = time.time() + WARMUP_S
-            ms = sustained_ms(calls[impl], dev, grads, args.seconds, warmup_s=WARMUP_S)
-            spans.append((r, impl, 1e3 / ms, t0, time.time()))
-    time.sleep(0.5)
-    smi.terminate()  # line-buffered output (stdbuf): the last span's samples are not lost with the process
+    # samples go to a file: a pipe read only at the end fills after about 30 s and stalls nvidia-smi
+    with tempfile.TemporaryFile("w+") as log:
+        smi = subprocess.Popen(["stdbuf", "-oL", "nvidia-smi", "--query-gpu=timestamp,power.draw,clocks.sm",
+                                "--format=csv,noheader,nounits", "-lms", "20"], stdout=log, text=True)
+        spans = []
+        for r in range(args.rounds):
+            for impl in (names if r % 2 == 0 else names[::-1]):
+                t0 = time.time() + WARMUP_S
+                ms = sustained_ms(calls[impl], dev, grads, args.seconds, warmup_s=WARMUP_S)
+                spans.append((r, impl, 1e3 / ms, t0, time.time()))
+        time.sleep(0.5)
+        smi.terminate()  # line-buffered output (stdbuf): the last span's samples are not lost with the process
+        smi.wait()
+        log.seek(0)
+        text = log.read()
     samples = []
-    for line in smi.stdout.read().splitlines():
+    for line in text.splitlines():
         stamp, watts, mhz = (x.strip() for x in line.split(","))
         t = time.mktime(time.strptime(stamp.split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + stamp.split(".")[1])
         samples.append((t, float(watts), float(mhz)))
