@@ -172,6 +172,26 @@ def test_lean_forward_compiles_without_the_marked_barriers(tmp_path):
     assert counts[0] - counts[ptx_release.VERSION] == 10, counts
 
 
+@pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_packed_p_forward_compiles_without_the_half_swaps(dtype):
+    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``PACK_P``: P's 16-bit pairs come from packed
+    conversions, so the SASS holds none of the PRMT half swaps that the element-wise conversions leave (16 a key tile),
+    with the same MMAs and exponentials and no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    counts = {}
+    for pack in (0, 1):
+        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
+                              "--dtype", dtype, "--fwd-set", f"PACK_P={pack}", "--sass-ops", "PRMT", "HGMMA",
+                              "MUFU.EX2"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
+        assert "spill_stores=0B" in res.stdout, res.stdout
+        counts[pack] = dict(kv.split("=") for kv in res.stdout.split()[-3:])
+    assert int(counts[0]["PRMT"]) >= 32 and counts[1]["PRMT"] == "0", counts
+    assert counts[0]["HGMMA"] == counts[1]["HGMMA"] and counts[0]["MUFU.EX2"] == counts[1]["MUFU.EX2"], counts
+
+
 def test_lean_backward_compiles_without_its_release_barriers():
     """The warp-specialised backward's lean variant (ring releases marked) compiled for sm_90a: nothing marked is
     left, and each consumer has three barriers fewer: its release's, the one after the dS^T hand-over's arrival and
@@ -431,6 +451,39 @@ def test_gpu_lean_forward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
         plan = ft._Plan(None, right, scale, cfg, fwd)
         outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
     for x, y in zip(outs[ptx_release.VERSION], outs[0], strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), [
+    (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
+def test_gpu_packed_p_forward_gives_the_same_bits(seed, b, hq, hkv, n, causal, dtype, persistent):
+    """The one-warpgroup forward with P rounded in packed pairs (``PACK_P``, ``flash_hopper._to_16bit``) computes
+    what the element-wise conversions compute: O and L bit for bit (each pair's halves in the order the P V operand
+    takes them)."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning, flash_hopper
+    from cs336_systems.attention import flash_triton as ft
+
+    d = 64
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+    base = _tuning.config_for(q.device, n, d, q.dtype)
+    tile = _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent)
+    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=tile)
+    right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    outs = {}
+    for pack in (True, False):
+        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
+        assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
+        fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=pack)
+        plan = ft._Plan(None, right, scale, cfg, fwd)
+        outs[pack] = ft._launch_forward(plan, q, k, v, None, None, scale)
+    for x, y in zip(outs[True], outs[False], strict=True):
         assert torch.equal(x, y)
 
 

@@ -111,6 +111,23 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
 
 
 @gluon.jit
+def _to_16bit(x, dtype: gl.constexpr, PACK: gl.constexpr):
+    """fp32 ``x`` as ``dtype`` (bf16 or fp16). PACK: two neighbouring elements of a thread (one 32-bit P V operand
+    register) rounded by one ``cvt.rn.{bf16,f16}x2.f32``, the first in the low half. The one-warpgroup forward carries
+    P across key tiles as 16-bit values; converted one by one, ptxas packs each pair the wrong way round and swaps
+    the halves with a PRMT before the MMA (16 a tile at 64 x 64, sm_90a SASS, session 42)."""
+    if PACK:
+        if dtype == gl.bfloat16:
+            return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                             is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
+                                             is_pure=True, pack=2)
+    else:
+        return x.to(dtype)
+
+
+@gluon.jit
 def _fold_head(x, FOLD: gl.constexpr, HEAD_DIM: gl.constexpr):
     """Batch-head ``x`` as the first and last coordinates of a tile in a ``head_desc`` descriptor: (x, 0), or with
     FOLD heads side by side in each row (``flash_triton._folded``) its batch and its head's first column."""
@@ -147,7 +164,8 @@ def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, p, alpha, acc, l_i, m_i,
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr):
+                 WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr,
+                 PACK_P: gl.constexpr = False):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -182,7 +200,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
                                            MASK == 1, CAUSAL)
     if CARRY16:
-        p = gl.convert_layout(p.to(dtype), p_layout)  # while P_{j-1} V_{j-1} runs
+        p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)  # while P_{j-1} V_{j-1} runs
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))  # P_{j-1}'s registers stay the MMA's until here
     else:
         acc = warpgroup_mma_wait(0, deps=(acc_tok, ))
@@ -200,14 +218,14 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
-            FOLD: gl.constexpr):
+            FOLD: gl.constexpr, PACK_P: gl.constexpr = False):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. LEAN: releases
     (RELEASE True) without the warpgroup barrier Gluon puts before them (``_release``). ``base``, ``kv_head``, FOLD:
-    as in ``_load_kv``.
+    as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only).
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -247,17 +265,17 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
                                                    RELEASE, LEAN, base, kv_head, FOLD)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
-        p = gl.convert_layout(p.to(dtype), p_layout)
+        p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)
         for j in range(1, n_full):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -340,7 +358,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                  PERSISTENT: gl.constexpr = True):
+                                  PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -348,7 +366,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     heads; INTERLEAVE (the window's left side in the Triton kernel, which this one has no use for) the heads a group
     of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
-    per call). SPAN, RIGHT and the strides (in the descriptors) are unused."""
+    per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P: as in ``_attend`` (an experiment
+    the planner does not launch yet: 3% fewer instructions in the key loop, not yet timed)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -380,7 +399,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                0, base, bkv, FOLD_KV)
+                                0, base, bkv, FOLD_KV, PACK_P)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q)

@@ -3,10 +3,11 @@ forward+backward), alternating in one process, with ``nvidia-smi`` sampling ever
 takes as many cycles as its peer but runs at a lower clock shows whether it draws more power (session 41).
 
     python scripts/device/attention_power.py --shape xl_2048 [--backward] [--seconds 4] [--rounds 3]
-        [--tiles 64,64,4,3,p 128,128,4,3,ws,p]
+        [--tiles 64,64,4,3,p 64,64,4,3,p,pack 128,128,4,3,ws,p]
 
 ``--tiles`` adds our forward at forced Gluon tiles (BLOCK_M, BLOCK_N, warps, stages, then ``ws`` for the
-warp-specialised form and ``p`` for persistent programs; ``fwd_variant_ab.py``'s launcher), forward only. Prints per
+warp-specialised form, ``p`` for persistent programs and ``pack`` for P's packed conversions; ``fwd_variant_ab.py``'s
+launcher), forward only. Prints per
 implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
 calls a second). The calls are ``flash-bench --sustained-seconds``'s (``bench.flash.sustained_ms``); the session-41
 logs (8e44651, 6429360) ran a loop of their own that left q, k and v's gradients accumulating across
@@ -29,14 +30,18 @@ from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs, 
 WARMUP_S = 1.0  # each span's untimed start (its samples left out too): the clock settles on this kernel
 
 
-def _tile(spec: str) -> KernelConfig:
-    """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p]`` as the forward's Gluon tile (TMA on)."""
+def _tile(spec: str) -> tuple[KernelConfig, dict]:
+    """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack]`` as the forward's Gluon tile (TMA on) and the constexprs the
+    launch adds (``pack``: P rounded in packed pairs, ``PACK_P``; one-warpgroup tiles)."""
     parts = spec.split(",")
     flags = set(parts[4:])
-    if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p"}:
-        raise argparse.ArgumentTypeError(f"a tile is BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p], got {spec!r}")
+    if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p", "pack"}:
+        raise argparse.ArgumentTypeError(f"a tile is BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack], got {spec!r}")
+    if {"ws", "pack"} <= flags:
+        raise argparse.ArgumentTypeError(f"pack is for one-warpgroup tiles, got {spec!r}")
     try:
-        return KernelConfig(*map(int, parts[:4]), True, "ws" in flags, "p" in flags)
+        return KernelConfig(*map(int, parts[:4]), True, "ws" in flags, "p" in flags), (
+            {"PACK_P": True} if "pack" in flags else {})
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -70,9 +75,9 @@ def main() -> None:
         from fwd_variant_ab import runner  # this script's folder is on sys.path
 
         qd, kd, vd = (t.detach() for t in (q, k, v))
-        for t in args.tiles:
+        for t, extra in args.tiles:
             calls[f"{t.block_m}x{t.block_n}/w{t.num_warps}/s{t.num_stages}" + "/ws" * t.warp_specialize
-                  + "/p" * t.persistent] = runner(qd, kd, vd, s.causal, t, {})[0]
+                  + "/p" * t.persistent + "/pack" * bool(extra)] = runner(qd, kd, vd, s.causal, t, extra)[0]
     names = list(calls)
     # samples go to a file: a pipe read only at the end fills after about 30 s and stalls nvidia-smi
     with tempfile.TemporaryFile("w+") as log:

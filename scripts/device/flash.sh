@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained]
+#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained] [packed]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer (this
@@ -18,7 +18,8 @@
 # power: the forward back to back at the power cap, ours at its planned and forced tiles (POWER_TILES) beside cuDNN's
 # (attention_power.py: calls a second, watts, energy a call), then the same tiles in bursts with their numerics
 # (fwd_variant_ab.py) at POWER_SHAPE (xl_2048); sustained: the shapes run with each implementation also timed back to
-# back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES).
+# back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES); packed: the one-warpgroup forward with
+# P's packed conversions (PACK_P): its GPU test, fwd_variant_ab.py --variants packed (PACKED_SHAPES) and the power cap.
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -53,6 +54,12 @@ for s in "$@"; do
              --tiles ${POWER_TILES:-64,64,4,3,p 128,64,8,2,p 128,128,4,3,ws,p}
            step 240 fwd-tiles python3 scripts/device/fwd_variant_ab.py --shapes ${POWER_SHAPE:-xl_2048} --rounds 5 \
              --out "$OUT" ;;
+    packed) mkdir -p "$OUT/packed"  # P's packed conversions in the one-warpgroup forward: bits, bursts, power cap
+            step 240 packed-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k packed
+            step 240 packed-fwd python3 scripts/device/fwd_variant_ab.py --variants packed --rounds 5 --out "$OUT/packed" \
+              --shapes ${PACKED_SHAPES:-xl_2048 xl_512 small_512 floor}
+            step 120 packed-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
+              --tiles 64,64,4,3,p 64,64,4,3,p,pack ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

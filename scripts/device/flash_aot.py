@@ -6,6 +6,8 @@ registers and spills of each.
     python scripts/device/flash_aot.py --shape xl_2048 --forward-only --fwd-set NAME=1   # a patch's constexpr
     python scripts/device/flash_aot.py --shape xl_2048 --forward-only --sass-waits  # softmax under P V or not
     python scripts/device/flash_aot.py --shape noncausal_2k --backward atomic --ptx-dir /tmp/ptx  # the PTX too
+    python scripts/device/flash_aot.py --shape xl_2048 --forward-only --fwd-set PACK_P=1 --sass-ops PRMT F2FP
+        # how many SASS instructions of these opcodes (prefixes) each kernel holds; --dtype fp16 for half inputs
 
 The launchers plan the call exactly as on an H100 (the code table's tiles, tensor descriptors, bf16) on CPU
 tensors; each launch is compiled with Triton's bundled ptxas instead of run. What a GPU run would find out by
@@ -96,6 +98,17 @@ def sass_waits(cubin: bytes) -> list[int]:
     return counts
 
 
+def sass_ops(cubin: bytes, ops: list[str]) -> str:
+    """``OP=count`` of the SASS instructions whose opcode starts with each of ``ops`` (predicates skipped)."""
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True).stdout
+    opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", text)]
+    return " ".join(f"{op}={sum(o.startswith(op) for o in opcodes)}" for op in ops)
+
+
 def ptxas_usage(ptx: str) -> str:
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,6 +131,9 @@ def main() -> None:
                    help="constexprs added to the forward's launch (an experiment's, e.g. Q_REGS=1)")
     p.add_argument("--forward-only", action="store_true")
     p.add_argument("--ptx-dir", default=None, help="also write each compiled kernel's PTX there (<kernel>.ptx)")
+    p.add_argument("--sass-ops", nargs="*", default=[], metavar="OP",
+                   help="also print how many SASS instructions each kernel holds of these opcodes (prefixes)")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--sass-waits", action="store_true",
                    help="also print, per pipelined step, the exponentials between the two wgmma waits")
     args = p.parse_args()
@@ -128,8 +144,9 @@ def main() -> None:
         names = set(args.gluon_bwd)
         raise SystemExit(1 if gluon_bwd([v for v in hb.VARIANTS if not names or v.name() in names]) else 0)
     s = MODEL_SHAPES[args.shape]
-    q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=torch.bfloat16) for _ in range(4))
-    cfg = _tuning.resolve(ft._d_pad(s.head_dim), torch.bfloat16, s.seq_len, (9, 0), _tuning.load_pinned())
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    q, k, v, do = (torch.empty(s.batch, s.heads, s.seq_len, s.head_dim, dtype=dtype) for _ in range(4))
+    cfg = _tuning.resolve(ft._d_pad(s.head_dim), dtype, s.seq_len, (9, 0), _tuning.load_pinned())
     cfg = dataclasses.replace(cfg, single_max_programs=1 << 30 if args.backward == "single" else 0)
 
     def compile_instead(self, grid, pointers, scalars):
@@ -145,7 +162,8 @@ def main() -> None:
               f"{ptxas_usage(ptx)} wgmma={ptx.count('wgmma.mma_async')} "
               f"tma_reduce={ptx.count('cp.reduce.async.bulk')} bar_sync={ptx.count('bar.sync')} "
               f"marked={int(ptx_release.marked(ptx))}"
-              + (f" ex2_under_pv={sass_waits(kernel.asm['cubin'])}" if args.sass_waits else ""), flush=True)
+              + (f" ex2_under_pv={sass_waits(kernel.asm['cubin'])}" if args.sass_waits else "")
+              + (f" {sass_ops(kernel.asm['cubin'], args.sass_ops)}" if args.sass_ops else ""), flush=True)
 
     ft._Launch.__call__ = compile_instead
     # the planner asks the GPU for its SM count (one-wave calls skip persistence) and, for the persistent forward,

@@ -7,7 +7,8 @@ Per shape (``--rounds``: in rounds, the order rotated by one each round; medians
 (``bench.flash.kernel_ms``: what counts where the host sets do_bench's pace, the 512-token shapes), and each variant's
 O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale). ``--variants
 short``: the variants tried for short sequences at head dim 64; ``lean``: the forwards with and without the
-warpgroup barriers that ``ptx_release`` removes.
+warpgroup barriers that ``ptx_release`` removes; ``packed``: the one-warpgroup forward with and without packed P
+conversions. ``same``: O and L equal bit for bit to our variant listed before it.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
 
@@ -66,6 +67,12 @@ LEAN = {  # the warp-specialised forward with and without the warpgroup barriers
           (K(128, 128, 4, 2, True, True, True), {"LEAN": ptx_release.VERSION})],
 }
 
+PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pairs (``flash_hopper._to_16bit``; session
+    # 42: no PRMT swaps, 3% fewer SASS instructions in the key loop), persistent and a program per item
+    64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 3, True, False, True), {"PACK_P": True}),
+         (K(64, 64, 4, 3, True), {}), (K(64, 64, 4, 3, True), {"PACK_P": True})],
+}
+
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 2, True, False, True), {}),
          (K(64, 64, 4, 2, True, False, True), {"maxnreg": 128}), (K(64, 64, 4, 2, True), {"maxnreg": 128}),
@@ -90,10 +97,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    p.add_argument("--variants", choices=["default", "short", "regs", "lean"], default="default")
+    p.add_argument("--variants", choices=["default", "short", "regs", "lean", "packed"], default="default")
     p.add_argument("--rounds", type=int, default=1, help="timing rounds, the order rotated by one each round; medians")
     args = p.parse_args()
-    variants = {"short": SHORT, "regs": REGS, "lean": LEAN}.get(args.variants, VARIANTS)
+    variants = {"short": SHORT, "regs": REGS, "lean": LEAN, "packed": PACKED}.get(args.variants, VARIANTS)
     rows = []
     for name in args.shapes:
         b, hq, hkv, n, d, causal = SHAPES[name]
@@ -128,16 +135,22 @@ def main() -> None:
         for _, impl in _interleaved(fns, args.rounds):
             times[impl][0].append(triton.testing.do_bench(fns[impl][0], warmup=25, rep=100))
             times[impl][1].append(kernel_ms(fns[impl][0], q.device, []))
+        prev = None
         for impl, (fn, kernel) in fns.items():
             ms, gpu_ms = statistics.median(times[impl][0]), statistics.median(times[impl][1])
             out = fn()
             o = out[0] if isinstance(out, tuple) else out
             err = (o.double() - ref).abs().max().item() if ref is not None else None
             ok = err is None or err <= 2 * peer_err + ref.abs().max().item() * 2**-8
+            same = None
+            if isinstance(out, tuple):  # ours: (O, L); bitwise against our variant before
+                same = prev is not None and all(torch.equal(a, b) for a, b in zip(out, prev, strict=True))
+                prev = out
             rows.append(dict(shape=name, impl=impl, kernel=kernel, ms=ms, kernel_ms=gpu_ms, err=err,
-                             sdpa_flash_err=peer_err, ok=ok))
+                             sdpa_flash_err=peer_err, ok=ok, same=same))
             print(f"{name:<13} {impl:<28} {kernel:<34} {ms:.4f} ms  kernels {gpu_ms:.4f} ms  "
-                  f"err {err if err is None else f'{err:.2e}'} {'ok' if ok else 'FAIL'}", flush=True)
+                  f"err {err if err is None else f'{err:.2e}'} {'ok' if ok else 'FAIL'}"
+                  + ("" if same is None else f" same={same}"), flush=True)
         best = min(r["ms"] for r in rows if r["shape"] == name and r["impl"].startswith("sdpa"))
         best_gpu = min(r["kernel_ms"] for r in rows if r["shape"] == name and r["impl"].startswith("sdpa"))
         for r in rows:
