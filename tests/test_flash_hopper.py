@@ -174,21 +174,24 @@ def test_lean_forward_compiles_without_the_marked_barriers(tmp_path):
 
 @pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_packed_p_forward_compiles_without_the_half_swaps(dtype):
-    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``PACK_P``: P's 16-bit pairs come from packed
-    conversions, so the SASS holds none of the PRMT half swaps that the element-wise conversions leave (16 a key tile),
-    with the same MMAs and exponentials and no spills."""
+def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles(dtype):
+    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``PACK_P`` and ``PARTIAL_L``: P's 16-bit pairs
+    come from packed conversions, so the SASS holds none of the PRMT half swaps that the element-wise conversions leave
+    (16 a key tile), and l's per-thread parts need no shuffles a tile; the same MMAs and exponentials, 128 registers
+    (three programs an SM) and no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
-    for pack in (0, 1):
+    for lean in (0, 1):
         res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
-                              "--dtype", dtype, "--fwd-set", f"PACK_P={pack}", "--sass-ops", "PRMT", "HGMMA",
-                              "MUFU.EX2"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True,
-                             text=True, timeout=600)
+                              "--dtype", dtype, "--fwd-set", f"PACK_P={lean}", f"PARTIAL_L={lean}", "--sass-ops",
+                              "PRMT", "SHFL", "HGMMA", "MUFU.EX2"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+                             capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
-        assert "spill_stores=0B" in res.stdout, res.stdout
-        counts[pack] = dict(kv.split("=") for kv in res.stdout.split()[-3:])
-    assert int(counts[0]["PRMT"]) >= 32 and counts[1]["PRMT"] == "0", counts
+        assert "spill_stores=0B" in res.stdout and "regs=128" in res.stdout, res.stdout
+        counts[lean] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-4:])}
+    assert counts[0]["PRMT"] >= 32 and counts[1]["PRMT"] == 0, counts
+    # the sum's four shuffles a tile, in each of the three key loops (tile 0, unmasked, masked)
+    assert counts[0]["SHFL"] - counts[1]["SHFL"] == 12, counts
     assert counts[0]["HGMMA"] == counts[1]["HGMMA"] and counts[0]["MUFU.EX2"] == counts[1]["MUFU.EX2"], counts
 
 
@@ -460,10 +463,12 @@ def test_gpu_lean_forward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
     (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
-def test_gpu_packed_p_forward_gives_the_same_bits(seed, b, hq, hkv, n, causal, dtype, persistent):
+@pytest.mark.parametrize("partial", [False, True], ids=["packed", "packed-partial-l"])
+def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persistent, partial):
     """The one-warpgroup forward with P rounded in packed pairs (``PACK_P``, ``flash_hopper._to_16bit``) computes
     what the element-wise conversions compute: O and L bit for bit (each pair's halves in the order the P V operand
-    takes them)."""
+    takes them). With l kept in per-thread parts as well (``PARTIAL_L``: another order of fp32 additions), O within
+    twice SDPA's error against fp64 plus the dtype's rounding, and L within 1e-5 of the shipped form's."""
     import dataclasses
 
     from cs336_systems.attention import _tuning, flash_hopper
@@ -477,14 +482,26 @@ def test_gpu_packed_p_forward_gives_the_same_bits(seed, b, hq, hkv, n, causal, d
     cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=tile)
     right, scale = 0 if causal else None, 1 / math.sqrt(d)
     outs = {}
-    for pack in (True, False):
+    for lean in (True, False):
         fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
         assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
-        fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=pack)
+        fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=lean, PARTIAL_L=lean and partial)
         plan = ft._Plan(None, right, scale, cfg, fwd)
-        outs[pack] = ft._launch_forward(plan, q, k, v, None, None, scale)
-    for x, y in zip(outs[True], outs[False], strict=True):
-        assert torch.equal(x, y)
+        outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
+    if not partial:
+        for x, y in zip(outs[True], outs[False], strict=True):
+            assert torch.equal(x, y)
+        return
+    (o, lse), (_, lse_shipped) = outs[True], outs[False]
+    group = hq // hkv
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
+    err = (o.double() - ref).abs().max().item()
+    assert err <= 2 * (peer.double() - ref).abs().max().item() + _rounding(ref, dtype), err
+    assert (lse - lse_shipped).abs().max().item() <= 1e-5
 
 
 @pytest.mark.gpu

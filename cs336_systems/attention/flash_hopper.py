@@ -94,9 +94,10 @@ def forward_descs(heads: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tup
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
-                  MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, PARTIAL: gl.constexpr = False):
     """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l and m.
-    Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards."""
+    Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards.
+    PARTIAL: l as ``_row_partials`` (each thread's own columns), summed across threads once, after the last tile."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         visible = gl.expand_dims(offs_n < N_K, 0)
@@ -106,8 +107,21 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
+    if PARTIAL:
+        part = _row_partials(p, BLOCK_N)
+        l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout)), 1) + part
+    else:
+        l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _row_partials(x, BLOCK_N: gl.constexpr):
+    """Row sums of the (rows, BLOCK_N) tile ``x`` in four parts, (rows, 4): part c sums columns 8j + 2c + {0, 1},
+    which in the warpgroup MMA's accumulator layout are the columns one thread of the row's four holds, so the sum
+    needs no shuffles; the four parts are added once, at the end."""
+    ROWS: gl.constexpr = x.shape[0]
+    return gl.sum(gl.sum(gl.reshape(x, [ROWS, BLOCK_N // 8, 4, 2]), 3), 1)
 
 
 @gluon.jit
@@ -165,7 +179,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                  WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr,
-                 PACK_P: gl.constexpr = False):
+                 PACK_P: gl.constexpr = False, PARTIAL_L: gl.constexpr = False):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -192,13 +206,13 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     if MASK == 2:
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL)
+                                               False, CAUSAL, PARTIAL_L)
         else:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               True, CAUSAL)
+                                               True, CAUSAL, PARTIAL_L)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                           MASK == 1, CAUSAL)
+                                           MASK == 1, CAUSAL, PARTIAL_L)
     if CARRY16:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)  # while P_{j-1} V_{j-1} runs
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))  # P_{j-1}'s registers stay the MMA's until here
@@ -218,14 +232,15 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
-            FOLD: gl.constexpr, PACK_P: gl.constexpr = False):
+            FOLD: gl.constexpr, PACK_P: gl.constexpr = False, PARTIAL_L: gl.constexpr = False):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. LEAN: releases
     (RELEASE True) without the warpgroup barrier Gluon puts before them (``_release``). ``base``, ``kv_head``, FOLD:
-    as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only).
+    as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). PARTIAL_L: l
+    kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum.
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -242,9 +257,12 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-    l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    if PARTIAL_L:
+        l_i = _row_partials(s_init, BLOCK_N)
+    else:
+        l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
 
     # tile 0: S alone
     mbarrier.wait(k_bars.index(base % STAGES), (base // STAGES) & 1)
@@ -253,16 +271,18 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     if RELEASE:
         _release(empty_bars.index(base % STAGES), LEAN)
     if n_full > 0:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL)
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL,
+                                           PARTIAL_L)
     else:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL)
+        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL,
+                                           PARTIAL_L)
 
     if RELEASE:
         for j in range(1, n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, False, PARTIAL_L)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)
@@ -270,12 +290,12 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, PARTIAL_L)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, PARTIAL_L)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -283,6 +303,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     acc = warpgroup_mma(p, _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM), acc)
     if RELEASE:  # a persistent producer refills this stage with the next item's tiles
         _release(empty_bars.index(STAGES + last % STAGES), LEAN)
+    if PARTIAL_L:
+        l_i = gl.convert_layout(gl.sum(l_i, 1), row_s)
     return acc, l_i, m_i
 
 
@@ -358,7 +380,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                  PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False):
+                                  PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False,
+                                  PARTIAL_L: gl.constexpr = False):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -366,8 +389,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     heads; INTERLEAVE (the window's left side in the Triton kernel, which this one has no use for) the heads a group
     of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
-    per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P: as in ``_attend`` (an experiment
-    the planner does not launch yet: 3% fewer instructions in the key loop, not yet timed)."""
+    per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, PARTIAL_L: as in ``_attend``
+    (experiments the planner does not launch yet: 3% and 2.5% fewer instructions in the key loop, not yet timed)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -399,7 +422,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                0, base, bkv, FOLD_KV, PACK_P)
+                                0, base, bkv, FOLD_KV, PACK_P, PARTIAL_L)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q)
