@@ -72,6 +72,8 @@ PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pair
     # SASS instructions in the unmasked key loop; persistent and a program per item
     64: [(K(64, 64, 4, 3, True, False, True), {}), (K(64, 64, 4, 3, True, False, True), {"PACK_P": True}),
          (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "PARTIAL_L": True}),
+         # four stages: the ring's stage and phase by masks instead of divisions by 3; 74 KB, still three programs an SM
+         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "PARTIAL_L": True}),
          (K(64, 64, 4, 3, True), {}), (K(64, 64, 4, 3, True), {"PACK_P": True, "PARTIAL_L": True})],
 }
 
