@@ -485,6 +485,8 @@ def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persist
     for lean in (True, False):
         fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
         assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
+        switch = flash_hopper.LEAN_SOFTMAX  # what the planner launches
+        assert fwd[0].constexprs["PACK_P"] == switch and fwd[0].constexprs["PARTIAL_L"] == switch
         fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=lean, PARTIAL_L=lean and partial)
         plan = ft._Plan(None, right, scale, cfg, fwd)
         outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)

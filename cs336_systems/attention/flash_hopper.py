@@ -49,6 +49,9 @@ HEAD_DIMS = (64, 128)
 # The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
 # ``ptx_release``'s rewrite is active): see docs/flash_tuning_notes.md, session 39
 LEAN_RELEASE = True
+# The one-warpgroup forward's P rounded in packed pairs and l kept in per-thread parts (PACK_P, PARTIAL_L: fewer
+# instructions a key tile, docs/flash_tuning_notes.md, session 42); off until timed on the device
+LEAN_SOFTMAX = False
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
