@@ -80,16 +80,21 @@ def gluon_bwd(variants=None, causals=(False, True), groups=(1, 4), n: int = 1000
     return bad
 
 
+def disassemble(cubin: bytes) -> str:
+    """The SASS of a compiled kernel (Triton's bundled nvdisasm)."""
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True).stdout
+
+
 def sass_waits(cubin: bytes) -> list[int]:
     """Per software-pipelined step of a compiled kernel (a ``wgmma`` wait that leaves one group in flight, then the
     wait for none): how many exponentials ptxas scheduled between the two, i.e. how much softmax runs under the
     in-flight P V. ptxas places the second wait itself: in a basic block with the softmax it may hoist it above
     every exponential (docs/flash_tuning_notes.md, session 23)."""
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        lines = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True).stdout.splitlines()
+    lines = disassemble(cubin).splitlines()
     counts = []
     for i, line in enumerate(lines):
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
@@ -100,12 +105,8 @@ def sass_waits(cubin: bytes) -> list[int]:
 
 def sass_ops(cubin: bytes, ops: list[str]) -> str:
     """``OP=count`` of the SASS instructions whose opcode starts with each of ``ops`` (predicates skipped)."""
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        text = subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True).stdout
-    opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", text)]
+    opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)",
+                                               disassemble(cubin))]
     return " ".join(f"{op}={sum(o.startswith(op) for o in opcodes)}" for op in ops)
 
 
