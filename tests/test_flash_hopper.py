@@ -175,15 +175,15 @@ def test_lean_forward_compiles_without_the_marked_barriers(tmp_path):
 @pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles(dtype):
-    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``PACK_P`` and ``PARTIAL_L``: P's 16-bit pairs
+    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``PACK_P`` and ``LEAN_L``: P's 16-bit pairs
     come from packed conversions, so the SASS holds none of the PRMT half swaps that the element-wise conversions leave
-    (16 a key tile), and l's per-thread parts need no shuffles a tile; the same MMAs and exponentials, 128 registers
-    (three programs an SM) and no spills."""
+    (16 a key tile), and l's per-thread parts (``LEAN_L``) need no shuffles a tile; the same MMAs and exponentials,
+    128 registers (three programs an SM) and no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
     for lean in (0, 1):
         res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
-                              "--dtype", dtype, "--fwd-set", f"PACK_P={lean}", f"PARTIAL_L={lean}", "--sass-ops",
+                              "--dtype", dtype, "--fwd-set", f"PACK_P={lean}", f"LEAN_L={lean}", "--sass-ops",
                               "PRMT", "SHFL", "HGMMA", "MUFU.EX2"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
@@ -463,12 +463,13 @@ def test_gpu_lean_forward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
     (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
-@pytest.mark.parametrize("partial", [False, True], ids=["packed", "packed-partial-l"])
-def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persistent, partial):
+@pytest.mark.parametrize("lean_l", [False, True], ids=["packed", "packed-lean-l"])
+def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persistent, lean_l):
     """The one-warpgroup forward with P rounded in packed pairs (``PACK_P``, ``flash_hopper._to_16bit``) computes
     what the element-wise conversions compute: O and L bit for bit (each pair's halves in the order the P V operand
-    takes them). With l kept in per-thread parts as well (``PARTIAL_L``: another order of fp32 additions), O within
-    twice SDPA's error against fp64 plus the dtype's rounding, and L within 1e-5 of the shipped form's."""
+    takes them). With l kept in per-thread parts and O scaled by 1 / l as well (``LEAN_L``: another order of fp32
+    additions, a product for a quotient), O within twice SDPA's error against fp64 plus the dtype's rounding, and L
+    within 1e-5 of the shipped form's."""
     import dataclasses
 
     from cs336_systems.attention import _tuning, flash_hopper
@@ -486,11 +487,11 @@ def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persist
         fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
         assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
         switch = flash_hopper.LEAN_SOFTMAX  # what the planner launches
-        assert fwd[0].constexprs["PACK_P"] == switch and fwd[0].constexprs["PARTIAL_L"] == switch
-        fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=lean, PARTIAL_L=lean and partial)
+        assert fwd[0].constexprs["PACK_P"] == switch and fwd[0].constexprs["LEAN_L"] == switch
+        fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=lean, LEAN_L=lean and lean_l)
         plan = ft._Plan(None, right, scale, cfg, fwd)
         outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
-    if not partial:
+    if not lean_l:
         for x, y in zip(outs[True], outs[False], strict=True):
             assert torch.equal(x, y)
         return

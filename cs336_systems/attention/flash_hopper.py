@@ -49,8 +49,8 @@ HEAD_DIMS = (64, 128)
 # The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
 # ``ptx_release``'s rewrite is active): see docs/flash_tuning_notes.md, session 39
 LEAN_RELEASE = True
-# The one-warpgroup forward's P rounded in packed pairs and l kept in per-thread parts (PACK_P, PARTIAL_L: fewer
-# instructions a key tile, docs/flash_tuning_notes.md, session 42); off until timed on the device
+# The one-warpgroup forward's P rounded in packed pairs, l kept in per-thread parts and O scaled by 1 / l (PACK_P,
+# LEAN_L: 7% fewer instructions an item, docs/flash_tuning_notes.md, session 42); off until timed on the device
 LEAN_SOFTMAX = False
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -182,7 +182,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                  WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr,
-                 PACK_P: gl.constexpr = False, PARTIAL_L: gl.constexpr = False):
+                 PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -209,13 +209,13 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     if MASK == 2:
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL, PARTIAL_L)
+                                               False, CAUSAL, LEAN_L)
         else:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               True, CAUSAL, PARTIAL_L)
+                                               True, CAUSAL, LEAN_L)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                           MASK == 1, CAUSAL, PARTIAL_L)
+                                           MASK == 1, CAUSAL, LEAN_L)
     if CARRY16:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)  # while P_{j-1} V_{j-1} runs
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))  # P_{j-1}'s registers stay the MMA's until here
@@ -235,15 +235,16 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
 def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, n_tiles, n_full, N_K, qk_scale,
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
-            FOLD: gl.constexpr, PACK_P: gl.constexpr = False, PARTIAL_L: gl.constexpr = False):
+            FOLD: gl.constexpr, PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
     the mbarriers in ``empty_bars``: K's half of a stage (index ``stage``) as soon as S has been computed from it, V's
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. LEAN: releases
     (RELEASE True) without the warpgroup barrier Gluon puts before them (``_release``). ``base``, ``kv_head``, FOLD:
-    as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). PARTIAL_L: l
-    kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum.
+    as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). LEAN_L: l
+    kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the one-warpgroup
+    kernel's ``_finish`` then scales O by 1 / l as well).
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -262,7 +263,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    if PARTIAL_L:
+    if LEAN_L:
         l_i = _row_partials(s_init, BLOCK_N)
     else:
         l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
@@ -275,17 +276,17 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         _release(empty_bars.index(base % STAGES), LEAN)
     if n_full > 0:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL,
-                                           PARTIAL_L)
+                                           LEAN_L)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL,
-                                           PARTIAL_L)
+                                           LEAN_L)
 
     if RELEASE:
         for j in range(1, n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, False, PARTIAL_L)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, False, LEAN_L)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)
@@ -293,12 +294,12 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, PARTIAL_L)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, PARTIAL_L)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -306,7 +307,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     acc = warpgroup_mma(p, _stage_tile(v_smem, last % STAGES, BLOCK_N, HEAD_DIM), acc)
     if RELEASE:  # a persistent producer refills this stage with the next item's tiles
         _release(empty_bars.index(STAGES + last % STAGES), LEAN)
-    if PARTIAL_L:
+    if LEAN_L:
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_s)
     return acc, l_i, m_i
 
@@ -338,11 +339,16 @@ def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr):
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False):
     """O = acc / l through Q's (1, rows, HEAD_DIM) buffer (free: every MMA that read it has completed) and a TMA
-    store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q; L = m + log2(l) in natural log."""
+    store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q; L = m + log2(l) in natural log.
+    RECIPROCAL: acc times 1 / l, one division a row instead of one an element (89 fewer SASS instructions an item
+    at 64 x 64; within an fp32 rounding of the quotient)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    if RECIPROCAL:
+        acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
+    else:
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
     gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
     q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
     fence_async_shared()
@@ -384,7 +390,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                                   PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False,
-                                  PARTIAL_L: gl.constexpr = False):
+                                  LEAN_L: gl.constexpr = False):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -392,8 +398,9 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     heads; INTERLEAVE (the window's left side in the Triton kernel, which this one has no use for) the heads a group
     of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
-    per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, PARTIAL_L: as in ``_attend`` (3%
-    and 2.5% fewer instructions in the key loop; the planner passes ``LEAN_SOFTMAX``, off until timed)."""
+    per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
+    and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
+    ``LEAN_SOFTMAX``, off until timed)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -425,10 +432,10 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                0, base, bkv, FOLD_KV, PACK_P, PARTIAL_L)
+                                0, base, bkv, FOLD_KV, PACK_P, LEAN_L)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
-        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q)
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L)
         gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1

@@ -1270,7 +1270,7 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
         # the warp-specialised consumers' releases without Gluon's warpgroup barriers (``ptx_release``); the
         # one-warpgroup forward's leaner softmax (``flash_hopper.LEAN_SOFTMAX``)
         lean = (dict(LEAN=ptx_release.lean(flash_hopper.LEAN_RELEASE)) if cfg.warp_specialize else
-                dict(PACK_P=flash_hopper.LEAN_SOFTMAX, PARTIAL_L=flash_hopper.LEAN_SOFTMAX))
+                dict(PACK_P=flash_hopper.LEAN_SOFTMAX, LEAN_L=flash_hopper.LEAN_SOFTMAX))
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                                       STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, **lean, **folds), cfg,
                          descs)

@@ -19,7 +19,7 @@
 # (attention_power.py: calls a second, watts, energy a call), then the same tiles in bursts with their numerics
 # (fwd_variant_ab.py) at POWER_SHAPE (xl_2048); sustained: the shapes run with each implementation also timed back to
 # back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES); packed: the one-warpgroup forward with
-# P's packed conversions and l's per-thread parts (PACK_P, PARTIAL_L): the GPU test, fwd_variant_ab.py --variants packed
+# P's packed conversions and l's per-thread parts (PACK_P, LEAN_L): the GPU test, fwd_variant_ab.py --variants packed
 # (PACKED_SHAPES) and the power cap.
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
@@ -60,7 +60,7 @@ for s in "$@"; do
             step 240 packed-fwd python3 scripts/device/fwd_variant_ab.py --variants packed --rounds 5 --out "$OUT/packed" \
               --shapes ${PACKED_SHAPES:-xl_2048 xl_512 small_512 floor}
             step 150 packed-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-              --tiles 64,64,4,3,p 64,64,4,3,p,pack 64,64,4,3,p,pack,part ;;
+              --tiles 64,64,4,3,p 64,64,4,3,p,pack 64,64,4,3,p,pack,leanl ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

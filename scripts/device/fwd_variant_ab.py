@@ -68,15 +68,15 @@ LEAN = {  # the warp-specialised forward with and without the warpgroup barriers
 }
 
 PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pairs (``flash_hopper._to_16bit``: no PRMT
-    # swaps), then l in per-thread parts as well (``PARTIAL_L``: no shuffles for its sum); session 42: 332 -> 321 -> 313
-    # SASS instructions in the unmasked key loop; persistent and a program per item
-    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": False, "PARTIAL_L": False}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "PARTIAL_L": False}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "PARTIAL_L": True}),
+    # swaps), then l in per-thread parts and O scaled by 1 / l as well (``LEAN_L``); session 42: 332 -> 321 -> 313 SASS
+    # instructions in the unmasked key loop, 2,104 -> 1,960 in the kernel; persistent and a program per item
+    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": False, "LEAN_L": False}),
+         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": False}),
+         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True}),
          # four stages: the ring's stage and phase by masks instead of divisions by 3; 74 KB, still three programs an SM
-         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "PARTIAL_L": True}),
-         (K(64, 64, 4, 3, True), {"PACK_P": False, "PARTIAL_L": False}),
-         (K(64, 64, 4, 3, True), {"PACK_P": True, "PARTIAL_L": True})],
+         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "LEAN_L": True}),
+         (K(64, 64, 4, 3, True), {"PACK_P": False, "LEAN_L": False}),
+         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True})],
 }
 
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
