@@ -55,7 +55,7 @@ for s in "$@"; do
              --tiles ${POWER_TILES:-64,64,4,3,p 128,64,8,2,p 128,128,4,3,ws,p}
            step 240 fwd-tiles python3 scripts/device/fwd_variant_ab.py --shapes ${POWER_SHAPE:-xl_2048} --rounds 5 \
              --out "$OUT" ;;
-    packed) mkdir -p "$OUT/packed"  # P's packed conversions in the one-warpgroup forward: bits, bursts, power cap
+    packed) mkdir -p "$OUT/packed"  # the one-warpgroup forward's PACK_P and LEAN_L: bits, bursts, power cap
             step 240 packed-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k leaner
             step 240 packed-fwd python3 scripts/device/fwd_variant_ab.py --variants packed --rounds 5 --out "$OUT/packed" \
               --shapes ${PACKED_SHAPES:-xl_2048 xl_512 small_512 floor}
