@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -193,6 +195,25 @@ def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles
     # the sum's four shuffles a tile, in each of the three key loops (tile 0, unmasked, masked)
     assert counts[0]["SHFL"] - counts[1]["SHFL"] == 12, counts
     assert counts[0]["HGMMA"] == counts[1]["HGMMA"] and counts[0]["MUFU.EX2"] == counts[1]["MUFU.EX2"], counts
+
+
+@pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
+def test_q_in_registers_forward_compiles_to_register_operands():
+    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``Q_REGS``: every warpgroup MMA takes its A
+    operand from registers (S's from Q loaded once an item, P V's from P), no spills, and at most 168 registers, so
+    that three programs still share an SM (168 x 32 x 4 x 3 <= 65,536)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as ptx_dir:
+        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
+                              "--fwd-set", "Q_REGS=1", "--ptx-dir", ptx_dir], cwd=ROOT,
+                             env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
+        ptx = (Path(ptx_dir) / "_hopper_fwd_persistent_kernel.ptx").read_text()
+    assert "spill_stores=0B" in res.stdout, res.stdout
+    regs = int(re.search(r"regs=(\d+)", res.stdout).group(1))
+    assert regs * 32 * 4 * 3 <= 65536, res.stdout
+    mmas = re.findall(r"wgmma\.mma_async\S* \{[^}]*\}, (\S)", ptx)
+    assert len(mmas) == 24 and set(mmas) == {"{"}, mmas  # the A operand a register list, never a descriptor
 
 
 def test_lean_backward_compiles_without_its_release_barriers():
@@ -505,6 +526,38 @@ def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persist
     err = (o.double() - ref).abs().max().item()
     assert err <= 2 * (peer.double() - ref).abs().max().item() + _rounding(ref, dtype), err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), [
+    (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
+def test_gpu_q_in_registers_gives_the_same_bits(seed, b, hq, hkv, n, causal, dtype, persistent):
+    """The one-warpgroup forward with Q read into registers once an item (``Q_REGS``: S's MMAs take their A operand
+    from registers) computes O and L bit for bit as with Q read from shared memory by each MMA: the same products
+    in the same order, only the operand's source differs."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning, flash_hopper
+    from cs336_systems.attention import flash_triton as ft
+
+    d = 64
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+    base = _tuning.config_for(q.device, n, d, q.dtype)
+    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(64, 64, 4, 3, True,
+                                                                                  persistent=persistent))
+    right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    outs = {}
+    for regs in (True, False):
+        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
+        assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
+        fwd[0].constexprs = dict(fwd[0].constexprs, Q_REGS=regs)
+        outs[regs] = ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)
+    for x, y in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.gpu
