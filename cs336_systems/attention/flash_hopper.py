@@ -44,6 +44,7 @@ from cs336_systems.attention import ptx_release
 from cs336_systems.attention.ptx_release import release as _release
 
 LN2 = gl.constexpr(0.6931471805599453)
+LAZY_THRESHOLD = gl.constexpr(8.0)  # log2 units: P <= 256 between rescales (FlashAttention-4's threshold)
 
 HEAD_DIMS = (64, 128)
 # The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
@@ -98,17 +99,26 @@ def forward_descs(heads: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tup
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
-                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, PARTIAL: gl.constexpr = False):
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, PARTIAL: gl.constexpr = False,
+                  LAZY: gl.constexpr = False):
     """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l and m.
     Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards.
-    PARTIAL: l as ``_row_partials`` (each thread's own columns), summed across threads once, after the last tile."""
+    PARTIAL: l as ``_row_partials`` (each thread's own columns), summed across threads once, after the last tile.
+    LAZY: m moves only where the row's maximum passes it by more than ``LAZY_THRESHOLD`` (P then stays below
+    2^LAZY_THRESHOLD), so that alpha is exactly 1 on most rows of most tiles and ``_rescale_lazy`` can skip O's
+    rescale (FlashAttention-4's conditional rescaling, Zadouri, Shah et al. 2025); m, l and O stay consistent, so
+    O = acc / l and L = m + log2(l) hold either way."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         visible = gl.expand_dims(offs_n < N_K, 0)
         if CAUSAL:
             visible = visible & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    if LAZY:
+        m_row = gl.max(s, 1) * qk_scale
+        m_new = gl.where(m_row > m_i + LAZY_THRESHOLD, m_row, m_i)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
     if PARTIAL:
@@ -126,6 +136,34 @@ def _row_partials(x, BLOCK_N: gl.constexpr):
     needs no shuffles; the four parts are added once, at the end."""
     ROWS: gl.constexpr = x.shape[0]
     return gl.sum(gl.sum(gl.reshape(x, [ROWS, BLOCK_N // 8, 4, 2]), 3), 1)
+
+
+# ``_rescale_lazy``'s PTX. The vote: 1.0 where any row of this warp rescales, else 0.0 (warp-uniform); two rows a
+# thread.
+_VOTE_ASM = gl.constexpr(
+    "{ .reg .pred p, q; setp.neu.f32 p, $2, 0f3F800000; setp.neu.or.f32 p, $3, 0f3F800000, p; "
+    "vote.sync.any.pred q, p, 0xffffffff; selp.f32 $0, 0f3F800000, 0f00000000, q; mov.b32 $1, $0; }")
+# The rescale, _RESCALE_PACK elements an instance (outputs, then acc, alpha and the vote): a copy, and the products only
+# where the vote says so. Labels are local to the braces, as CUTLASS's inline waits rely on.
+_RESCALE_PACK = 16
+_RESCALE_ASM = gl.constexpr(
+    "{ .reg .pred p; " + " ".join(f"mov.b32 ${i}, ${_RESCALE_PACK + i};" for i in range(_RESCALE_PACK))
+    + f" setp.eq.f32 p, ${3 * _RESCALE_PACK}, 0f00000000; @p bra.uni SKIP; "
+    + " ".join(f"mul.f32 ${i}, ${_RESCALE_PACK + i}, ${2 * _RESCALE_PACK + i};" for i in range(_RESCALE_PACK))
+    + " SKIP: }")
+_RESCALE_CONSTRAINTS = gl.constexpr(",".join(["=f"] * _RESCALE_PACK + ["f"] * (3 * _RESCALE_PACK)))
+_RESCALE_PACK = gl.constexpr(_RESCALE_PACK)
+
+
+@gluon.jit
+def _rescale_lazy(acc, alpha):
+    """``acc * alpha`` (alpha a row, in acc's row layout) with the multiplies skipped by whole warps: a warp whose
+    rows all have alpha == 1 (``_softmax_tile``'s LAZY: m did not move) branches around its 32 FMULs a thread (64 x 64
+    tile). The decision is the warp's vote, so the branch never diverges; the products are the plain ones."""
+    need = gl.inline_asm_elementwise(_VOTE_ASM, "=f,=f,f,f", [alpha], dtype=gl.float32, is_pure=False, pack=2)
+    return gl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS,
+                                     [acc, gl.expand_dims(alpha, 1), gl.expand_dims(need, 1)], dtype=gl.float32,
+                                     is_pure=True, pack=_RESCALE_PACK)
 
 
 @gluon.jit
@@ -183,7 +221,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                  WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr,
-                 PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False):
+                 PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False, LAZY: gl.constexpr = False):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -198,7 +236,10 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     s_tok = warpgroup_mma(q, _stage_tile(k_smem, stage, BLOCK_N, HEAD_DIM).permute((1, 0)), s_init,
                           use_acc=False, is_async=True)
     mbarrier.wait(v_bars.index(prev), ((base + j - 1) // STAGES) & 1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    if LAZY:
+        acc = _rescale_lazy(acc, gl.convert_layout(alpha, row_o))
+    else:
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     if CARRY16:
         p_op = p
     else:
@@ -210,13 +251,13 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     if MASK == 2:
         if j < n_full:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL, LEAN_L)
+                                               False, CAUSAL, LEAN_L, LAZY)
         else:
             p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               True, CAUSAL, LEAN_L)
+                                               True, CAUSAL, LEAN_L, LAZY)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                           MASK == 1, CAUSAL, LEAN_L)
+                                           MASK == 1, CAUSAL, LEAN_L, LAZY)
     if CARRY16:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)  # while P_{j-1} V_{j-1} runs
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))  # P_{j-1}'s registers stay the MMA's until here
@@ -237,7 +278,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
             FOLD: gl.constexpr, PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False,
-            Q_REGS: gl.constexpr = False):
+            Q_REGS: gl.constexpr = False, LAZY: gl.constexpr = False):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
@@ -247,7 +288,9 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). LEAN_L: l
     kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the one-warpgroup
     kernel's ``_finish`` then scales O by 1 / l as well). Q_REGS: Q read from shared memory once, into the registers
-    of S's MMAs' A operand, rather than by every S MMA (a third of the key loop's shared-memory operand reads).
+    of S's MMAs' A operand, rather than by every S MMA (a third of the key loop's shared-memory operand reads). LAZY:
+    m moves only past ``LAZY_THRESHOLD`` and O's rescale is skipped by warps whose rows kept theirs
+    (``_rescale_lazy``; RELEASE False only).
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -281,10 +324,10 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         _release(empty_bars.index(base % STAGES), LEAN)
     if n_full > 0:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL,
-                                           LEAN_L)
+                                           LEAN_L, LAZY)
     else:
         p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL,
-                                           LEAN_L)
+                                           LEAN_L, LAZY)
 
     if RELEASE:
         for j in range(1, n_tiles):
@@ -299,12 +342,12 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L, LAZY)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L, LAZY)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -395,7 +438,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                                   PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False,
-                                  LEAN_L: gl.constexpr = False, Q_REGS: gl.constexpr = False):
+                                  LEAN_L: gl.constexpr = False, Q_REGS: gl.constexpr = False,
+                                  LAZY_RESCALE: gl.constexpr = False):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -405,7 +449,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
-    ``LEAN_SOFTMAX``). Q_REGS: as in ``_attend`` (off: not yet timed)."""
+    ``LEAN_SOFTMAX``). Q_REGS and LAZY_RESCALE (``_attend``'s LAZY): off, not yet timed."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -437,7 +481,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                0, base, bkv, FOLD_KV, PACK_P, LEAN_L, Q_REGS)
+                                0, base, bkv, FOLD_KV, PACK_P, LEAN_L, Q_REGS, LAZY_RESCALE)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L)

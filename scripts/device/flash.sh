@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained] [packed] [qregs]
+#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained] [packed] [fwd43]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer (this
@@ -20,7 +20,8 @@
 # (fwd_variant_ab.py) at POWER_SHAPE (xl_2048); sustained: the shapes run with each implementation also timed back to
 # back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES); packed: the one-warpgroup forward with
 # P's packed conversions and l's per-thread parts (PACK_P, LEAN_L): the GPU test, fwd_variant_ab.py --variants packed
-# (PACKED_SHAPES) and the power cap; qregs: the same three for Q in registers (Q_REGS; QREGS_SHAPES).
+# (PACKED_SHAPES) and the power cap; fwd43: the same three for Q in registers
+# (Q_REGS) and the skipped rescales (LAZY_RESCALE; FWD43_SHAPES).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -61,13 +62,13 @@ for s in "$@"; do
               --shapes ${PACKED_SHAPES:-xl_2048 xl_512 small_512 floor}
             step 150 packed-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
               --tiles 64,64,4,3,p 64,64,4,3,p,pack 64,64,4,3,p,pack,leanl ;;
-    qregs) mkdir -p "$OUT/qregs"  # the one-warpgroup forward's Q in registers (Q_REGS): bits, bursts, power cap
-           step 240 qregs-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
-             -k q_in_registers
-           step 200 qregs-fwd python3 scripts/device/fwd_variant_ab.py --variants qregs --rounds 5 --out "$OUT/qregs" \
-             --shapes ${QREGS_SHAPES:-xl_2048 xl_512 small_512 floor}
-           step 150 qregs-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-             --tiles 64,64,4,3,p 64,64,4,3,p,qregs ;;
+    fwd43) mkdir -p "$OUT/fwd43"  # the one-warpgroup forward's Q_REGS and LAZY_RESCALE: numerics, bursts, power cap
+           step 240 fwd43-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
+             -k "q_in_registers or lazy_rescale"
+           step 200 fwd43-fwd python3 scripts/device/fwd_variant_ab.py --variants fwd43 --rounds 5 --out "$OUT/fwd43" \
+             --shapes ${FWD43_SHAPES:-xl_2048 xl_512 small_512 floor}
+           step 200 fwd43-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
+             --tiles 64,64,4,3,p 64,64,4,3,p,qregs 64,64,4,3,p,lazy 64,64,4,3,p,qregs,lazy ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

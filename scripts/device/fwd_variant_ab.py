@@ -8,8 +8,9 @@ Per shape (``--rounds``: in rounds, the order rotated by one each round; medians
 O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale). ``--variants
 short``: the variants tried for short sequences at head dim 64; ``lean``: the forwards with and without the
 warpgroup barriers that ``ptx_release`` removes; ``packed``: the one-warpgroup forward with and without packed P
-conversions and l's per-thread parts; ``qregs``: the one-warpgroup forward with Q in shared memory or in registers
-(``Q_REGS``). ``same``: O and L equal bit for bit to our variant listed before it.
+conversions and l's per-thread parts; ``fwd43``: the one-warpgroup forward with Q in shared memory or in registers
+(``Q_REGS``) and with O's rescale skipped where m did not move (``LAZY_RESCALE``). ``same``: O and L equal bit for
+bit to our variant listed before it.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
 
@@ -80,13 +81,17 @@ PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pair
          (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True})],
 }
 
-QREGS = {  # the one-warpgroup forward (leaner softmax on) with S's A operand, Q, read from shared memory by each MMA or
-    # loaded into registers once an item (``Q_REGS``; session 43: 128 -> 168 registers, still three programs an SM);
-    # persistent and a program per item
-    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True, "Q_REGS": False}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True, "Q_REGS": True}),
-         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True, "Q_REGS": False}),
-         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True, "Q_REGS": True})],
+_LEAN = {"PACK_P": True, "LEAN_L": True}
+FWD43 = {  # the one-warpgroup forward (leaner softmax on) with S's A operand, Q, read from shared memory by each MMA or
+    # loaded into registers once an item (``Q_REGS``; session 43: 128 -> 168 registers, still three programs an SM),
+    # and with m moved only past a threshold and O's rescale skipped by warps whose rows kept theirs
+    # (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a program per item
+    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": False}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": False}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": True}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": True}),
+         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": False}),
+         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": True})],
 }
 
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
@@ -113,11 +118,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    p.add_argument("--variants", choices=["default", "short", "regs", "lean", "packed", "qregs"], default="default")
+    p.add_argument("--variants", choices=["default", "short", "regs", "lean", "packed", "fwd43"], default="default")
     p.add_argument("--rounds", type=int, default=1, help="timing rounds, the order rotated by one each round; medians")
     args = p.parse_args()
     variants = {"short": SHORT, "regs": REGS, "lean": LEAN, "packed": PACKED,
-                "qregs": QREGS}.get(args.variants, VARIANTS)
+                "fwd43": FWD43}.get(args.variants, VARIANTS)
     rows = []
     for name in args.shapes:
         b, hq, hkv, n, d, causal = SHAPES[name]
