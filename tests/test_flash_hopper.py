@@ -224,7 +224,7 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
     inline PTX's copies are coalesced away."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
-    for lazy in (0, 1):
+    for lazy in (0, 8):
         res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
                               "--fwd-set", f"LAZY_RESCALE={lazy}", "--sass-ops", "VOTE.ANY", "BRA", "FMUL", "HGMMA",
                               "MUFU.EX2", "MOV"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
@@ -232,11 +232,11 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
         assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
         assert "spill_stores=0B" in res.stdout and "regs=128" in res.stdout, res.stdout
         counts[lazy] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-6:])}
-    assert counts[0]["VOTE.ANY"] == 0 and counts[1]["VOTE.ANY"] == 2, counts
-    assert counts[1]["BRA"] - counts[0]["BRA"] == 4, counts
+    assert counts[0]["VOTE.ANY"] == 0 and counts[8]["VOTE.ANY"] == 2, counts
+    assert counts[8]["BRA"] - counts[0]["BRA"] == 4, counts
     for op in ("FMUL", "HGMMA", "MUFU.EX2"):
-        assert counts[0][op] == counts[1][op], counts
-    assert counts[1]["MOV"] - counts[0]["MOV"] < 8, counts  # not the 32 copies a tile the PTX spells out
+        assert counts[0][op] == counts[8][op], counts
+    assert counts[8]["MOV"] - counts[0]["MOV"] < 8, counts  # not the 32 copies a tile the PTX spells out
 
 
 def test_lean_backward_compiles_without_its_release_barriers():
@@ -589,13 +589,15 @@ def test_gpu_q_in_registers_gives_the_same_bits(seed, b, hq, hkv, n, causal, dty
     (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("logits", ["randn", "growing"])
-@pytest.mark.parametrize("q_regs", [False, True], ids=["q-smem", "q-regs"])
-def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, q_regs):
-    """The one-warpgroup forward with m moved only past ``LAZY_THRESHOLD`` and O's rescale skipped by warps whose
-    rows kept it (``LAZY_RESCALE``; with Q in registers too): O within twice SDPA's error against fp64 plus the
-    dtype's rounding, L within 1e-5 of the shipped form's, nothing infinite. ``growing``: keys whose norms grow
-    along the sequence, so that row maxima jump by more than the threshold many times (the rescale taken) as well
-    as creep below it (P up to 2^8)."""
+@pytest.mark.parametrize(("threshold", "q_regs"), [(4, False), (8, False), (8, True)])
+def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, threshold, q_regs):
+    """The one-warpgroup forward with m moved only past a threshold and O's rescale skipped by warps whose rows
+    kept it (``LAZY_RESCALE``; with Q in registers too): O within twice SDPA's error against fp64 (no allowance for
+    rounding: P's largest element is no longer exact, which ``scripts/lazy_rescale_sim.py`` puts at up to 1.85x
+    SDPA's error at 8),
+    L within 1e-5 of the shipped form's (relative), nothing infinite. ``growing``: keys whose norms grow along the
+    sequence, so that row maxima jump by more than the threshold many times (the rescale taken) as well as creep
+    below it (P up to 2^threshold)."""
     import dataclasses
 
     from cs336_systems.attention import _tuning, flash_hopper
@@ -614,7 +616,7 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, q
     for lazy in (True, False):
         fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
         assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
-        fwd[0].constexprs = dict(fwd[0].constexprs, LAZY_RESCALE=lazy, Q_REGS=lazy and q_regs)
+        fwd[0].constexprs = dict(fwd[0].constexprs, LAZY_RESCALE=threshold if lazy else 0, Q_REGS=lazy and q_regs)
         outs[lazy] = ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)
     (o, lse), (_, lse_shipped) = outs[True], outs[False]
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
@@ -625,7 +627,7 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, q
     ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
     peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
     err = (o.double() - ref).abs().max().item()
-    assert err <= 2 * (peer.double() - ref).abs().max().item() + _rounding(ref, dtype), err
+    assert err <= 2 * (peer.double() - ref).abs().max().item(), err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())
 
 

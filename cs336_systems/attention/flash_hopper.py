@@ -44,7 +44,6 @@ from cs336_systems.attention import ptx_release
 from cs336_systems.attention.ptx_release import release as _release
 
 LN2 = gl.constexpr(0.6931471805599453)
-LAZY_THRESHOLD = gl.constexpr(8.0)  # log2 units: P <= 256 between rescales (FlashAttention-4's threshold)
 
 HEAD_DIMS = (64, 128)
 # The warp-specialised forward's consumers release ring stages without Gluon's warpgroup barrier (``_release``; where
@@ -100,23 +99,25 @@ def forward_descs(heads: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tup
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
                   MASKED: gl.constexpr, CAUSAL: gl.constexpr, PARTIAL: gl.constexpr = False,
-                  LAZY: gl.constexpr = False):
+                  LAZY: gl.constexpr = 0):
     """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l and m.
     Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards.
     PARTIAL: l as ``_row_partials`` (each thread's own columns), summed across threads once, after the last tile.
-    LAZY: m moves only where the row's maximum passes it by more than ``LAZY_THRESHOLD`` (P then stays below
-    2^LAZY_THRESHOLD), so that alpha is exactly 1 on most rows of most tiles and ``_rescale_lazy`` can skip O's
-    rescale (FlashAttention-4's conditional rescaling, Zadouri, Shah et al. 2025); m, l and O stay consistent, so
-    O = acc / l and L = m + log2(l) hold either way."""
+    LAZY > 0: m moves only where the row's maximum passes it by more than LAZY (log2 units; P then stays below
+    2^LAZY), so that alpha is exactly 1 on most rows of most tiles and ``_rescale_lazy`` can skip O's rescale
+    (FlashAttention-4's conditional rescaling, threshold 8); m, l and O stay consistent, so O = acc / l and
+    L = m + log2(l) hold either way. The cost is P's largest element no longer exactly 1 in 16 bits: simulated with
+    bf16 P and O (``scripts/lazy_rescale_sim.py``, two seeds), O's error against fp64 reached 1.85x SDPA's at 8 and
+    1.71x at 4, where every threshold up to 2 kept SDPA's."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         visible = gl.expand_dims(offs_n < N_K, 0)
         if CAUSAL:
             visible = visible & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
         s = gl.where(visible, s, float("-inf"))
-    if LAZY:
+    if LAZY > 0:
         m_row = gl.max(s, 1) * qk_scale
-        m_new = gl.where(m_row > m_i + LAZY_THRESHOLD, m_row, m_i)
+        m_new = gl.where(m_row > m_i + LAZY, m_row, m_i)
     else:
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
@@ -221,7 +222,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
                  s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                  WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr,
-                 PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False, LAZY: gl.constexpr = False):
+                 PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False, LAZY: gl.constexpr = 0):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
@@ -236,7 +237,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
     s_tok = warpgroup_mma(q, _stage_tile(k_smem, stage, BLOCK_N, HEAD_DIM).permute((1, 0)), s_init,
                           use_acc=False, is_async=True)
     mbarrier.wait(v_bars.index(prev), ((base + j - 1) // STAGES) & 1)
-    if LAZY:
+    if LAZY > 0:
         acc = _rescale_lazy(acc, gl.convert_layout(alpha, row_o))
     else:
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -278,7 +279,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
             FOLD: gl.constexpr, PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False,
-            Q_REGS: gl.constexpr = False, LAZY: gl.constexpr = False):
+            Q_REGS: gl.constexpr = False, LAZY: gl.constexpr = 0):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
@@ -288,9 +289,9 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). LEAN_L: l
     kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the one-warpgroup
     kernel's ``_finish`` then scales O by 1 / l as well). Q_REGS: Q read from shared memory once, into the registers
-    of S's MMAs' A operand, rather than by every S MMA (a third of the key loop's shared-memory operand reads). LAZY:
-    m moves only past ``LAZY_THRESHOLD`` and O's rescale is skipped by warps whose rows kept theirs
-    (``_rescale_lazy``; RELEASE False only).
+    of S's MMAs' A operand, rather than by every S MMA (a third of the key loop's shared-memory operand reads).
+    LAZY > 0: m moves only past that threshold (``_softmax_tile``) and O's rescale is skipped by warps whose rows
+    kept theirs (``_rescale_lazy``).
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -439,7 +440,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                                   PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False,
                                   LEAN_L: gl.constexpr = False, Q_REGS: gl.constexpr = False,
-                                  LAZY_RESCALE: gl.constexpr = False):
+                                  LAZY_RESCALE: gl.constexpr = 0):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -449,7 +450,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
-    ``LEAN_SOFTMAX``). Q_REGS and LAZY_RESCALE (``_attend``'s LAZY): off, not yet timed."""
+    ``LEAN_SOFTMAX``). Q_REGS and LAZY_RESCALE (``_attend``'s LAZY, a threshold in log2
+    units; 0 off): off, not yet timed."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout

@@ -68,7 +68,7 @@ for s in "$@"; do
            step 200 fwd43-fwd python3 scripts/device/fwd_variant_ab.py --variants fwd43 --rounds 5 --out "$OUT/fwd43" \
              --shapes ${FWD43_SHAPES:-xl_2048 xl_512 small_512 floor}
            step 200 fwd43-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-             --tiles 64,64,4,3,p 64,64,4,3,p,qregs 64,64,4,3,p,lazy 64,64,4,3,p,qregs,lazy ;;
+             --tiles 64,64,4,3,p 64,64,4,3,p,qregs 64,64,4,3,p,lazy4 64,64,4,3,p,lazy8 64,64,4,3,p,qregs,lazy8 ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

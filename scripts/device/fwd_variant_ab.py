@@ -84,14 +84,16 @@ PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pair
 _LEAN = {"PACK_P": True, "LEAN_L": True}
 FWD43 = {  # the one-warpgroup forward (leaner softmax on) with S's A operand, Q, read from shared memory by each MMA or
     # loaded into registers once an item (``Q_REGS``; session 43: 128 -> 168 registers, still three programs an SM),
-    # and with m moved only past a threshold and O's rescale skipped by warps whose rows kept theirs
-    # (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a program per item
-    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": False}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": False}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": True}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": True}),
-         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": False}),
-         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": True})],
+    # and with m moved only past a threshold of 4 or 8 (log2 units) and O's rescale skipped by warps whose rows kept
+    # theirs (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a program per
+    # item
+    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 4}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 8}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8}),
+         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8})],
 }
 
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
