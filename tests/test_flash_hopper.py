@@ -239,6 +239,26 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
     assert counts[8]["MOV"] - counts[0]["MOV"] < 8, counts  # not the 32 copies a tile the PTX spells out
 
 
+@pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
+def test_ws_forward_lean_l_compiles_leaner():
+    """The warp-specialised forward at noncausal_2k compiled for sm_90a with ``LEAN_L``: fewer shuffles (l's sums)
+    and fewer instructions in all (O's reciprocal instead of a division an element), the same MMAs and exponentials
+    and no more spilled bytes than without it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    counts, spills = {}, {}
+    for lean_l in (0, 1):
+        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "noncausal_2k",
+                              "--forward-only", "--fwd-set", f"LEAN_L={lean_l}", "--sass-ops", "", "SHFL", "HGMMA",
+                              "MUFU.EX2"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0 and "_hopper_fwd_ws_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
+        spills[lean_l] = int(re.search(r"spill_stores=(\d+)B", res.stdout).group(1))
+        counts[lean_l] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-4:])}
+    assert spills[1] <= spills[0], spills
+    assert counts[1][""] < counts[0][""] and counts[1]["SHFL"] < counts[0]["SHFL"], counts
+    assert counts[0]["HGMMA"] == counts[1]["HGMMA"] and counts[0]["MUFU.EX2"] == counts[1]["MUFU.EX2"], counts
+
+
 def test_lean_backward_compiles_without_its_release_barriers():
     """The warp-specialised backward's lean variant (ring releases marked) compiled for sm_90a: nothing marked is
     left, and each consumer has three barriers fewer: its release's, the one after the dS^T hand-over's arrival and
@@ -628,6 +648,42 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, t
     peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
     err = (o.double() - ref).abs().max().item()
     assert err <= 2 * (peer.double() - ref).abs().max().item(), err
+    assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), [
+    (2, 4, 4, 3000, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (1, 2, 2, 129, 64, False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_ws_forward_lean_l(seed, b, hq, hkv, n, d, causal, dtype):
+    """The warp-specialised forward with its consumers' l in per-thread parts and O scaled by 1 / l (``LEAN_L``):
+    O within twice SDPA's error against fp64 plus the dtype's rounding, L within 1e-5 of the shipped form's."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning, flash_hopper
+    from cs336_systems.attention import flash_triton as ft
+
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+    base = _tuning.config_for(q.device, n, d, q.dtype)
+    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(128, 128, 4, 2, True, True, True))
+    right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    outs = {}
+    for lean_l in (True, False):
+        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
+        assert fwd[0].kernel is flash_hopper._hopper_fwd_ws_persistent_kernel
+        fwd[0].constexprs = dict(fwd[0].constexprs, LEAN_L=lean_l)
+        outs[lean_l] = ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)
+    (o, lse), (_, lse_shipped) = outs[True], outs[False]
+    group = hq // hkv
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
+    err = (o.double() - ref).abs().max().item()
+    assert err <= 2 * (peer.double() - ref).abs().max().item() + _rounding(ref, dtype), err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())
 
 

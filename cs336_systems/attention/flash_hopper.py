@@ -608,10 +608,11 @@ def _item(item_buf, vec: gl.constexpr, LEAN: gl.constexpr):
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
                   n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                  FOLD_Q: gl.constexpr, LEAN: gl.constexpr):
+                  FOLD_Q: gl.constexpr, LEAN: gl.constexpr, LEAN_L: gl.constexpr = False):
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
-    finished first). LEAN (nonzero: ``ptx_release.VERSION``): releases without the warpgroup barrier (``_release``)."""
+    finished first). LEAN (nonzero: ``ptx_release.VERSION``): releases without the warpgroup barrier (``_release``).
+    LEAN_L: l in per-thread parts through the key loop and O scaled by 1 / l (``_attend``, ``_finish``)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -635,9 +636,12 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, LEAN, base,
-                                bkv, 0)  # the producer loads: the ring's coordinates are its
+                                bkv, 0, False, LEAN_L)  # the producer loads: the ring's coordinates are its
         _release(q_empty.index(WG), LEAN)  # every matmul that read Q has completed
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        if LEAN_L:
+            acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
+        else:
+            acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
         tma.store_wait(pendings=0)  # the previous item's O has left the buffer
         o.reshape([ROWS, HEAD_DIM]).store(acc.to(o.dtype))
@@ -657,11 +661,13 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      N_K, GROUP, HEADS, INTERLEAVE, RIGHT, qk_scale, HEAD_DIM: gl.constexpr,
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
-                                     PERSISTENT: gl.constexpr = True, LEAN: gl.constexpr = 0):
+                                     PERSISTENT: gl.constexpr = True, LEAN: gl.constexpr = 0,
+                                     LEAN_L: gl.constexpr = False):
     """``_hopper_fwd_persistent_kernel``'s arguments (Q and O descriptors of 64-row tiles, a consumer's) with the
     warp-specialised partitions: two consumer warpgroups, a producer warp (launch with 4 warps, BLOCK_M 128). LEAN
     (``ptx_release.VERSION``, or 0): the consumers release ring stages and Q without a warpgroup barrier (needs
-    ``ptx_release``'s rewrite, ``ptx_release.active()``)."""
+    ``ptx_release``'s rewrite, ``ptx_release.active()``). LEAN_L: the consumers' l in per-thread parts and O scaled
+    by 1 / l (``_wsp_consumer``; off, not yet timed)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -683,10 +689,10 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     gl.warp_specialize([
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN)),
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN, LEAN_L)),
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN)),
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN, LEAN_L)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
                          v_bars, empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                          HEAD_DIM, FOLD_Q, FOLD_KV, PERSISTENT)),

@@ -7,7 +7,7 @@ takes as many cycles as its peer but runs at a lower clock shows whether it draw
 
 ``--tiles`` adds our forward at forced Gluon tiles (BLOCK_M, BLOCK_N, warps, stages, then ``ws`` for the
 warp-specialised form, ``p`` for persistent programs, ``pack`` for P's packed conversions, ``leanl`` for l's
-per-thread parts and reciprocal, ``qregs`` for Q in registers and ``lazy4`` or ``lazy8`` for the skipped
+per-thread parts and reciprocal (either form), ``qregs`` for Q in registers and ``lazy4`` or ``lazy8`` for the skipped
 rescales; without a flag, what the planner passes; ``fwd_variant_ab.py``'s launcher), forward only. Prints per
 implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
 calls a second). The calls are ``flash-bench --sustained-seconds``'s (``bench.flash.sustained_ms``); the session-41
@@ -47,8 +47,8 @@ def _tile(spec: str) -> tuple[KernelConfig, dict]:
     if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p", *_ONE_WARPGROUP}:
         raise argparse.ArgumentTypeError(
             f"a tile is BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack][,leanl][,qregs][,lazy4|,lazy8], got {spec!r}")
-    if "ws" in flags and flags & _ONE_WARPGROUP.keys():
-        raise argparse.ArgumentTypeError(f"pack, leanl, qregs and lazy4/8 are for one-warpgroup tiles, got {spec!r}")
+    if "ws" in flags and flags & (_ONE_WARPGROUP.keys() - {"leanl"}):
+        raise argparse.ArgumentTypeError(f"pack, qregs and lazy4/8 are for one-warpgroup tiles, got {spec!r}")
     if {"lazy4", "lazy8"} <= flags:
         raise argparse.ArgumentTypeError(f"one threshold at most (lazy4 or lazy8), got {spec!r}")
     try:

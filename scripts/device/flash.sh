@@ -21,7 +21,7 @@
 # back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES); packed: the one-warpgroup forward with
 # P's packed conversions and l's per-thread parts (PACK_P, LEAN_L): the GPU test, fwd_variant_ab.py --variants packed
 # (PACKED_SHAPES) and the power cap; fwd43: the same three for Q in registers
-# (Q_REGS) and the skipped rescales (LAZY_RESCALE; FWD43_SHAPES).
+# (Q_REGS) and the skipped rescales (LAZY_RESCALE), and for the warp-specialised forward's LEAN_L (FWD43_SHAPES).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -64,11 +64,13 @@ for s in "$@"; do
               --tiles 64,64,4,3,p 64,64,4,3,p,pack 64,64,4,3,p,pack,leanl ;;
     fwd43) mkdir -p "$OUT/fwd43"  # the one-warpgroup forward's Q_REGS and LAZY_RESCALE: numerics, bursts, power cap
            step 240 fwd43-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
-             -k "q_in_registers or lazy_rescale"
-           step 200 fwd43-fwd python3 scripts/device/fwd_variant_ab.py --variants fwd43 --rounds 5 --out "$OUT/fwd43" \
-             --shapes ${FWD43_SHAPES:-xl_2048 xl_512 small_512 floor}
+             -k "q_in_registers or lazy_rescale or ws_forward_lean_l"
+           step 240 fwd43-fwd python3 scripts/device/fwd_variant_ab.py --variants fwd43 --rounds 5 --out "$OUT/fwd43" \
+             --shapes ${FWD43_SHAPES:-xl_2048 xl_512 small_512 floor lb2025 noncausal_2k}
            step 200 fwd43-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-             --tiles 64,64,4,3,p 64,64,4,3,p,qregs 64,64,4,3,p,lazy4 64,64,4,3,p,lazy8 64,64,4,3,p,qregs,lazy8 ;;
+             --tiles 64,64,4,3,p 64,64,4,3,p,qregs 64,64,4,3,p,lazy4 64,64,4,3,p,lazy8 64,64,4,3,p,qregs,lazy8
+           step 120 fwd43-power-ws python3 scripts/device/attention_power.py --shape noncausal_2k --rounds 3 \
+             --tiles 128,128,4,2,ws,p 128,128,4,2,ws,p,leanl ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

@@ -9,8 +9,9 @@ O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 u
 short``: the variants tried for short sequences at head dim 64; ``lean``: the forwards with and without the
 warpgroup barriers that ``ptx_release`` removes; ``packed``: the one-warpgroup forward with and without packed P
 conversions and l's per-thread parts; ``fwd43``: the one-warpgroup forward with Q in shared memory or in registers
-(``Q_REGS``) and with O's rescale skipped where m did not move (``LAZY_RESCALE``). ``same``: O and L equal bit for
-bit to our variant listed before it.
+(``Q_REGS``) and with O's rescale skipped where m did not move (``LAZY_RESCALE``), and the warp-specialised forward
+with and without l's per-thread parts (``LEAN_L``). ``same``: O and L equal bit for bit to our variant listed before
+it.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
 
@@ -93,7 +94,12 @@ FWD43 = {  # the one-warpgroup forward (leaner softmax on) with S's A operand, Q
          (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 8}),
          (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8}),
          (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8})],
+         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8}),
+         # the warp-specialised forward (lb2025's) with its consumers' l in per-thread parts and O scaled by 1 / l
+         (K(128, 128, 4, 3, True, True, True), {"LEAN_L": False}),
+         (K(128, 128, 4, 3, True, True, True), {"LEAN_L": True})],
+    128: [(K(128, 128, 4, 2, True, True, True), {"LEAN_L": False}),
+          (K(128, 128, 4, 2, True, True, True), {"LEAN_L": True})],
 }
 
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
