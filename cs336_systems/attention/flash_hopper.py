@@ -450,8 +450,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
-    ``LEAN_SOFTMAX``). Q_REGS and LAZY_RESCALE (``_attend``'s LAZY, a threshold in log2
-    units; 0 off): off, not yet timed."""
+    ``LEAN_SOFTMAX``). Q_REGS and LAZY_RESCALE (``_attend``'s LAZY, a threshold in log2 units; 0 off): off, not yet
+    timed."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
