@@ -521,10 +521,50 @@ def test_gpu_lean_forward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
         assert torch.equal(x, y)
 
 
+SWITCH_SHAPES = [(4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)]
+
+
+def _forced_forwards(q, k, v, causal, tile, settings):
+    """Our forward at the Gluon tile ``tile``, once for each dict of constexprs in ``settings`` (added to what the
+    planner passes) on the same inputs: [(the planner's constexprs, kernel, (O, L))]."""
+    import dataclasses
+
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+
+    n, d = q.shape[-2:]
+    cfg = dataclasses.replace(_tuning.config_for(q.device, n, d, q.dtype), small_fwd=(), hopper_fwd=tile)
+    right, scale = 0 if causal else None, 1 / math.sqrt(d)
+    runs = []
+    for extra in settings:
+        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
+        planned = dict(fwd[0].constexprs)
+        fwd[0].constexprs = dict(planned, **extra)
+        runs.append((planned, fwd[0].kernel,
+                     ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)))
+    return runs
+
+
+def _errors_against_fp64(o, q, k, v, causal):
+    """O's largest error against an fp64 reference, SDPA's own in O's dtype, and the reference."""
+    n, d = q.shape[-2:]
+    group = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) / math.sqrt(d)
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
+    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
+    return (o.double() - ref).abs().max().item(), (peer.double() - ref).abs().max().item(), ref
+
+
+def _inputs(b, hq, hkv, n, d, dtype):
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
+    return (q, *(torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2)))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
-@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), [
-    (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), SWITCH_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
 @pytest.mark.parametrize("lean_l", [False, True], ids=["packed", "packed-lean-l"])
@@ -534,79 +574,47 @@ def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persist
     takes them). With l kept in per-thread parts and O scaled by 1 / l as well (``LEAN_L``: another order of fp32
     additions, a product for a quotient), O within twice SDPA's error against fp64 plus the dtype's rounding, and L
     within 1e-5 of the shipped form's."""
-    import dataclasses
-
     from cs336_systems.attention import _tuning, flash_hopper
-    from cs336_systems.attention import flash_triton as ft
 
-    d = 64
-    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
-    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
-    base = _tuning.config_for(q.device, n, d, q.dtype)
-    tile = _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent)
-    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=tile)
-    right, scale = 0 if causal else None, 1 / math.sqrt(d)
-    outs = {}
-    for lean in (True, False):
-        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
-        assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
+    q, k, v = _inputs(b, hq, hkv, n, 64, dtype)
+    runs = _forced_forwards(q, k, v, causal, _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent),
+                            [dict(PACK_P=True, LEAN_L=lean_l), dict(PACK_P=False, LEAN_L=False)])
+    for planned, kernel, _ in runs:
+        assert kernel is flash_hopper._hopper_fwd_persistent_kernel
         switch = flash_hopper.LEAN_SOFTMAX  # what the planner launches
-        assert fwd[0].constexprs["PACK_P"] == switch and fwd[0].constexprs["LEAN_L"] == switch
-        fwd[0].constexprs = dict(fwd[0].constexprs, PACK_P=lean, LEAN_L=lean and lean_l)
-        plan = ft._Plan(None, right, scale, cfg, fwd)
-        outs[lean] = ft._launch_forward(plan, q, k, v, None, None, scale)
+        assert planned["PACK_P"] == switch and planned["LEAN_L"] == switch
+    (o, lse), (o_shipped, lse_shipped) = runs[0][2], runs[1][2]
     if not lean_l:
-        for x, y in zip(outs[True], outs[False], strict=True):
-            assert torch.equal(x, y)
+        assert torch.equal(o, o_shipped) and torch.equal(lse, lse_shipped)
         return
-    (o, lse), (_, lse_shipped) = outs[True], outs[False]
-    group = hq // hkv
-    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * scale
-    if causal:
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
-    ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
-    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
-    err = (o.double() - ref).abs().max().item()
-    assert err <= 2 * (peer.double() - ref).abs().max().item() + _rounding(ref, dtype), err
+    err, peer, ref = _errors_against_fp64(o, q, k, v, causal)
+    assert err <= 2 * peer + _rounding(ref, dtype), err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
-@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), [
-    (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), SWITCH_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
 def test_gpu_q_in_registers_gives_the_same_bits(seed, b, hq, hkv, n, causal, dtype, persistent):
     """The one-warpgroup forward with Q read into registers once an item (``Q_REGS``: S's MMAs take their A operand
     from registers) computes O and L bit for bit as with Q read from shared memory by each MMA: the same products
     in the same order, only the operand's source differs."""
-    import dataclasses
-
     from cs336_systems.attention import _tuning, flash_hopper
-    from cs336_systems.attention import flash_triton as ft
 
-    d = 64
-    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
-    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
-    base = _tuning.config_for(q.device, n, d, q.dtype)
-    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(64, 64, 4, 3, True,
-                                                                                  persistent=persistent))
-    right, scale = 0 if causal else None, 1 / math.sqrt(d)
-    outs = {}
-    for regs in (True, False):
-        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
-        assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
-        fwd[0].constexprs = dict(fwd[0].constexprs, Q_REGS=regs)
-        outs[regs] = ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)
-    for x, y in zip(outs[True], outs[False], strict=True):
+    q, k, v = _inputs(b, hq, hkv, n, 64, dtype)
+    (_, kernel, regs), (_, _, smem) = _forced_forwards(
+        q, k, v, causal, _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent),
+        [dict(Q_REGS=True), dict(Q_REGS=False)])
+    assert kernel is flash_hopper._hopper_fwd_persistent_kernel
+    for x, y in zip(regs, smem, strict=True):
         assert torch.equal(x, y)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
-@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), [
-    (4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)])
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), SWITCH_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("logits", ["randn", "growing"])
 @pytest.mark.parametrize(("threshold", "q_regs"), [(4, False), (8, False), (8, True)])
@@ -614,40 +622,21 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, t
     """The one-warpgroup forward with m moved only past a threshold and O's rescale skipped by warps whose rows
     kept it (``LAZY_RESCALE``; with Q in registers too): O within twice SDPA's error against fp64 (no allowance for
     rounding: P's largest element is no longer exact, which ``scripts/lazy_rescale_sim.py`` puts at up to 1.85x
-    SDPA's error at 8),
-    L within 1e-5 of the shipped form's (relative), nothing infinite. ``growing``: keys whose norms grow along the
-    sequence, so that row maxima jump by more than the threshold many times (the rescale taken) as well as creep
-    below it (P up to 2^threshold)."""
-    import dataclasses
-
+    SDPA's error at 8), L within 1e-5 of the shipped form's (relative), nothing infinite. ``growing``: keys whose
+    norms grow along the sequence, so that row maxima jump by more than the threshold many times (the rescale
+    taken) as well as creep below it (P up to 2^threshold)."""
     from cs336_systems.attention import _tuning, flash_hopper
-    from cs336_systems.attention import flash_triton as ft
 
-    d = 64
-    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
-    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
+    q, k, v = _inputs(b, hq, hkv, n, 64, dtype)
     if logits == "growing":  # logits up to about 60 (natural units) by the last key
         k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
-    base = _tuning.config_for(q.device, n, d, q.dtype)
-    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(64, 64, 4, 3, True,
-                                                                                  persistent=True))
-    right, scale = 0 if causal else None, 1 / math.sqrt(d)
-    outs = {}
-    for lazy in (True, False):
-        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
-        assert fwd[0].kernel is flash_hopper._hopper_fwd_persistent_kernel
-        fwd[0].constexprs = dict(fwd[0].constexprs, LAZY_RESCALE=threshold if lazy else 0, Q_REGS=lazy and q_regs)
-        outs[lazy] = ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)
-    (o, lse), (_, lse_shipped) = outs[True], outs[False]
+    (_, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
+        q, k, v, causal, _tuning.KernelConfig(64, 64, 4, 3, True, persistent=True),
+        [dict(LAZY_RESCALE=threshold, Q_REGS=q_regs), dict(LAZY_RESCALE=0, Q_REGS=False)])
+    assert kernel is flash_hopper._hopper_fwd_persistent_kernel
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    group = hq // hkv
-    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * scale
-    if causal:
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
-    ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
-    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
-    err = (o.double() - ref).abs().max().item()
-    assert err <= 2 * (peer.double() - ref).abs().max().item(), err
+    err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
+    assert err <= 2 * peer, err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())
 
 
@@ -659,31 +648,15 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, t
 def test_gpu_ws_forward_lean_l(seed, b, hq, hkv, n, d, causal, dtype):
     """The warp-specialised forward with its consumers' l in per-thread parts and O scaled by 1 / l (``LEAN_L``):
     O within twice SDPA's error against fp64 plus the dtype's rounding, L within 1e-5 of the shipped form's."""
-    import dataclasses
-
     from cs336_systems.attention import _tuning, flash_hopper
-    from cs336_systems.attention import flash_triton as ft
 
-    q = torch.randn(b, hq, n, d, device="cuda", dtype=dtype) * 2
-    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=dtype) for _ in range(2))
-    base = _tuning.config_for(q.device, n, d, q.dtype)
-    cfg = dataclasses.replace(base, small_fwd=(), hopper_fwd=_tuning.KernelConfig(128, 128, 4, 2, True, True, True))
-    right, scale = 0 if causal else None, 1 / math.sqrt(d)
-    outs = {}
-    for lean_l in (True, False):
-        fwd = ft._plan_forward(q, k, v, cfg, None, right, False)
-        assert fwd[0].kernel is flash_hopper._hopper_fwd_ws_persistent_kernel
-        fwd[0].constexprs = dict(fwd[0].constexprs, LEAN_L=lean_l)
-        outs[lean_l] = ft._launch_forward(ft._Plan(None, right, scale, cfg, fwd), q, k, v, None, None, scale)
-    (o, lse), (_, lse_shipped) = outs[True], outs[False]
-    group = hq // hkv
-    s = q.double() @ k.double().repeat_interleave(group, 1).transpose(-1, -2) * scale
-    if causal:
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
-    ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
-    peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
-    err = (o.double() - ref).abs().max().item()
-    assert err <= 2 * (peer.double() - ref).abs().max().item() + _rounding(ref, dtype), err
+    q, k, v = _inputs(b, hq, hkv, n, d, dtype)
+    (_, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
+        q, k, v, causal, _tuning.KernelConfig(128, 128, 4, 2, True, True, True),
+        [dict(LEAN_L=True), dict(LEAN_L=False)])
+    assert kernel is flash_hopper._hopper_fwd_ws_persistent_kernel
+    err, peer, ref = _errors_against_fp64(o, q, k, v, causal)
+    assert err <= 2 * peer + _rounding(ref, dtype), err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())
 
 
