@@ -144,16 +144,19 @@ def _row_partials(x, BLOCK_N: gl.constexpr):
 _VOTE_ASM = gl.constexpr(
     "{ .reg .pred p, q; setp.neu.f32 p, $2, 0f3F800000; setp.neu.or.f32 p, $3, 0f3F800000, p; "
     "vote.sync.any.pred q, p, 0xffffffff; selp.f32 $0, 0f3F800000, 0f00000000, q; mov.b32 $1, $0; }")
-# The rescale, _RESCALE_PACK elements an instance (outputs, then acc, alpha and the vote): a copy, and the products only
-# where the vote says so. Labels are local to the braces, as CUTLASS's inline waits rely on.
-_RESCALE_PACK = 16
-_RESCALE_ASM = gl.constexpr(
-    "{ .reg .pred p; " + " ".join(f"mov.b32 ${i}, ${_RESCALE_PACK + i};" for i in range(_RESCALE_PACK))
-    + f" setp.eq.f32 p, ${3 * _RESCALE_PACK}, 0f00000000; @p bra.uni SKIP; "
-    + " ".join(f"mul.f32 ${i}, ${_RESCALE_PACK + i}, ${2 * _RESCALE_PACK + i};" for i in range(_RESCALE_PACK))
-    + " SKIP: }")
-_RESCALE_CONSTRAINTS = gl.constexpr(",".join(["=f"] * _RESCALE_PACK + ["f"] * (3 * _RESCALE_PACK)))
-_RESCALE_PACK = gl.constexpr(_RESCALE_PACK)
+
+
+def _rescale_asm(n: int) -> tuple[str, str]:
+    """The rescale's PTX and constraints, ``n`` elements an instance (outputs, then acc, alpha and the vote): a copy,
+    and the products only where the vote says so. Labels are local to the braces, as CUTLASS's inline waits rely on."""
+    copies = " ".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
+    products = " ".join(f"mul.f32 ${i}, ${n + i}, ${2 * n + i};" for i in range(n))
+    asm = f"{{ .reg .pred p; {copies} setp.eq.f32 p, ${3 * n}, 0f00000000; @p bra.uni SKIP; {products} SKIP: }}"
+    return asm, ",".join(["=f"] * n + ["f"] * (3 * n))
+
+
+_RESCALE_PACK = gl.constexpr(16)
+_RESCALE_ASM, _RESCALE_CONSTRAINTS = (gl.constexpr(x) for x in _rescale_asm(16))
 
 
 @gluon.jit
