@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -198,25 +197,6 @@ def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles
 
 
 @pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
-def test_q_in_registers_forward_compiles_to_register_operands():
-    """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``Q_REGS``: every warpgroup MMA takes its A
-    operand from registers (S's from Q loaded once an item, P V's from P), no spills, and at most 168 registers, so
-    that three programs still share an SM (168 x 32 x 4 x 3 <= 65,536)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    with tempfile.TemporaryDirectory() as ptx_dir:
-        res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
-                              "--fwd-set", "Q_REGS=1", "--ptx-dir", ptx_dir], cwd=ROOT,
-                             env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
-        ptx = (Path(ptx_dir) / "_hopper_fwd_persistent_kernel.ptx").read_text()
-    assert "spill_stores=0B" in res.stdout, res.stdout
-    regs = int(re.search(r"regs=(\d+)", res.stdout).group(1))
-    assert regs * 32 * 4 * 3 <= 65536, res.stdout
-    mmas = re.findall(r"wgmma\.mma_async\S* \{[^}]*\}, (\S)", ptx)
-    assert len(mmas) == 24 and set(mmas) == {"{"}, mmas  # the A operand a register list, never a descriptor
-
-
-@pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
 def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
     """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``LAZY_RESCALE``: one warp vote in each key loop
     that rescales O (unmasked and masked), two branches around the rescale's 16-element halves behind each, O's
@@ -224,7 +204,7 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
     inline PTX's copies are coalesced away."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
-    for lazy in (0, 8):
+    for lazy in (0, 4):
         res = subprocess.run([sys.executable, "scripts/device/flash_aot.py", "--shape", "xl_2048", "--forward-only",
                               "--fwd-set", f"LAZY_RESCALE={lazy}", "--sass-ops", "VOTE.ANY", "BRA", "FMUL", "HGMMA",
                               "MUFU.EX2", "MOV"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
@@ -232,11 +212,11 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
         assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
         assert "spill_stores=0B" in res.stdout and "regs=128" in res.stdout, res.stdout
         counts[lazy] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-6:])}
-    assert counts[0]["VOTE.ANY"] == 0 and counts[8]["VOTE.ANY"] == 2, counts
-    assert counts[8]["BRA"] - counts[0]["BRA"] == 4, counts
+    assert counts[0]["VOTE.ANY"] == 0 and counts[4]["VOTE.ANY"] == 2, counts
+    assert counts[4]["BRA"] - counts[0]["BRA"] == 4, counts
     for op in ("FMUL", "HGMMA", "MUFU.EX2"):
-        assert counts[0][op] == counts[8][op], counts
-    assert counts[8]["MOV"] - counts[0]["MOV"] < 8, counts  # not the 32 copies a tile the PTX spells out
+        assert counts[0][op] == counts[4][op], counts
+    assert counts[4]["MOV"] - counts[0]["MOV"] < 8, counts  # not the 32 copies a tile the PTX spells out
 
 
 @pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
@@ -596,44 +576,26 @@ def test_gpu_leaner_softmax_forwards(seed, b, hq, hkv, n, causal, dtype, persist
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
 @pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), SWITCH_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-item"])
-def test_gpu_q_in_registers_gives_the_same_bits(seed, b, hq, hkv, n, causal, dtype, persistent):
-    """The one-warpgroup forward with Q read into registers once an item (``Q_REGS``: S's MMAs take their A operand
-    from registers) computes O and L bit for bit as with Q read from shared memory by each MMA: the same products
-    in the same order, only the operand's source differs."""
-    from cs336_systems.attention import _tuning, flash_hopper
-
-    q, k, v = _inputs(b, hq, hkv, n, 64, dtype)
-    (_, kernel, regs), (_, _, smem) = _forced_forwards(
-        q, k, v, causal, _tuning.KernelConfig(64, 64, 4, 3, True, persistent=persistent),
-        [dict(Q_REGS=True), dict(Q_REGS=False)])
-    assert kernel is flash_hopper._hopper_fwd_persistent_kernel
-    for x, y in zip(regs, smem, strict=True):
-        assert torch.equal(x, y)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
-@pytest.mark.parametrize(("b", "hq", "hkv", "n", "causal"), SWITCH_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("logits", ["randn", "growing"])
-@pytest.mark.parametrize(("threshold", "q_regs"), [(4, False), (8, False), (8, True)])
-def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, threshold, q_regs):
+@pytest.mark.parametrize("threshold", [4, 8])
+def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, threshold):
     """The one-warpgroup forward with m moved only past a threshold and O's rescale skipped by warps whose rows
-    kept it (``LAZY_RESCALE``; with Q in registers too): O within twice SDPA's error against fp64 (no allowance for
-    rounding: P's largest element is no longer exact, which ``scripts/lazy_rescale_sim.py`` puts at up to 1.85x
-    SDPA's error at 8), L within 1e-5 of the shipped form's (relative), nothing infinite. ``growing``: keys whose
-    norms grow along the sequence, so that row maxima jump by more than the threshold many times (the rescale
-    taken) as well as creep below it (P up to 2^threshold)."""
+    kept it (``LAZY_RESCALE``; the planner passes ``flash_hopper.RESCALE_THRESHOLD``, 4; FlashAttention-4's 8
+    too): O within twice SDPA's error against fp64 (no allowance for rounding: P's largest element is no longer
+    exact, which ``scripts/lazy_rescale_sim.py`` puts at up to 1.85x SDPA's error at 8), L within 1e-5 of the form
+    without it (relative), nothing infinite. ``growing``: keys whose norms grow along the sequence, so that row
+    maxima jump by more than the threshold many times (the rescale taken) as well as creep below it (P up to
+    2^threshold)."""
     from cs336_systems.attention import _tuning, flash_hopper
 
     q, k, v = _inputs(b, hq, hkv, n, 64, dtype)
     if logits == "growing":  # logits up to about 60 (natural units) by the last key
         k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
-    (_, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
+    (planned, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
         q, k, v, causal, _tuning.KernelConfig(64, 64, 4, 3, True, persistent=True),
-        [dict(LAZY_RESCALE=threshold, Q_REGS=q_regs), dict(LAZY_RESCALE=0, Q_REGS=False)])
+        [dict(LAZY_RESCALE=threshold), dict(LAZY_RESCALE=0)])
     assert kernel is flash_hopper._hopper_fwd_persistent_kernel
+    assert planned["LAZY_RESCALE"] == flash_hopper.RESCALE_THRESHOLD  # what the planner launches
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
     assert err <= 2 * peer, err
@@ -646,15 +608,16 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, t
     (2, 4, 4, 3000, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (1, 2, 2, 129, 64, False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_ws_forward_lean_l(seed, b, hq, hkv, n, d, causal, dtype):
-    """The warp-specialised forward with its consumers' l in per-thread parts and O scaled by 1 / l (``LEAN_L``):
-    O within twice SDPA's error against fp64 plus the dtype's rounding, L within 1e-5 of the shipped form's."""
+    """The warp-specialised forward with its consumers' l in per-thread parts and O scaled by 1 / l (``LEAN_L``, what
+    the planner passes with ``flash_hopper.LEAN_SOFTMAX``): O within twice SDPA's error against fp64 plus the dtype's
+    rounding, L within 1e-5 of the form without it."""
     from cs336_systems.attention import _tuning, flash_hopper
 
     q, k, v = _inputs(b, hq, hkv, n, d, dtype)
-    (_, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
+    (planned, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
         q, k, v, causal, _tuning.KernelConfig(128, 128, 4, 2, True, True, True),
         [dict(LEAN_L=True), dict(LEAN_L=False)])
-    assert kernel is flash_hopper._hopper_fwd_ws_persistent_kernel
+    assert kernel is flash_hopper._hopper_fwd_ws_persistent_kernel and planned["LEAN_L"] == flash_hopper.LEAN_SOFTMAX
     err, peer, ref = _errors_against_fp64(o, q, k, v, causal)
     assert err <= 2 * peer + _rounding(ref, dtype), err
     assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())

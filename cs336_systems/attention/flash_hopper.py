@@ -51,8 +51,14 @@ HEAD_DIMS = (64, 128)
 LEAN_RELEASE = True
 # The one-warpgroup forward's P rounded in packed pairs, l kept in per-thread parts and O scaled by 1 / l (PACK_P,
 # LEAN_L: 7% fewer instructions an item; on the H200 3.5% faster in bursts and 3% less energy a call at the power cap,
-# docs/flash_tuning_notes.md, session 43)
+# docs/flash_tuning_notes.md, session 43); the warp-specialised forward's consumers' l the same way (LEAN_L: 3.5%
+# faster at lb2025 in bursts, even at noncausal_2k, session 44)
 LEAN_SOFTMAX = True
+# The one-warpgroup forward's m moved only past this many log2 units and O's rescale skipped by warps whose rows kept
+# theirs (LAZY_RESCALE, FlashAttention-4's conditional rescaling; 0 off). On the H200 at xl_2048 2.7% less energy a
+# call at the power cap (below cuDNN's) and 1.6% faster in bursts; O's error 1.33x SDPA's there, 1.65x at its worst
+# model shape, where 8 reached 1.81x for no further gain at the cap (docs/flash_tuning_notes.md, session 44)
+RESCALE_THRESHOLD = 4
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -282,7 +288,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
             STAGES: gl.constexpr, WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head,
             FOLD: gl.constexpr, PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False,
-            Q_REGS: gl.constexpr = False, LAZY: gl.constexpr = 0):
+            LAZY: gl.constexpr = 0):
     """The key-tile loop of ``ROWS`` query rows (Q in shared memory ``q``, offs_m in the S rows' layout): O not yet
     normalised, l and m in the S rows' layout. A stage whose MMAs have completed is refilled with the tile
     ``STAGES`` ahead (RELEASE False: these warps issue the loads) or released to a producer (RELEASE True) through
@@ -290,11 +296,9 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     (``STAGES + stage``) after P V, so that the next K tile can arrive while this tile's P V runs. LEAN: releases
     (RELEASE True) without the warpgroup barrier Gluon puts before them (``_release``). ``base``, ``kv_head``, FOLD:
     as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). LEAN_L: l
-    kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the one-warpgroup
-    kernel's ``_finish`` then scales O by 1 / l as well). Q_REGS: Q read from shared memory once, into the registers
-    of S's MMAs' A operand, rather than by every S MMA (a third of the key loop's shared-memory operand reads).
-    LAZY > 0: m moves only past that threshold (``_softmax_tile``) and O's rescale is skipped by warps whose rows
-    kept theirs (``_rescale_lazy``).
+    kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the kernels'
+    ``_finish`` then scales O by 1 / l as well). LAZY > 0: m moves only past that threshold (``_softmax_tile``) and
+    O's rescale is skipped by warps whose rows kept theirs (``_rescale_lazy``).
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -317,8 +321,6 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         l_i = _row_partials(s_init, BLOCK_N)
     else:
         l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
-    if Q_REGS:
-        q = q.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
 
     # tile 0: S alone
     mbarrier.wait(k_bars.index(base % STAGES), (base // STAGES) & 1)
@@ -442,8 +444,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                                   PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False,
-                                  LEAN_L: gl.constexpr = False, Q_REGS: gl.constexpr = False,
-                                  LAZY_RESCALE: gl.constexpr = 0):
+                                  LEAN_L: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = 0):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -453,8 +454,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
-    ``LEAN_SOFTMAX``). Q_REGS and LAZY_RESCALE (``_attend``'s LAZY, a threshold in log2 units; 0 off): off, not yet
-    timed."""
+    ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (the planner passes
+    ``RESCALE_THRESHOLD``)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -486,7 +487,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
         mbarrier.wait(q_bar, item & 1)
         acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                0, base, bkv, FOLD_KV, PACK_P, LEAN_L, Q_REGS, LAZY_RESCALE)
+                                0, base, bkv, FOLD_KV, PACK_P, LEAN_L, LAZY_RESCALE)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
         _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L)

@@ -1267,10 +1267,13 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
         descs = flash_hopper.forward_descs(bh, group, n_q, n_k, sq, sk, sv, so, d,
                                            cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
                                            Q.dtype, fq, fkv)
-        # the warp-specialised consumers' releases without Gluon's warpgroup barriers (``ptx_release``); the
-        # one-warpgroup forward's leaner softmax (``flash_hopper.LEAN_SOFTMAX``)
-        lean = (dict(LEAN=ptx_release.lean(flash_hopper.LEAN_RELEASE)) if cfg.warp_specialize else
-                dict(PACK_P=flash_hopper.LEAN_SOFTMAX, LEAN_L=flash_hopper.LEAN_SOFTMAX))
+        # the warp-specialised consumers' releases without Gluon's warpgroup barriers (``ptx_release``); the leaner
+        # softmax (``flash_hopper.LEAN_SOFTMAX``) and, in the one-warpgroup forward, the skipped rescales
+        # (``flash_hopper.RESCALE_THRESHOLD``)
+        lean = (dict(LEAN=ptx_release.lean(flash_hopper.LEAN_RELEASE), LEAN_L=flash_hopper.LEAN_SOFTMAX)
+                if cfg.warp_specialize else
+                dict(PACK_P=flash_hopper.LEAN_SOFTMAX, LEAN_L=flash_hopper.LEAN_SOFTMAX,
+                     LAZY_RESCALE=flash_hopper.RESCALE_THRESHOLD))
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                                       STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, **lean, **folds), cfg,
                          descs)

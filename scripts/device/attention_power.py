@@ -3,12 +3,13 @@ forward+backward), alternating in one process, with ``nvidia-smi`` sampling ever
 takes as many cycles as its peer but runs at a lower clock shows whether it draws more power (session 41).
 
     python scripts/device/attention_power.py --shape xl_2048 [--backward] [--seconds 4] [--rounds 3]
-        [--tiles 64,64,4,3,p 64,64,4,3,p,qregs,lazy8 128,128,4,3,ws,p]
+        [--tiles 64,64,4,3,p 64,64,4,3,p,lazy8 128,128,4,3,ws,p]
 
 ``--tiles`` adds our forward at forced Gluon tiles (BLOCK_M, BLOCK_N, warps, stages, then ``ws`` for the
 warp-specialised form, ``p`` for persistent programs, ``pack`` for P's packed conversions, ``leanl`` for l's
-per-thread parts and reciprocal (either form), ``qregs`` for Q in registers and ``lazy4`` or ``lazy8`` for the skipped
-rescales; without a flag, what the planner passes; ``fwd_variant_ab.py``'s launcher), forward only. Prints per
+per-thread parts and reciprocal (either form) and ``lazy4`` or ``lazy8`` for the rescales skipped past that
+threshold, ``pack0``, ``leanl0`` and ``lazy0`` for each off; without a flag, what the planner passes;
+``fwd_variant_ab.py``'s launcher), forward only. Prints per
 implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
 calls a second). The calls are ``flash-bench --sustained-seconds``'s (``bench.flash.sustained_ms``); the session-41
 logs (8e44651, 6429360) ran a loop of their own that left q, k and v's gradients accumulating across
@@ -31,29 +32,32 @@ from cs336_systems.bench.flash import MODEL_SHAPES, attention_fn, shape_inputs, 
 WARMUP_S = 1.0  # each span's untimed start (its samples left out too): the clock settles on this kernel
 
 
-# the one-warpgroup forward's switches: flag -> (constexpr, value)
-_ONE_WARPGROUP = {"pack": ("PACK_P", True), "leanl": ("LEAN_L", True), "qregs": ("Q_REGS", True),
-                  "lazy4": ("LAZY_RESCALE", 4), "lazy8": ("LAZY_RESCALE", 8)}
+# the forwards' switches: flag -> (constexpr, value); without one, what the planner passes
+_SWITCHES = {"pack": ("PACK_P", True), "pack0": ("PACK_P", False), "leanl": ("LEAN_L", True),
+             "leanl0": ("LEAN_L", False), "lazy0": ("LAZY_RESCALE", 0), "lazy4": ("LAZY_RESCALE", 4),
+             "lazy8": ("LAZY_RESCALE", 8)}
+_WS_SWITCHES = {"leanl", "leanl0"}  # the warp-specialised forward's; the others are the one-warpgroup forward's
+_TILE_FORM = "BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack|,pack0][,leanl|,leanl0][,lazy0|,lazy4|,lazy8]"
 
 
 def _tile(spec: str) -> tuple[KernelConfig, dict]:
-    """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack][,leanl][,qregs][,lazy4|,lazy8]`` as the forward's Gluon tile
-    (TMA on) and the constexprs the launch adds (one-warpgroup tiles: ``pack``, P rounded in packed pairs,
-    ``PACK_P``; ``leanl``, l in per-thread parts and one reciprocal a row, ``LEAN_L``; ``qregs``, Q in registers,
-    ``Q_REGS``; ``lazy4``, ``lazy8``, O's rescale skipped where m did not move past that threshold,
-    ``LAZY_RESCALE``)."""
+    """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack|,pack0][,leanl|,leanl0][,lazy0|,lazy4|,lazy8]`` as the forward's
+    Gluon tile (TMA on) and the constexprs the launch sets (``_SWITCHES``): ``pack``, P rounded in packed pairs,
+    ``PACK_P``; ``leanl``, l in per-thread parts and one reciprocal a row, ``LEAN_L`` (either form); ``lazy4``,
+    ``lazy8``, O's rescale skipped where m did not move past that threshold, ``LAZY_RESCALE``; a trailing 0 turns the
+    switch off."""
     parts = spec.split(",")
     flags = set(parts[4:])
-    if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p", *_ONE_WARPGROUP}:
-        raise argparse.ArgumentTypeError(
-            f"a tile is BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack][,leanl][,qregs][,lazy4|,lazy8], got {spec!r}")
-    if "ws" in flags and flags & (_ONE_WARPGROUP.keys() - {"leanl"}):
-        raise argparse.ArgumentTypeError(f"pack, qregs and lazy4/8 are for one-warpgroup tiles, got {spec!r}")
-    if {"lazy4", "lazy8"} <= flags:
-        raise argparse.ArgumentTypeError(f"one threshold at most (lazy4 or lazy8), got {spec!r}")
+    if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p", *_SWITCHES}:
+        raise argparse.ArgumentTypeError(f"a tile is {_TILE_FORM}, got {spec!r}")
+    if "ws" in flags and flags & (_SWITCHES.keys() - _WS_SWITCHES):
+        raise argparse.ArgumentTypeError(f"pack and lazy0/4/8 are for one-warpgroup tiles, got {spec!r}")
+    names = [_SWITCHES[flag][0] for flag in flags & _SWITCHES.keys()]
+    if len(names) > len(set(names)):
+        raise argparse.ArgumentTypeError(f"one setting a switch at most, got {spec!r}")
     try:
         return KernelConfig(*map(int, parts[:4]), True, "ws" in flags, "p" in flags), dict(
-            _ONE_WARPGROUP[flag] for flag in sorted(flags & _ONE_WARPGROUP.keys()))
+            _SWITCHES[flag] for flag in sorted(flags & _SWITCHES.keys()))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -89,7 +93,7 @@ def main() -> None:
         qd, kd, vd = (t.detach() for t in (q, k, v))
         for t, extra in args.tiles:
             calls[f"{t.block_m}x{t.block_n}/w{t.num_warps}/s{t.num_stages}" + "/ws" * t.warp_specialize
-                  + "/p" * t.persistent + "".join(f"/{flag}" for flag, setting in _ONE_WARPGROUP.items()
+                  + "/p" * t.persistent + "".join(f"/{flag}" for flag, setting in _SWITCHES.items()
                                                   if setting in extra.items())] = runner(
                       qd, kd, vd, s.causal, t, extra)[0]
     names = list(calls)

@@ -20,8 +20,8 @@
 # (fwd_variant_ab.py) at POWER_SHAPE (xl_2048); sustained: the shapes run with each implementation also timed back to
 # back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES); packed: the one-warpgroup forward with
 # P's packed conversions and l's per-thread parts (PACK_P, LEAN_L): the GPU test, fwd_variant_ab.py --variants packed
-# (PACKED_SHAPES) and the power cap; fwd43: the same three for Q in registers
-# (Q_REGS) and the skipped rescales (LAZY_RESCALE), and for the warp-specialised forward's LEAN_L (FWD43_SHAPES).
+# (PACKED_SHAPES) and the power cap; fwd43: the same three for the skipped rescales (LAZY_RESCALE) and the
+# warp-specialised forward's LEAN_L (FWD43_SHAPES; session 43's form also timed Q_REGS, now in experiments/).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -61,16 +61,16 @@ for s in "$@"; do
             step 240 packed-fwd python3 scripts/device/fwd_variant_ab.py --variants packed --rounds 5 --out "$OUT/packed" \
               --shapes ${PACKED_SHAPES:-xl_2048 xl_512 small_512 floor}
             step 150 packed-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-              --tiles 64,64,4,3,p 64,64,4,3,p,pack 64,64,4,3,p,pack,leanl ;;
-    fwd43) mkdir -p "$OUT/fwd43"  # the one-warpgroup forward's Q_REGS and LAZY_RESCALE: numerics, bursts, power cap
+              --tiles 64,64,4,3,p,pack0,leanl0,lazy0 64,64,4,3,p,leanl0,lazy0 64,64,4,3,p,lazy0 ;;
+    fwd43) mkdir -p "$OUT/fwd43"  # LAZY_RESCALE and the ws LEAN_L: numerics, bursts, power cap
            step 240 fwd43-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
-             -k "q_in_registers or lazy_rescale or ws_forward_lean_l"
+             -k "lazy_rescale or ws_forward_lean_l"
            step 240 fwd43-fwd python3 scripts/device/fwd_variant_ab.py --variants fwd43 --rounds 5 --out "$OUT/fwd43" \
              --shapes ${FWD43_SHAPES:-xl_2048 xl_512 small_512 floor lb2025 noncausal_2k}
            step 200 fwd43-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-             --tiles 64,64,4,3,p 64,64,4,3,p,qregs 64,64,4,3,p,lazy4 64,64,4,3,p,lazy8 64,64,4,3,p,qregs,lazy8
+             --tiles 64,64,4,3,p,lazy0 64,64,4,3,p 64,64,4,3,p,lazy8
            step 120 fwd43-power-ws python3 scripts/device/attention_power.py --shape noncausal_2k --rounds 3 \
-             --tiles 128,128,4,2,ws,p 128,128,4,2,ws,p,leanl ;;
+             --tiles 128,128,4,2,ws,p,leanl0 128,128,4,2,ws,p ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

@@ -129,7 +129,7 @@ def main() -> None:
     p.add_argument("--gluon-bwd", nargs="*", default=None, metavar="NAME",
                    help="compile the Gluon backward kernel's variants instead (these, by Variant.name(); default all)")
     p.add_argument("--fwd-set", nargs="*", default=[], metavar="NAME=INT",
-                   help="constexprs added to the forward's launch (an experiment's, e.g. Q_REGS=1)")
+                   help="constexprs added to the forward's launch (an experiment's, e.g. LAZY_RESCALE=8)")
     p.add_argument("--forward-only", action="store_true")
     p.add_argument("--ptx-dir", default=None, help="also write each compiled kernel's PTX there (<kernel>.ptx)")
     p.add_argument("--sass-ops", nargs="*", default=[], metavar="OP",

@@ -8,9 +8,9 @@ Per shape (``--rounds``: in rounds, the order rotated by one each round; medians
 O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale). ``--variants
 short``: the variants tried for short sequences at head dim 64; ``lean``: the forwards with and without the
 warpgroup barriers that ``ptx_release`` removes; ``packed``: the one-warpgroup forward with and without packed P
-conversions and l's per-thread parts; ``fwd43``: the one-warpgroup forward with Q in shared memory or in registers
-(``Q_REGS``) and with O's rescale skipped where m did not move (``LAZY_RESCALE``), and the warp-specialised forward
-with and without l's per-thread parts (``LEAN_L``). ``same``: O and L equal bit for bit to our variant listed before
+conversions and l's per-thread parts; ``fwd43``: the one-warpgroup forward with and without O's rescale skipped where
+m did not move past a threshold (``LAZY_RESCALE``), and the warp-specialised forward with and without l's
+per-thread parts (``LEAN_L``). ``same``: O and L equal bit for bit to our variant listed before
 it.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
@@ -72,29 +72,27 @@ LEAN = {  # the warp-specialised forward with and without the warpgroup barriers
 
 PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pairs (``flash_hopper._to_16bit``: no PRMT
     # swaps), then l in per-thread parts and O scaled by 1 / l as well (``LEAN_L``); session 42: 332 -> 321 -> 313 SASS
-    # instructions in the unmasked key loop, 2,104 -> 1,960 in the kernel; persistent and a program per item
-    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": False, "LEAN_L": False}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": False}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True}),
+    # instructions in the unmasked key loop, 2,104 -> 1,960 in the kernel; persistent and a program per item; m moved at
+    # every new maximum (``LAZY_RESCALE`` 0), as timed then
+    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": False, "LEAN_L": False, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": False, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True, "LAZY_RESCALE": 0}),
          # four stages: the ring's stage and phase by masks instead of divisions by 3; 74 KB, still three programs an SM
-         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "LEAN_L": True}),
-         (K(64, 64, 4, 3, True), {"PACK_P": False, "LEAN_L": False}),
-         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True})],
+         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "LEAN_L": True, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True), {"PACK_P": False, "LEAN_L": False, "LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True, "LAZY_RESCALE": 0})],
 }
 
 _LEAN = {"PACK_P": True, "LEAN_L": True}
-FWD43 = {  # the one-warpgroup forward (leaner softmax on) with S's A operand, Q, read from shared memory by each MMA or
-    # loaded into registers once an item (``Q_REGS``; session 43: 128 -> 168 registers, still three programs an SM),
-    # and with m moved only past a threshold of 4 or 8 (log2 units) and O's rescale skipped by warps whose rows kept
-    # theirs (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a program per
-    # item
-    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 4}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 8}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8}),
-         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": False, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True), _LEAN | {"Q_REGS": True, "LAZY_RESCALE": 8}),
+FWD43 = {  # the one-warpgroup forward (leaner softmax on) with m moved at every new maximum or only past a threshold
+    # of 4 (shipped, ``flash_hopper.RESCALE_THRESHOLD``) or 8 (log2 units) and O's rescale skipped by warps whose rows
+    # kept theirs (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a
+    # program per item. Session 43's set also timed Q in registers (``Q_REGS``, experiments/flash_fwd_q_regs/)
+    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 4}),
+         (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 8}),
+         (K(64, 64, 4, 3, True), _LEAN | {"LAZY_RESCALE": 0}),
+         (K(64, 64, 4, 3, True), _LEAN | {"LAZY_RESCALE": 4}),
          # the warp-specialised forward (lb2025's) with its consumers' l in per-thread parts and O scaled by 1 / l
          (K(128, 128, 4, 3, True, True, True), {"LEAN_L": False}),
          (K(128, 128, 4, 3, True, True, True), {"LEAN_L": True})],
