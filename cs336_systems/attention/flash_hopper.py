@@ -340,7 +340,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
             p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
                                                    offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
                                                    qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, False, LEAN_L)
+                                                   RELEASE, LEAN, base, kv_head, FOLD, False, LEAN_L, LAZY)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)
@@ -612,11 +612,12 @@ def _item(item_buf, vec: gl.constexpr, LEAN: gl.constexpr):
 def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars, empty_bars,
                   n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                  FOLD_Q: gl.constexpr, LEAN: gl.constexpr, LEAN_L: gl.constexpr = False):
+                  FOLD_Q: gl.constexpr, LEAN: gl.constexpr, LEAN_L: gl.constexpr = False, LAZY: gl.constexpr = 0):
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first). LEAN (nonzero: ``ptx_release.VERSION``): releases without the warpgroup barrier (``_release``).
-    LEAN_L: l in per-thread parts through the key loop and O scaled by 1 / l (``_attend``, ``_finish``)."""
+    LEAN_L: l in per-thread parts through the key loop and O scaled by 1 / l (``_attend``, ``_finish``). LAZY: the
+    skipped rescales' threshold (``_attend``; 0 off)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -640,7 +641,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
         acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
                                 n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, LEAN, base,
-                                bkv, 0, False, LEAN_L)  # the producer loads: the ring's coordinates are its
+                                bkv, 0, False, LEAN_L, LAZY)  # the producer loads: the ring's coordinates are its
         _release(q_empty.index(WG), LEAN)  # every matmul that read Q has completed
         if LEAN_L:
             acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
@@ -666,12 +667,13 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
                                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                                      PERSISTENT: gl.constexpr = True, LEAN: gl.constexpr = 0,
-                                     LEAN_L: gl.constexpr = False):
+                                     LEAN_L: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = 0):
     """``_hopper_fwd_persistent_kernel``'s arguments (Q and O descriptors of 64-row tiles, a consumer's) with the
     warp-specialised partitions: two consumer warpgroups, a producer warp (launch with 4 warps, BLOCK_M 128). LEAN
     (``ptx_release.VERSION``, or 0): the consumers release ring stages and Q without a warpgroup barrier (needs
     ``ptx_release``'s rewrite, ``ptx_release.active()``). LEAN_L: the consumers' l in per-thread parts and O scaled
-    by 1 / l (``_wsp_consumer``; off, not yet timed)."""
+    by 1 / l (``_wsp_consumer``; the planner passes ``LEAN_SOFTMAX``). LAZY_RESCALE: the consumers' skipped rescales
+    (``_attend``'s LAZY; 0 off, and off in the planner: not yet timed here)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -693,10 +695,10 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     gl.warp_specialize([
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN, LEAN_L)),
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN, LEAN_L, LAZY_RESCALE)),
         (_wsp_consumer, (o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q_empty, k_bars, v_bars,
                          empty_bars, n_items, n_mt, N_Q, N_K, GROUP, interleave, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN, LEAN_L)),
+                         BLOCK_N, CAUSAL, STAGES, FOLD_Q, LEAN, LEAN_L, LAZY_RESCALE)),
         (_wsp_producer, (counter, item_buf, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_bars,
                          v_bars, empty_bars, n_items, n_mt, N_K, GROUP, interleave, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
                          HEAD_DIM, FOLD_Q, FOLD_KV, PERSISTENT)),

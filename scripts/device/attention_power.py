@@ -36,7 +36,7 @@ WARMUP_S = 1.0  # each span's untimed start (its samples left out too): the cloc
 _SWITCHES = {"pack": ("PACK_P", True), "pack0": ("PACK_P", False), "leanl": ("LEAN_L", True),
              "leanl0": ("LEAN_L", False), "lazy0": ("LAZY_RESCALE", 0), "lazy4": ("LAZY_RESCALE", 4),
              "lazy8": ("LAZY_RESCALE", 8)}
-_WS_SWITCHES = {"leanl", "leanl0"}  # the warp-specialised forward's; the others are the one-warpgroup forward's
+_WS_SWITCHES = {"leanl", "leanl0", "lazy0", "lazy4", "lazy8"}  # the warp-specialised forward's too; pack is not
 _TILE_FORM = "BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack|,pack0][,leanl|,leanl0][,lazy0|,lazy4|,lazy8]"
 
 
@@ -44,14 +44,14 @@ def _tile(spec: str) -> tuple[KernelConfig, dict]:
     """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack|,pack0][,leanl|,leanl0][,lazy0|,lazy4|,lazy8]`` as the forward's
     Gluon tile (TMA on) and the constexprs the launch sets (``_SWITCHES``): ``pack``, P rounded in packed pairs,
     ``PACK_P``; ``leanl``, l in per-thread parts and one reciprocal a row, ``LEAN_L`` (either form); ``lazy4``,
-    ``lazy8``, O's rescale skipped where m did not move past that threshold, ``LAZY_RESCALE``; a trailing 0 turns the
-    switch off."""
+    ``lazy8``, O's rescale skipped where m did not move past that threshold, ``LAZY_RESCALE`` (either form); a
+    trailing 0 turns the switch off."""
     parts = spec.split(",")
     flags = set(parts[4:])
     if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p", *_SWITCHES}:
         raise argparse.ArgumentTypeError(f"a tile is {_TILE_FORM}, got {spec!r}")
     if "ws" in flags and flags & (_SWITCHES.keys() - _WS_SWITCHES):
-        raise argparse.ArgumentTypeError(f"pack and lazy0/4/8 are for one-warpgroup tiles, got {spec!r}")
+        raise argparse.ArgumentTypeError(f"pack is for one-warpgroup tiles, got {spec!r}")
     names = [_SWITCHES[flag][0] for flag in flags & _SWITCHES.keys()]
     if len(names) > len(set(names)):
         raise argparse.ArgumentTypeError(f"one setting a switch at most, got {spec!r}")
