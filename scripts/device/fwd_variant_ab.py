@@ -87,7 +87,7 @@ _LEAN = {"PACK_P": True, "LEAN_L": True}
 FWD43 = {  # the one-warpgroup forward (leaner softmax on) with m moved at every new maximum or only past a threshold
     # of 4 (shipped, ``flash_hopper.RESCALE_THRESHOLD``) or 8 (log2 units) and O's rescale skipped by warps whose rows
     # kept theirs (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a
-    # program per item. Session 43's set also timed Q in registers (``Q_REGS``, experiments/flash_fwd_q_regs/)
+    # program per item. As run in session 44 the set also held Q in registers (``Q_REGS``, experiments/)
     64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 0}),
          (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 4}),
          (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 8}),
