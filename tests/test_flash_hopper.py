@@ -526,6 +526,8 @@ def test_gpu_lean_forward_gives_the_same_bits(seed, b, hq, hkv, n, d, causal, pe
 
 
 SWITCH_SHAPES = [(4, 5, 5, 777, True), (2, 4, 4, 3000, False), (1, 6, 2, 1000, True), (1, 1, 1, 129, True)]
+WS_SWITCH_SHAPES = [(2, 4, 4, 3000, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True),
+                    (1, 2, 2, 129, 64, False)]
 
 
 def _forced_forwards(q, k, v, causal, tile, settings):
@@ -559,6 +561,23 @@ def _errors_against_fp64(o, q, k, v, causal):
     ref = torch.softmax(s, -1) @ v.double().repeat_interleave(group, 1)
     peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
     return (o.double() - ref).abs().max().item(), (peer.double() - ref).abs().max().item(), ref
+
+
+def _check_lazy_rescale(b, hq, hkv, n, d, causal, dtype, logits, threshold, tile):
+    """Our forward at the Gluon tile ``tile`` with ``LAZY_RESCALE=threshold`` and with 0, on fresh inputs (``growing``:
+    key norms rising along the sequence, logits up to about 60 by the last key): O within twice SDPA's error against
+    fp64 with no rounding allowance, L within 1e-5 (relative) of the form without it, nothing infinite. Returns the
+    planner's constexprs and the kernel."""
+    q, k, v = _inputs(b, hq, hkv, n, d, dtype)
+    if logits == "growing":
+        k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
+    (planned, kernel, (o, lse)), (_, _, (_, lse_eager)) = _forced_forwards(
+        q, k, v, causal, tile, [dict(LAZY_RESCALE=threshold), dict(LAZY_RESCALE=0)])
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
+    assert err <= 2 * peer, err
+    assert (lse - lse_eager).abs().max().item() <= 1e-5 * max(1.0, lse_eager.abs().max().item())
+    return planned, kernel
 
 
 def _inputs(b, hq, hkv, n, d, dtype):
@@ -612,24 +631,15 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, t
     2^threshold)."""
     from cs336_systems.attention import _tuning, flash_hopper
 
-    q, k, v = _inputs(b, hq, hkv, n, 64, dtype)
-    if logits == "growing":  # logits up to about 60 (natural units) by the last key
-        k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
-    (planned, kernel, (o, lse)), (_, _, (_, lse_shipped)) = _forced_forwards(
-        q, k, v, causal, _tuning.KernelConfig(64, 64, 4, 3, True, persistent=True),
-        [dict(LAZY_RESCALE=threshold), dict(LAZY_RESCALE=0)])
+    planned, kernel = _check_lazy_rescale(b, hq, hkv, n, 64, causal, dtype, logits, threshold,
+                                          _tuning.KernelConfig(64, 64, 4, 3, True, persistent=True))
     assert kernel is flash_hopper._hopper_fwd_persistent_kernel
     assert planned["LAZY_RESCALE"] == flash_hopper.RESCALE_THRESHOLD  # what the planner launches
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
-    assert err <= 2 * peer, err
-    assert (lse - lse_shipped).abs().max().item() <= 1e-5 * max(1.0, lse_shipped.abs().max().item())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
-@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), [
-    (2, 4, 4, 3000, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (1, 2, 2, 129, 64, False)])
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), WS_SWITCH_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_ws_forward_lean_l(seed, b, hq, hkv, n, d, causal, dtype):
     """The warp-specialised forward with its consumers' l in per-thread parts and O scaled by 1 / l (``LEAN_L``, what
@@ -649,8 +659,7 @@ def test_gpu_ws_forward_lean_l(seed, b, hq, hkv, n, d, causal, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (TMA, wgmma)")
-@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), [
-    (2, 4, 4, 3000, 128, False), (1, 6, 2, 1000, 128, True), (4, 5, 5, 777, 64, True), (1, 2, 2, 129, 64, False)])
+@pytest.mark.parametrize(("b", "hq", "hkv", "n", "d", "causal"), WS_SWITCH_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("logits", ["randn", "growing"])
 def test_gpu_ws_lazy_rescale_forwards(seed, b, hq, hkv, n, d, causal, dtype, logits):
@@ -659,17 +668,9 @@ def test_gpu_ws_lazy_rescale_forwards(seed, b, hq, hkv, n, d, causal, dtype, log
     allowance, as in ``test_gpu_lazy_rescale_forwards``), L within 1e-5 of the form without it, nothing infinite."""
     from cs336_systems.attention import _tuning, flash_hopper
 
-    q, k, v = _inputs(b, hq, hkv, n, d, dtype)
-    if logits == "growing":
-        k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
-    (_, kernel, (o, lse)), (_, _, (_, lse_eager)) = _forced_forwards(
-        q, k, v, causal, _tuning.KernelConfig(128, 128, 4, 2, True, True, True),
-        [dict(LAZY_RESCALE=flash_hopper.RESCALE_THRESHOLD), dict(LAZY_RESCALE=0)])
+    _, kernel = _check_lazy_rescale(b, hq, hkv, n, d, causal, dtype, logits, flash_hopper.RESCALE_THRESHOLD,
+                                    _tuning.KernelConfig(128, 128, 4, 2, True, True, True))
     assert kernel is flash_hopper._hopper_fwd_ws_persistent_kernel
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
-    assert err <= 2 * peer, err
-    assert (lse - lse_eager).abs().max().item() <= 1e-5 * max(1.0, lse_eager.abs().max().item())
 
 
 @pytest.mark.gpu
