@@ -664,13 +664,16 @@ def test_gpu_ws_forward_lean_l(seed, b, hq, hkv, n, d, causal, dtype):
 @pytest.mark.parametrize("logits", ["randn", "growing"])
 def test_gpu_ws_lazy_rescale_forwards(seed, b, hq, hkv, n, d, causal, dtype, logits):
     """The warp-specialised forward with its consumers' rescales skipped below ``flash_hopper.RESCALE_THRESHOLD``
-    (``LAZY_RESCALE``, not yet passed by the planner there): O within twice SDPA's error against fp64 (no rounding
-    allowance, as in ``test_gpu_lazy_rescale_forwards``), L within 1e-5 of the form without it, nothing infinite."""
+    (``LAZY_RESCALE``, which the planner passes at ``flash_hopper.WS_RESCALE_HEAD_DIMS``): O within twice SDPA's error
+    against fp64 (no rounding allowance, as in ``test_gpu_lazy_rescale_forwards``), L within 1e-5 of the form without
+    it, nothing infinite."""
     from cs336_systems.attention import _tuning, flash_hopper
 
-    _, kernel = _check_lazy_rescale(b, hq, hkv, n, d, causal, dtype, logits, flash_hopper.RESCALE_THRESHOLD,
-                                    _tuning.KernelConfig(128, 128, 4, 2, True, True, True))
+    planned, kernel = _check_lazy_rescale(b, hq, hkv, n, d, causal, dtype, logits, flash_hopper.RESCALE_THRESHOLD,
+                                          _tuning.KernelConfig(128, 128, 4, 2, True, True, True))
     assert kernel is flash_hopper._hopper_fwd_ws_persistent_kernel
+    lazy = flash_hopper.RESCALE_THRESHOLD if d in flash_hopper.WS_RESCALE_HEAD_DIMS else 0
+    assert planned["LAZY_RESCALE"] == lazy  # what the planner launches
 
 
 @pytest.mark.gpu

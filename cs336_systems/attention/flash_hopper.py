@@ -59,6 +59,10 @@ LEAN_SOFTMAX = True
 # call at the power cap (below cuDNN's) and 1.6% faster in bursts; O's error 1.33x SDPA's there, 1.65x at its worst
 # model shape, where 8 reached 1.81x for no further gain at the cap (docs/flash_tuning_notes.md, session 44)
 RESCALE_THRESHOLD = 4
+# The head dims at which the warp-specialised forward's consumers skip rescales too: at head dim 128 on the H200 2.3%
+# faster in bursts and 3% less energy a call at the cap at noncausal_2k, 4.7% faster at lb2026; at 64, where a rescale
+# is half the FMULs, 0.8% slower in bursts at lb2025 for 0.5% less energy (docs/flash_tuning_notes.md, session 45)
+WS_RESCALE_HEAD_DIMS = (128,)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -673,7 +677,7 @@ def _hopper_fwd_ws_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride
     (``ptx_release.VERSION``, or 0): the consumers release ring stages and Q without a warpgroup barrier (needs
     ``ptx_release``'s rewrite, ``ptx_release.active()``). LEAN_L: the consumers' l in per-thread parts and O scaled
     by 1 / l (``_wsp_consumer``; the planner passes ``LEAN_SOFTMAX``). LAZY_RESCALE: the consumers' skipped rescales
-    (``_attend``'s LAZY; 0 off, and off in the planner: not yet timed here)."""
+    (``_attend``'s LAZY; 0 off; the planner passes ``RESCALE_THRESHOLD`` at ``WS_RESCALE_HEAD_DIMS``)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
