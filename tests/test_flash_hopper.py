@@ -179,7 +179,7 @@ def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles
     """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``PACK_P`` and ``LEAN_L``: P's 16-bit pairs
     come from packed conversions, so the SASS holds none of the PRMT half swaps that the element-wise conversions leave
     (16 a key tile), and l's per-thread parts (``LEAN_L``) need no shuffles a tile; the same MMAs and exponentials,
-    128 registers (three programs an SM) and no spills."""
+    at most 128 registers (three programs an SM) and no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
     for lean in (0, 1):
@@ -188,7 +188,7 @@ def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles
                               "PRMT", "SHFL", "HGMMA", "MUFU.EX2"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
-        assert "spill_stores=0B" in res.stdout and "regs=128" in res.stdout, res.stdout
+        assert "spill_stores=0B" in res.stdout and int(re.search(r"regs=(\d+)", res.stdout).group(1)) <= 128, res.stdout
         counts[lean] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-4:])}
     assert counts[0]["PRMT"] >= 32 and counts[1]["PRMT"] == 0, counts
     # the sum's four shuffles a tile, in each of the three key loops (tile 0, unmasked, masked)
@@ -200,8 +200,9 @@ def test_leaner_softmax_forward_compiles_without_the_half_swaps_and_sum_shuffles
 def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
     """The one-warpgroup forward at xl_2048 compiled for sm_90a with ``LAZY_RESCALE``: one warp vote in each key loop
     that rescales O (unmasked and masked), two branches around the rescale's 16-element halves behind each, O's
-    FMULs and the MMAs and exponentials as without it, 128 registers (three programs an SM) and no spills: the
-    inline PTX's copies are coalesced away."""
+    FMULs and the MMAs as without it, one more exponential a row at each of the four softmax sites (the tile's largest
+    P for O's compensated denominator, ``_softmax_tile``), at most 128 registers (three programs an SM) and no
+    spills: the inline PTX's copies are coalesced away."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts = {}
     for lazy in (0, 4):
@@ -210,12 +211,12 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
                               "MUFU.EX2", "MOV"], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0 and "_hopper_fwd_persistent_kernel" in res.stdout, res.stdout + res.stderr[-3000:]
-        assert "spill_stores=0B" in res.stdout and "regs=128" in res.stdout, res.stdout
+        assert "spill_stores=0B" in res.stdout and int(re.search(r"regs=(\d+)", res.stdout).group(1)) <= 128, res.stdout
         counts[lazy] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-6:])}
     assert counts[0]["VOTE.ANY"] == 0 and counts[4]["VOTE.ANY"] == 2, counts
     assert counts[4]["BRA"] - counts[0]["BRA"] == 4, counts
-    for op in ("FMUL", "HGMMA", "MUFU.EX2"):
-        assert counts[0][op] == counts[4][op], counts
+    assert counts[0]["HGMMA"] == counts[4]["HGMMA"] and 0 <= counts[4]["FMUL"] - counts[0]["FMUL"] <= 4, counts
+    assert counts[4]["MUFU.EX2"] - counts[0]["MUFU.EX2"] == 4 * 2, counts  # two rows a thread
     assert counts[4]["MOV"] - counts[0]["MOV"] < 8, counts  # not the 32 copies a tile the PTX spells out
 
 
@@ -223,8 +224,9 @@ def test_lazy_rescale_forward_compiles_to_a_warp_vote_and_branches():
 def test_ws_lazy_rescale_compiles_to_a_warp_vote_and_branches():
     """The warp-specialised forward at noncausal_2k (head dim 128) compiled for sm_90a with ``LAZY_RESCALE``: one
     warp vote in each consumer's key loop, O's rescale in four 16-element blocks behind as many branches (eight in
-    all), the same FMULs, MMAs, exponentials and warpgroup barriers as without it (``ptx_release`` still drops the
-    same ones: the inline PTX touches no memory), and at most a few bytes more spilled."""
+    all), the same FMULs, MMAs and warpgroup barriers as without it (``ptx_release`` still drops the same ones: the
+    inline PTX touches no memory), one more exponential a row at each consumer's four softmax sites (O's compensated
+    denominator), and at most a few dozen bytes more spilled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     counts, spills, bars = {}, {}, {}
     for lazy in (0, 4):
@@ -238,9 +240,10 @@ def test_ws_lazy_rescale_compiles_to_a_warp_vote_and_branches():
         counts[lazy] = {k: int(v) for k, v in (kv.split("=") for kv in res.stdout.split()[-5:])}
     assert counts[0]["VOTE.ANY"] == 0 and counts[4]["VOTE.ANY"] == 2, counts
     assert counts[4]["BRA"] - counts[0]["BRA"] == 8, counts
-    for op in ("FMUL", "HGMMA", "MUFU.EX2"):
+    for op in ("FMUL", "HGMMA"):
         assert counts[0][op] == counts[4][op], counts
-    assert bars[0] == bars[4] and spills[4] <= spills[0] + 8, (bars, spills)
+    assert counts[4]["MUFU.EX2"] - counts[0]["MUFU.EX2"] == 2 * 4 * 2, counts  # two consumers, two rows a thread
+    assert bars[0] == bars[4] and spills[4] <= spills[0] + 24, (bars, spills)
 
 
 @pytest.mark.skipif(not _ptxas().exists(), reason="Triton's bundled ptxas is missing")
@@ -565,18 +568,21 @@ def _errors_against_fp64(o, q, k, v, causal):
 
 def _check_lazy_rescale(b, hq, hkv, n, d, causal, dtype, logits, threshold, tile):
     """Our forward at the Gluon tile ``tile`` with ``LAZY_RESCALE=threshold`` and with 0, on fresh inputs (``growing``:
-    key norms rising along the sequence, logits up to about 60 by the last key): O within twice SDPA's error against
-    fp64 with no rounding allowance, L within 1e-5 (relative) of the form without it, nothing infinite. Returns the
-    planner's constexprs and the kernel."""
-    q, k, v = _inputs(b, hq, hkv, n, d, dtype)
-    if logits == "growing":
-        k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
-    (planned, kernel, (o, lse)), (_, _, (_, lse_eager)) = _forced_forwards(
-        q, k, v, causal, tile, [dict(LAZY_RESCALE=threshold), dict(LAZY_RESCALE=0)])
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
-    assert err <= 2 * peer, err
-    assert (lse - lse_eager).abs().max().item() <= 1e-5 * max(1.0, lse_eager.abs().max().item())
+    key norms rising along the sequence, logits up to about 60 by the last key; three draws, as one key dominating a
+    row is where P's largest element rounded away from 1 shows: without O's compensated denominator, simulated, 5-10%
+    of such draws passed 2x SDPA's error): O within twice SDPA's error against fp64 with no rounding allowance, L
+    within 1e-5 (relative) of the form without it, nothing infinite. Returns the planner's constexprs and the
+    kernel."""
+    for _ in range(3 if logits == "growing" else 1):
+        q, k, v = _inputs(b, hq, hkv, n, d, dtype)
+        if logits == "growing":
+            k = (k.float() * torch.linspace(0.05, 4.0, n, device="cuda")[:, None]).to(dtype)
+        (planned, kernel, (o, lse)), (_, _, (_, lse_eager)) = _forced_forwards(
+            q, k, v, causal, tile, [dict(LAZY_RESCALE=threshold), dict(LAZY_RESCALE=0)])
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+        err, peer, _ = _errors_against_fp64(o, q, k, v, causal)
+        assert err <= 2 * peer, (err, peer)
+        assert (lse - lse_eager).abs().max().item() <= 1e-5 * max(1.0, lse_eager.abs().max().item())
     return planned, kernel
 
 
@@ -625,10 +631,10 @@ def test_gpu_lazy_rescale_forwards(seed, b, hq, hkv, n, causal, dtype, logits, t
     """The one-warpgroup forward with m moved only past a threshold and O's rescale skipped by warps whose rows
     kept it (``LAZY_RESCALE``; the planner passes ``flash_hopper.RESCALE_THRESHOLD``, 4; FlashAttention-4's 8
     too): O within twice SDPA's error against fp64 (no allowance for rounding: P's largest element is no longer
-    exact, which ``scripts/lazy_rescale_sim.py`` puts at up to 1.85x SDPA's error at 8), L within 1e-5 of the form
-    without it (relative), nothing infinite. ``growing``: keys whose norms grow along the sequence, so that row
-    maxima jump by more than the threshold many times (the rescale taken) as well as creep below it (P up to
-    2^threshold)."""
+    exact, which without O's compensated denominator ``scripts/lazy_rescale_sim.py`` put at up to 2.1x), L within
+    1e-5 of the form without it (relative), nothing infinite. ``growing``: keys whose norms grow along the sequence,
+    so that row maxima jump by more than the threshold many times (the rescale taken) as well as creep below it (P up
+    to 2^threshold)."""
     from cs336_systems.attention import _tuning, flash_hopper
 
     planned, kernel = _check_lazy_rescale(b, hq, hkv, n, 64, causal, dtype, logits, threshold,

@@ -107,18 +107,20 @@ def forward_descs(heads: int, group: int, n_q: int, n_k: int, sq: tuple, sk: tup
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
-                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, PARTIAL: gl.constexpr = False,
-                  LAZY: gl.constexpr = 0):
-    """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l and m.
+def _softmax_tile(s, m_i, l_i, c_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.constexpr,
+                  col_layout: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PARTIAL: gl.constexpr = False,
+                  LAZY: gl.constexpr = 0, DTYPE: gl.constexpr = gl.bfloat16):
+    """Online softmax of one score tile (log2 units): P, the rescale factor of the running sums, new l, m and c.
     Every row sees key 0 (causal is top-left aligned), so m is finite after the first tile: no NaN guards.
     PARTIAL: l as ``_row_partials`` (each thread's own columns), summed across threads once, after the last tile.
     LAZY > 0: m moves only where the row's maximum passes it by more than LAZY (log2 units; P then stays below
     2^LAZY), so that alpha is exactly 1 on most rows of most tiles and ``_rescale_lazy`` can skip O's rescale
     (FlashAttention-4's conditional rescaling, threshold 8); m, l and O stay consistent, so O = acc / l and
-    L = m + log2(l) hold either way. The cost is P's largest element no longer exactly 1 in 16 bits: simulated with
-    bf16 P and O (``scripts/lazy_rescale_sim.py``, two seeds), O's error against fp64 reached 1.85x SDPA's at 8 and
-    1.71x at 4, where every threshold up to 2 kept SDPA's."""
+    L = m + log2(l) hold either way. The cost would be the tile's largest P, up to 2^LAZY, no longer exactly 1 in P V's
+    16 bits (``DTYPE``): on rows one key dominates, O's error against fp64 reached 2.1x SDPA's (simulated, 40 draws of
+    growing keys; ``scripts/lazy_rescale_sim.py``). c_i keeps that element's rounding (rescaled like l), and O's
+    denominator is l + c (``_finish``): the dominant term then cancels as in the exact form, and the error is SDPA's
+    again (1.40x at most where the exact form reached 1.40x); L keeps l alone."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         visible = gl.expand_dims(offs_n < N_K, 0)
@@ -137,7 +139,10 @@ def _softmax_tile(s, m_i, l_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.const
         l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout)), 1) + part
     else:
         l_i = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, l_i, m_new
+    if LAZY > 0:
+        p_max = gl.exp2(m_row - m_new)  # 1 where m moved to this tile's maximum, 0 on rows it masks wholly
+        c_i = c_i * alpha + (p_max.to(DTYPE).to(gl.float32) - p_max)
+    return p, alpha, l_i, m_new, c_i
 
 
 @gluon.jit
@@ -232,14 +237,14 @@ def _stage_tile(ring, stage, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_m, p, alpha, acc, l_i, m_i,
-                 s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
+                 c_i, s_init, n_tiles, n_full, N_K, qk_scale, MASK: gl.constexpr, CARRY16: gl.constexpr,
                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
                  WARPS: gl.constexpr, RELEASE: gl.constexpr, LEAN: gl.constexpr, base, kv_head, FOLD: gl.constexpr,
                  PACK_P: gl.constexpr = False, LEAN_L: gl.constexpr = False, LAZY: gl.constexpr = 0):
     """Key tile j >= 1 of ``_attend``: issue S_j and P_{j-1} V_{j-1}, wait for S_j only, softmax of tile j while
     P V runs (MASK 0: no mask, 1: masked, 2: masked from tile ``n_full`` on), then wait for P V and release or
     refill stage j - 1. ``p``: P_{j-1}, the 16-bit P V operand (CARRY16) or fp32; returns P_j the same way, its
-    rescale factor, O, l and m."""
+    rescale factor, O, l, m and c (``_softmax_tile``)."""
     dtype: gl.constexpr = q.dtype
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_init.type.layout)
@@ -264,14 +269,14 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
         _release(empty_bars.index(stage), LEAN)
     if MASK == 2:
         if j < n_full:
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               False, CAUSAL, LEAN_L, LAZY)
+            p, alpha, l_i, m_i, c_i = _softmax_tile(s, m_i, l_i, c_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N,
+                                                    col_s, False, CAUSAL, LEAN_L, LAZY, dtype)
         else:
-            p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                               True, CAUSAL, LEAN_L, LAZY)
+            p, alpha, l_i, m_i, c_i = _softmax_tile(s, m_i, l_i, c_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N,
+                                                    col_s, True, CAUSAL, LEAN_L, LAZY, dtype)
     else:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
-                                           MASK == 1, CAUSAL, LEAN_L, LAZY)
+        p, alpha, l_i, m_i, c_i = _softmax_tile(s, m_i, l_i, c_i, offs_m, j * BLOCK_N, N_K, qk_scale, BLOCK_N, col_s,
+                                                MASK == 1, CAUSAL, LEAN_L, LAZY, dtype)
     if CARRY16:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)  # while P_{j-1} V_{j-1} runs
         acc, p_op = warpgroup_mma_wait(0, deps=(acc_tok, p_op))  # P_{j-1}'s registers stay the MMA's until here
@@ -284,7 +289,7 @@ def _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_des
             gl.thread_barrier()
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j - 1 + STAGES, n_tiles, BLOCK_N, STAGES, base,
                  kv_head, FOLD, HEAD_DIM)
-    return p, alpha, acc, l_i, m_i
+    return p, alpha, acc, l_i, m_i, c_i
 
 
 @gluon.jit
@@ -302,7 +307,8 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). LEAN_L: l
     kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the kernels'
     ``_finish`` then scales O by 1 / l as well). LAZY > 0: m moves only past that threshold (``_softmax_tile``) and
-    O's rescale is skipped by warps whose rows kept theirs (``_rescale_lazy``).
+    O's rescale is skipped by warps whose rows kept theirs (``_rescale_lazy``); returns O, l, m and c, O's
+    denominator l + c (c stays 0 without LAZY).
 
     Where these warps also load (RELEASE False: the one-warpgroup kernels, whose registers set how many programs
     share an SM), the tiles that need no mask run in a loop of their own before the masked ones, and P crosses from
@@ -325,6 +331,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         l_i = _row_partials(s_init, BLOCK_N)
     else:
         l_i = gl.full([ROWS], 0.0, gl.float32, row_s)
+    c_i = gl.full([ROWS], 0.0, gl.float32, row_s)
 
     # tile 0: S alone
     mbarrier.wait(k_bars.index(base % STAGES), (base // STAGES) & 1)
@@ -333,31 +340,34 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     if RELEASE:
         _release(empty_bars.index(base % STAGES), LEAN)
     if n_full > 0:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False, CAUSAL,
-                                           LEAN_L, LAZY)
+        p, alpha, l_i, m_i, c_i = _softmax_tile(s, m_i, l_i, c_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, False,
+                                                CAUSAL, LEAN_L, LAZY, dtype)
     else:
-        p, alpha, l_i, m_i = _softmax_tile(s, m_i, l_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True, CAUSAL,
-                                           LEAN_L, LAZY)
+        p, alpha, l_i, m_i, c_i = _softmax_tile(s, m_i, l_i, c_i, offs_m, 0, N_K, qk_scale, BLOCK_N, col_s, True,
+                                                CAUSAL, LEAN_L, LAZY, dtype)
 
     if RELEASE:
         for j in range(1, n_tiles):
-            p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
-                                                   offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
-                                                   qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, False, LEAN_L, LAZY)
+            p, alpha, acc, l_i, m_i, c_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc,
+                                                        v_desc, offs_m, p, alpha, acc, l_i, m_i, c_i, s_init, n_tiles,
+                                                        n_full, N_K, qk_scale, 2, False, BLOCK_N, HEAD_DIM, CAUSAL,
+                                                        STAGES, WARPS, RELEASE, LEAN, base, kv_head, FOLD, False,
+                                                        LEAN_L, LAZY)
         p = gl.convert_layout(p.to(dtype), p_layout)
     else:
         p = gl.convert_layout(_to_16bit(p, dtype, PACK_P), p_layout)
         for j in range(1, n_full):
-            p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
-                                                   offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
-                                                   qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L, LAZY)
+            p, alpha, acc, l_i, m_i, c_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc,
+                                                        v_desc, offs_m, p, alpha, acc, l_i, m_i, c_i, s_init, n_tiles,
+                                                        n_full, N_K, qk_scale, 0, True, BLOCK_N, HEAD_DIM, CAUSAL,
+                                                        STAGES, WARPS, RELEASE, LEAN, base, kv_head, FOLD, PACK_P,
+                                                        LEAN_L, LAZY)
         for j in range(gl.maximum(n_full, 1), n_tiles):
-            p, alpha, acc, l_i, m_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc,
-                                                   offs_m, p, alpha, acc, l_i, m_i, s_init, n_tiles, n_full, N_K,
-                                                   qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL, STAGES, WARPS,
-                                                   RELEASE, LEAN, base, kv_head, FOLD, PACK_P, LEAN_L, LAZY)
+            p, alpha, acc, l_i, m_i, c_i = _attend_step(j, q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc,
+                                                        v_desc, offs_m, p, alpha, acc, l_i, m_i, c_i, s_init, n_tiles,
+                                                        n_full, N_K, qk_scale, 1, True, BLOCK_N, HEAD_DIM, CAUSAL,
+                                                        STAGES, WARPS, RELEASE, LEAN, base, kv_head, FOLD, PACK_P,
+                                                        LEAN_L, LAZY)
 
     last = base + n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
@@ -367,7 +377,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
         _release(empty_bars.index(STAGES + last % STAGES), LEAN)
     if LEAN_L:
         l_i = gl.convert_layout(gl.sum(l_i, 1), row_s)
-    return acc, l_i, m_i
+    return acc, l_i, m_i, c_i
 
 
 @gluon.jit
@@ -397,17 +407,20 @@ def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False):
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False,
+            c_i=0.0, LAZY: gl.constexpr = False):
     """O = acc / l through Q's (1, rows, HEAD_DIM) buffer (free: every MMA that read it has completed) and a TMA
     store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q; L = m + log2(l) in natural log.
     RECIPROCAL: acc times 1 / l, one division a row instead of one an element (89 fewer SASS instructions an item
-    at 64 x 64; within an fp32 rounding of the quotient)."""
+    at 64 x 64; within an fp32 rounding of the quotient). LAZY: O's denominator is l + c (``_softmax_tile``)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
+    if LAZY:
+        l_i = l_i + c_i
     if RECIPROCAL:
         acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
     else:
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
     q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
     fence_async_shared()
     outer, col = _fold_head(bh, FOLD, acc.shape[1])
@@ -489,12 +502,12 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                      HEAD_DIM)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
         mbarrier.wait(q_bar, item & 1)
-        acc, l_i, m_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
-                                n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
-                                0, base, bkv, FOLD_KV, PACK_P, LEAN_L, LAZY_RESCALE)
+        acc, l_i, m_i, c_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m,
+                                     n_tiles, n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES,
+                                     NUM_WARPS, False, 0, base, bkv, FOLD_KV, PACK_P, LEAN_L, LAZY_RESCALE)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
-        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L)
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L, c_i, LAZY_RESCALE > 0)
         gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1
@@ -643,15 +656,18 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
         else:
             n_full = N_K // BLOCK_N
         offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
-        acc, l_i, m_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m, n_tiles,
-                                n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True, LEAN, base,
-                                bkv, 0, False, LEAN_L, LAZY)  # the producer loads: the ring's coordinates are its
+        # the producer loads: the ring's coordinates are its
+        acc, l_i, m_i, c_i = _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, o_desc, o_desc, offs_m,
+                                     n_tiles, n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True,
+                                     LEAN, base, bkv, 0, False, LEAN_L, LAZY)
         _release(q_empty.index(WG), LEAN)  # every matmul that read Q has completed
+        gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
+        if LAZY > 0:
+            l_i = l_i + c_i  # O's denominator (``_softmax_tile``)
         if LEAN_L:
             acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
         else:
             acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-        gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
         tma.store_wait(pendings=0)  # the previous item's O has left the buffer
         o.reshape([ROWS, HEAD_DIM]).store(acc.to(o.dtype))
         fence_async_shared()
