@@ -54,14 +54,14 @@ LEAN_RELEASE = True
 # docs/flash_tuning_notes.md, session 43); the warp-specialised forward's consumers' l the same way (LEAN_L: 3.5%
 # faster at lb2025 in bursts, even at noncausal_2k, session 44)
 LEAN_SOFTMAX = True
-# The one-warpgroup forward's m moved only past this many log2 units and O's rescale skipped by warps whose rows kept
-# theirs (LAZY_RESCALE, FlashAttention-4's conditional rescaling; 0 off). On the H200 at xl_2048 2.7% less energy a
-# call at the power cap (below cuDNN's) and 1.6% faster in bursts; O's error 1.33x SDPA's there, 1.65x at its worst
-# model shape, where 8 reached 1.81x for no further gain at the cap (docs/flash_tuning_notes.md, session 44)
+# The forwards' m moved only past this many log2 units and O's rescale skipped by warps whose rows kept theirs
+# (LAZY_RESCALE, FlashAttention-4's conditional rescaling; 0 off), with the tile's largest P's rounding kept for O's
+# denominator (``_softmax_tile``: without it O's error reached 2.1x SDPA's where one key dominates a row). The planner
+# passes it to the warp-specialised forward at ``WS_RESCALE_HEAD_DIMS``: at head dim 128 on the H200 1.6-3% faster
+# at noncausal_2k and 2% at lb2026 in bursts, 2.2% less energy a call at the cap (2.5% slower at d128_4k's 0.12 ms);
+# at 64 uncompensated 0.8% slower at lb2025. The one-warpgroup forward leaves it off: compensated, 1-2% slower at
+# xl_2048 and small_512 and no less energy at the cap (docs/flash_tuning_notes.md, sessions 44-45)
 RESCALE_THRESHOLD = 4
-# The head dims at which the warp-specialised forward's consumers skip rescales too: at head dim 128 on the H200 2.3%
-# faster in bursts and 3% less energy a call at the cap at noncausal_2k, 4.7% faster at lb2026; at 64, where a rescale
-# is half the FMULs, 0.8% slower in bursts at lb2025 for 0.5% less energy (docs/flash_tuning_notes.md, session 45)
 WS_RESCALE_HEAD_DIMS = (128,)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
@@ -471,7 +471,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
-    ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (the planner passes
+    ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (and off in the planner:
     ``RESCALE_THRESHOLD``)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype

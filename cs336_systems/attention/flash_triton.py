@@ -1268,14 +1268,13 @@ def _plan_forward(Q: Tensor, K: Tensor, V: Tensor, config: FlashConfig | None, l
                                            cfg.block_m // 2 if cfg.warp_specialize else cfg.block_m, cfg.block_n,
                                            Q.dtype, fq, fkv)
         # the warp-specialised consumers' releases without Gluon's warpgroup barriers (``ptx_release``); the leaner
-        # softmax (``flash_hopper.LEAN_SOFTMAX``) and the skipped rescales (``flash_hopper.RESCALE_THRESHOLD``; in the
-        # warp-specialised forward at ``WS_RESCALE_HEAD_DIMS``)
-        lazy = flash_hopper.RESCALE_THRESHOLD
+        # softmax (``flash_hopper.LEAN_SOFTMAX``); the skipped rescales (``flash_hopper.RESCALE_THRESHOLD``) in the
+        # warp-specialised forward at ``WS_RESCALE_HEAD_DIMS``
+        lazy = flash_hopper.RESCALE_THRESHOLD if d in flash_hopper.WS_RESCALE_HEAD_DIMS else 0
         lean = (dict(LEAN=ptx_release.lean(flash_hopper.LEAN_RELEASE), LEAN_L=flash_hopper.LEAN_SOFTMAX,
-                     LAZY_RESCALE=lazy if d in flash_hopper.WS_RESCALE_HEAD_DIMS else 0)
+                     LAZY_RESCALE=lazy)
                 if cfg.warp_specialize else
-                dict(PACK_P=flash_hopper.LEAN_SOFTMAX, LEAN_L=flash_hopper.LEAN_SOFTMAX,
-                     LAZY_RESCALE=lazy))
+                dict(PACK_P=flash_hopper.LEAN_SOFTMAX, LEAN_L=flash_hopper.LEAN_SOFTMAX))
         launch = _Launch(kernel, dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=right == 0,
                                       STAGES=cfg.num_stages, PERSISTENT=cfg.persistent, **lean, **folds), cfg,
                          descs)
