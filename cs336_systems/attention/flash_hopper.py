@@ -56,7 +56,7 @@ LEAN_RELEASE = True
 LEAN_SOFTMAX = True
 # The forwards' m moved only past this many log2 units and O's rescale skipped by warps whose rows kept theirs
 # (LAZY_RESCALE, FlashAttention-4's conditional rescaling; 0 off), with the tile's largest P's rounding kept for O's
-# denominator (``_softmax_tile``: without it O's error reached 2.1x SDPA's where one key dominates a row). The planner
+# denominator (``_softmax_tile``: without it O's error reached 2.1x SDPA's simulated, past 2x on the H200). The planner
 # passes it to the warp-specialised forward at ``WS_RESCALE_HEAD_DIMS``: at head dim 128 on the H200 1.6-3% faster
 # at noncausal_2k and 2% at lb2026 in bursts, 2.2% less energy a call at the cap (2.5% slower at d128_4k's 0.12 ms);
 # at 64 uncompensated 0.8% slower at lb2025. The one-warpgroup forward leaves it off: compensated, 1-2% slower at
@@ -117,10 +117,10 @@ def _softmax_tile(s, m_i, l_i, c_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.
     2^LAZY), so that alpha is exactly 1 on most rows of most tiles and ``_rescale_lazy`` can skip O's rescale
     (FlashAttention-4's conditional rescaling, threshold 8); m, l and O stay consistent, so O = acc / l and
     L = m + log2(l) hold either way. The cost would be the tile's largest P, up to 2^LAZY, no longer exactly 1 in P V's
-    16 bits (``DTYPE``): on rows one key dominates, O's error against fp64 reached 2.1x SDPA's (simulated, 40 draws of
-    growing keys; ``scripts/lazy_rescale_sim.py``). c_i keeps that element's rounding (rescaled like l), and O's
-    denominator is l + c (``_finish``): the dominant term then cancels as in the exact form, and the error is SDPA's
-    again (1.40x at most where the exact form reached 1.40x); L keeps l alone."""
+    16 bits (``DTYPE``), which ``scripts/lazy_rescale_sim.py --draws 40`` puts at up to 1.9-2.1x SDPA's error against
+    fp64 at threshold 4 (1,000 x 128, 128-key tiles, random and growing keys; 2.15x at 8). c_i keeps that element's
+    rounding (rescaled like l) and O's denominator is l + c (``_finish``), so the dominant term cancels as in the
+    exact form: 1.31-1.37x there (the exact form 1.12-1.33x); L keeps l alone."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         visible = gl.expand_dims(offs_n < N_K, 0)
