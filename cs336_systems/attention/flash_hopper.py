@@ -115,9 +115,9 @@ def _softmax_tile(s, m_i, l_i, c_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.
     PARTIAL: l as ``_row_partials`` (each thread's own columns), summed across threads once, after the last tile.
     LAZY > 0: m moves only where the row's maximum passes it by more than LAZY (log2 units; P then stays below
     2^LAZY), so that alpha is exactly 1 on most rows of most tiles and ``_rescale_lazy`` can skip O's rescale
-    (FlashAttention-4's conditional rescaling, threshold 8); m, l and O stay consistent, so O = acc / l and
-    L = m + log2(l) hold either way. The cost would be the tile's largest P, up to 2^LAZY, no longer exactly 1 in P V's
-    16 bits (``DTYPE``), which ``scripts/lazy_rescale_sim.py --draws 40`` puts at up to 1.9-2.1x SDPA's error against
+    (FlashAttention-4's conditional rescaling, threshold 8); m, l and O stay consistent, so L = m + log2(l) holds
+    either way. The cost would be the tile's largest P, up to 2^LAZY, no longer exactly 1 in P V's 16 bits
+    (``DTYPE``), which ``scripts/lazy_rescale_sim.py --draws 40`` puts at up to 1.9-2.1x SDPA's error against
     fp64 at threshold 4 (1,000 x 128, 128-key tiles, random and growing keys; 2.15x at 8). c_i keeps that element's
     rounding (rescaled like l) and O's denominator is l + c (``_finish``), so the dominant term cancels as in the
     exact form: 1.31-1.37x there (the exact form 1.12-1.33x); L keeps l alone."""
