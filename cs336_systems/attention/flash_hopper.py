@@ -471,8 +471,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
-    ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (and off in the planner:
-    ``RESCALE_THRESHOLD``)."""
+    ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (the planner leaves it off
+    here; ``RESCALE_THRESHOLD`` explains why)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
