@@ -104,7 +104,7 @@ FWD43 = {  # the one-warpgroup forward (leaner softmax on) with m moved at every
 WSLAZY = {  # the warp-specialised forward (its consumers' l in per-thread parts, as shipped) with m moved at every new
     # maximum or only past the one-warpgroup forward's threshold, O's rescale skipped by warps whose rows kept theirs
     # (``LAZY_RESCALE``; prepared in session 44: two votes and 4-8 more branches in sm_90a SASS, the same FMULs;
-    # shipped at head dim 128 after session 45 timed this set)
+    # timed in session 45 before O's denominator was compensated; on at head dim 128 since, compensated: ``LAZYC``)
     64: [(K(128, 128, 4, 3, True, True, True), {"LAZY_RESCALE": 0}),
          (K(128, 128, 4, 3, True, True, True), {"LAZY_RESCALE": 4})],
     128: [(K(128, 128, 4, 2, True, True, True), {"LAZY_RESCALE": 0}),
