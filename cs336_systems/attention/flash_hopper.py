@@ -119,7 +119,7 @@ def _softmax_tile(s, m_i, l_i, c_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.
     either way. The cost would be the tile's largest P, up to 2^LAZY, no longer exactly 1 in P V's 16 bits
     (``DTYPE``), which ``scripts/lazy_rescale_sim.py --draws 40`` puts at up to 1.9-2.1x SDPA's error against
     fp64 at threshold 4 (1,000 x 128, 128-key tiles, random and growing keys; 2.15x at 8). c_i keeps that element's
-    rounding (rescaled like l) and O's denominator is l + c (``_finish``), so the dominant term cancels as in the
+    rounding (rescaled like l) and O's denominator is l + c (``_normalise``), so the dominant term cancels as in the
     exact form: 1.31-1.37x there (the exact form 1.12-1.33x); L keeps l alone."""
     if MASKED:
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -127,11 +127,11 @@ def _softmax_tile(s, m_i, l_i, c_i, offs_m, start_n, N_K, qk_scale, BLOCK_N: gl.
         if CAUSAL:
             visible = visible & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m, 1))
         s = gl.where(visible, s, float("-inf"))
+    m_row = gl.max(s, 1) * qk_scale
     if LAZY > 0:
-        m_row = gl.max(s, 1) * qk_scale
         m_new = gl.where(m_row > m_i + LAZY, m_row, m_i)
     else:
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_new = gl.maximum(m_i, m_row)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
     alpha = gl.exp2(m_i - m_new)
     if PARTIAL:
@@ -306,7 +306,7 @@ def _attend(q, k_smem, v_smem, k_bars, v_bars, empty_bars, k_desc, v_desc, offs_
     (RELEASE True) without the warpgroup barrier Gluon puts before them (``_release``). ``base``, ``kv_head``, FOLD:
     as in ``_load_kv``. PACK_P: the 16-bit P by packed conversions (``_to_16bit``; RELEASE False only). LEAN_L: l
     kept in per-thread parts through the loop (``_row_partials``), no shuffles a tile for its sum (the kernels'
-    ``_finish`` then scales O by 1 / l as well). LAZY > 0: m moves only past that threshold (``_softmax_tile``) and
+    ``_normalise`` then scales O by 1 / l as well). LAZY > 0: m moves only past that threshold (``_softmax_tile``) and
     O's rescale is skipped by warps whose rows kept theirs (``_rescale_lazy``); returns O, l, m and c, O's
     denominator l + c (c stays 0 without LAZY).
 
@@ -407,12 +407,11 @@ def _key_tiles(start_m, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False,
-            c_i=0.0, LAZY: gl.constexpr = False):
-    """O = acc / l through Q's (1, rows, HEAD_DIM) buffer (free: every MMA that read it has completed) and a TMA
-    store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q; L = m + log2(l) in natural log.
-    RECIPROCAL: acc times 1 / l, one division a row instead of one an element (89 fewer SASS instructions an item
-    at 64 x 64; within an fp32 rounding of the quotient). LAZY: O's denominator is l + c (``_softmax_tile``)."""
+def _normalise(acc, l_i, m_i, c_i, L, bh, offs_m, N_Q, RECIPROCAL: gl.constexpr, LAZY: gl.constexpr):
+    """The key loop's end (``_attend``'s O, l, m and c) for head ``bh``: stores L = m + log2(l) in natural log for the
+    rows below N_Q and returns O = acc / l, where LAZY makes l + c O's denominator (``_softmax_tile``). RECIPROCAL:
+    acc times 1 / l, one division a row instead of one an element (89 fewer SASS instructions an item at 64 x 64;
+    within an fp32 rounding of the quotient)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
     if LAZY:
@@ -421,6 +420,15 @@ def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constex
         acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
     else:
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    return acc
+
+
+@gluon.jit
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False,
+            c_i=0.0, LAZY: gl.constexpr = False):
+    """O (``_normalise``) through Q's (1, rows, HEAD_DIM) buffer (free: every MMA that read it has completed) and a
+    TMA store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q."""
+    acc = _normalise(acc, l_i, m_i, c_i, L, bh, offs_m, N_Q, RECIPROCAL, LAZY)
     q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
     fence_async_shared()
     outer, col = _fold_head(bh, FOLD, acc.shape[1])
@@ -470,7 +478,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     of items spans (``_item_head``; 0 reads as 1); DOC the counter's int32 pair (next item, finished programs), zero
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
-    and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_finish``; the planner passes
+    and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_normalise``; the planner passes
     ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (the planner leaves it off
     here; ``RESCALE_THRESHOLD`` explains why)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -633,14 +641,12 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
     """One warpgroup's 64 query rows of each item the producer hands over: ``_attend`` on the ring, Q's rows
     released as soon as its last matmul is done, O through this warpgroup's own buffer (the previous item's store
     finished first). LEAN (nonzero: ``ptx_release.VERSION``): releases without the warpgroup barrier (``_release``).
-    LEAN_L: l in per-thread parts through the key loop and O scaled by 1 / l (``_attend``, ``_finish``). LAZY: the
+    LEAN_L: l in per-thread parts through the key loop and O scaled by 1 / l (``_attend``, ``_normalise``). LAZY: the
     skipped rescales' threshold (``_attend``; 0 off)."""
     ROWS: gl.constexpr = BLOCK_M // 2
     vec: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     row_s: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                                       instr_shape=[16, BLOCK_N, 16]))
-    row_o: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                                      instr_shape=[16, HEAD_DIM, 16]))
     q = q_smem.index(WG).reshape([ROWS, HEAD_DIM])
     o = o_smem.index(WG)
     base = 0
@@ -661,13 +667,7 @@ def _wsp_consumer(o_desc, L, item_buf, q_smem, o_smem, k_smem, v_smem, q_bars, q
                                      n_tiles, n_full, N_K, qk_scale, ROWS, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, 4, True,
                                      LEAN, base, bkv, 0, False, LEAN_L, LAZY)
         _release(q_empty.index(WG), LEAN)  # every matmul that read Q has completed
-        gl.store(L + bh * N_Q + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < N_Q)
-        if LAZY > 0:
-            l_i = l_i + c_i  # O's denominator (``_softmax_tile``)
-        if LEAN_L:
-            acc = acc * gl.expand_dims(gl.convert_layout(1.0 / l_i, row_o), 1)
-        else:
-            acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        acc = _normalise(acc, l_i, m_i, c_i, L, bh, offs_m, N_Q, LEAN_L, LAZY > 0)
         tma.store_wait(pendings=0)  # the previous item's O has left the buffer
         o.reshape([ROWS, HEAD_DIM]).store(acc.to(o.dtype))
         fence_async_shared()
