@@ -54,13 +54,13 @@ LEAN_RELEASE = True
 # docs/flash_tuning_notes.md, session 43); the warp-specialised forward's consumers' l the same way (LEAN_L: 3.5%
 # faster at lb2025 in bursts, even at noncausal_2k, session 44)
 LEAN_SOFTMAX = True
-# The forwards' m moved only past this many log2 units and O's rescale skipped by warps whose rows kept theirs
-# (LAZY_RESCALE, FlashAttention-4's conditional rescaling; 0 off), with the tile's largest P's rounding kept for O's
-# denominator (``_softmax_tile``: without it O's error reached 2.1x SDPA's simulated, past 2x on the H200). The planner
-# passes it to the warp-specialised forward at ``WS_RESCALE_HEAD_DIMS``: at head dim 128 on the H200 1.6-3% faster
-# at noncausal_2k and 2% at lb2026 in bursts, 2.2% less energy a call at the cap (2.5% slower at d128_4k's 0.12 ms);
-# at 64 uncompensated 0.8% slower at lb2025. The one-warpgroup forward leaves it off: compensated, 1-2% slower at
-# xl_2048 and small_512 and no less energy at the cap (docs/flash_tuning_notes.md, sessions 44-45)
+# The warp-specialised forward's m moved only past this many log2 units and O's rescale skipped by warps whose rows
+# kept theirs (LAZY_RESCALE, FlashAttention-4's conditional rescaling; 0 off), with the tile's largest P's rounding
+# kept for O's denominator (``_softmax_tile``: without it O's error reached 2.1x SDPA's simulated, past 2x on the
+# H200). The planner passes it at ``WS_RESCALE_HEAD_DIMS``: at head dim 128 on the H200 1.6-3% faster at
+# noncausal_2k and 2% at lb2026 in bursts, 2.2% less energy a call at the cap (2.5% slower at d128_4k's 0.12 ms); at
+# 64 uncompensated 0.8% slower at lb2025. In the one-warpgroup forward it cost 1-2%
+# (experiments/flash_fwd_lazy_rescale/; docs/flash_tuning_notes.md, sessions 44-45)
 RESCALE_THRESHOLD = 4
 WS_RESCALE_HEAD_DIMS = (128,)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
@@ -424,11 +424,10 @@ def _normalise(acc, l_i, m_i, c_i, L, bh, offs_m, N_Q, RECIPROCAL: gl.constexpr,
 
 
 @gluon.jit
-def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False,
-            c_i=0.0, LAZY: gl.constexpr = False):
+def _finish(acc, l_i, m_i, q, o_desc, L, bh, row0, offs_m, N_Q, FOLD: gl.constexpr, RECIPROCAL: gl.constexpr = False):
     """O (``_normalise``) through Q's (1, rows, HEAD_DIM) buffer (free: every MMA that read it has completed) and a
     TMA store of head ``bh`` (FOLD as in ``_fold_head``) that clips rows past N_Q."""
-    acc = _normalise(acc, l_i, m_i, c_i, L, bh, offs_m, N_Q, RECIPROCAL, LAZY)
+    acc = _normalise(acc, l_i, m_i, 0.0, L, bh, offs_m, N_Q, RECIPROCAL, False)
     q.reshape([acc.shape[0], acc.shape[1]]).store(acc.to(q.dtype))
     fence_async_shared()
     outer, col = _fold_head(bh, FOLD, acc.shape[1])
@@ -469,7 +468,7 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                                   STAGES: gl.constexpr, FOLD_Q: gl.constexpr = 0, FOLD_KV: gl.constexpr = 0,
                                   PERSISTENT: gl.constexpr = True, PACK_P: gl.constexpr = False,
-                                  LEAN_L: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = 0):
+                                  LEAN_L: gl.constexpr = False):
     """One warpgroup's forward over (query tile, batch x head) work items: as many programs as the GPU holds, items
     taken from a counter in ``_item_coords``' order, the K/V ring's stages and phases running on across items
     (PERSISTENT; else a program per item, where one wave holds them all). Q, K, V, O: host descriptors
@@ -479,8 +478,8 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
     at launch: the last program to finish zeroes it again, so the next launch on the stream finds it zero (no memset
     per call). SPAN, RIGHT and the strides (in the descriptors) are unused. PACK_P, LEAN_L: as in ``_attend`` (3%
     and 2.5% fewer instructions in the key loop, LEAN_L also O's reciprocal in ``_normalise``; the planner passes
-    ``LEAN_SOFTMAX``). LAZY_RESCALE: ``_attend``'s LAZY, a threshold in log2 units, 0 off (the planner leaves it off
-    here; ``RESCALE_THRESHOLD`` explains why)."""
+    ``LEAN_SOFTMAX``). The skipped rescales (``_attend``'s LAZY) cost more here than they save:
+    experiments/flash_fwd_lazy_rescale/."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = Q.dtype
     smem: gl.constexpr = Q.layout
@@ -510,12 +509,12 @@ def _hopper_fwd_persistent_kernel(Q, K, V, O, L, DOC, SPAN, stride_qb, stride_qm
                      HEAD_DIM)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
         mbarrier.wait(q_bar, item & 1)
-        acc, l_i, m_i, c_i = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m,
-                                     n_tiles, n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES,
-                                     NUM_WARPS, False, 0, base, bkv, FOLD_KV, PACK_P, LEAN_L, LAZY_RESCALE)
+        acc, l_i, m_i, _ = _attend(q_tile, k_smem, v_smem, k_bars, v_bars, k_bars, k_desc, v_desc, offs_m, n_tiles,
+                                   n_full, N_K, qk_scale, BLOCK_M, HEAD_DIM, BLOCK_N, CAUSAL, STAGES, NUM_WARPS, False,
+                                   0, base, bkv, FOLD_KV, PACK_P, LEAN_L)
         if NUM_WARPS > 4:  # both warpgroups are done with Q's buffer before it takes O
             gl.thread_barrier()
-        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L, c_i, LAZY_RESCALE > 0)
+        _finish(acc, l_i, m_i, q_smem, o_desc, L, bh, start_m, offs_m, N_Q, FOLD_Q, LEAN_L)
         gl.thread_barrier()  # O has left Q's buffer before the next item's Q arrives in it
         base += n_tiles
         item += 1

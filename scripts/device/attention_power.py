@@ -3,12 +3,12 @@ forward+backward), alternating in one process, with ``nvidia-smi`` sampling ever
 takes as many cycles as its peer but runs at a lower clock shows whether it draws more power (session 41).
 
     python scripts/device/attention_power.py --shape xl_2048 [--backward] [--seconds 4] [--rounds 3]
-        [--tiles 64,64,4,3,p 64,64,4,3,p,lazy8 128,128,4,3,ws,p]
+        [--tiles 64,64,4,3,p 64,64,4,3,p,pack0 128,128,4,3,ws,p,lazy8]
 
 ``--tiles`` adds our forward at forced Gluon tiles (BLOCK_M, BLOCK_N, warps, stages, then ``ws`` for the
 warp-specialised form, ``p`` for persistent programs, ``pack`` for P's packed conversions, ``leanl`` for l's
 per-thread parts and reciprocal (either form) and ``lazy4`` or ``lazy8`` for the rescales skipped past that
-threshold, ``pack0``, ``leanl0`` and ``lazy0`` for each off; without a flag, what the planner passes;
+threshold (warp-specialised), ``pack0``, ``leanl0`` and ``lazy0`` for each off; without a flag, what the planner passes;
 ``fwd_variant_ab.py``'s launcher), forward only. Prints per
 implementation and round: calls a second, median power (W), median SM clock (MHz), and energy a call (mJ = power /
 calls a second). The calls are ``flash-bench --sustained-seconds``'s (``bench.flash.sustained_ms``); the session-41
@@ -36,22 +36,25 @@ WARMUP_S = 1.0  # each span's untimed start (its samples left out too): the cloc
 _SWITCHES = {"pack": ("PACK_P", True), "pack0": ("PACK_P", False), "leanl": ("LEAN_L", True),
              "leanl0": ("LEAN_L", False), "lazy0": ("LAZY_RESCALE", 0), "lazy4": ("LAZY_RESCALE", 4),
              "lazy8": ("LAZY_RESCALE", 8)}
-_WS_SWITCHES = {"leanl", "leanl0", "lazy0", "lazy4", "lazy8"}  # the warp-specialised forward's too; pack is not
+# which form takes each switch: pack the one-warpgroup forward's, lazy the warp-specialised one's, leanl both's
+_ONE_WG_SWITCHES = {"pack", "pack0", "leanl", "leanl0"}
+_WS_SWITCHES = {"leanl", "leanl0", "lazy0", "lazy4", "lazy8"}
 _TILE_FORM = "BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack|,pack0][,leanl|,leanl0][,lazy0|,lazy4|,lazy8]"
 
 
 def _tile(spec: str) -> tuple[KernelConfig, dict]:
     """``BLOCK_M,BLOCK_N,WARPS,STAGES[,ws][,p][,pack|,pack0][,leanl|,leanl0][,lazy0|,lazy4|,lazy8]`` as the forward's
     Gluon tile (TMA on) and the constexprs the launch sets (``_SWITCHES``): ``pack``, P rounded in packed pairs,
-    ``PACK_P``; ``leanl``, l in per-thread parts and one reciprocal a row, ``LEAN_L`` (either form); ``lazy4``,
-    ``lazy8``, O's rescale skipped where m did not move past that threshold, ``LAZY_RESCALE`` (either form); a
-    trailing 0 turns the switch off."""
+    ``PACK_P`` (one-warpgroup tiles); ``leanl``, l in per-thread parts and one reciprocal a row, ``LEAN_L`` (either
+    form); ``lazy4``, ``lazy8``, O's rescale skipped where m did not move past that threshold, ``LAZY_RESCALE``
+    (warp-specialised tiles); a trailing 0 turns the switch off."""
     parts = spec.split(",")
     flags = set(parts[4:])
     if len(parts) < 4 or not all(x.isdigit() for x in parts[:4]) or flags - {"ws", "p", *_SWITCHES}:
         raise argparse.ArgumentTypeError(f"a tile is {_TILE_FORM}, got {spec!r}")
-    if "ws" in flags and flags & (_SWITCHES.keys() - _WS_SWITCHES):
-        raise argparse.ArgumentTypeError(f"pack is for one-warpgroup tiles, got {spec!r}")
+    if flags & (_SWITCHES.keys() - (_WS_SWITCHES if "ws" in flags else _ONE_WG_SWITCHES)):
+        raise argparse.ArgumentTypeError(f"pack is for one-warpgroup tiles and lazy for warp-specialised (ws) ones, "
+                                         f"got {spec!r}")
     names = [_SWITCHES[flag][0] for flag in flags & _SWITCHES.keys()]
     if len(names) > len(set(names)):
         raise argparse.ArgumentTypeError(f"one setting a switch at most, got {spec!r}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for FlashAttention-2 (issue 18), results under $OUT:
 #   CS336_GIT_COMMIT=<commit> bash scripts/device/flash.sh [tests] [floor] [host] [tune] [shapes] [lb] [sweep] [features]
-#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained] [packed] [fwd43] [wslazy] [lazyc]
+#     [wsbwd] [wsncu] [wsfwdncu] [lean] [power] [sustained] [packed] [wslazy]
 # tests: the GPU tests; floor: tiny-call timing and profile; host: host time per layer and the single-kernel
 # backward's length sweep (scripts/device/flash_host.py); tune: tile sweep (pins the winners into
 # cs336_systems/attention/flash_tune_h100.json, copied to $OUT); shapes: issue 18's shapes with every peer (this
@@ -20,10 +20,9 @@
 # (fwd_variant_ab.py) at POWER_SHAPE (xl_2048); sustained: the shapes run with each implementation also timed back to
 # back at the power cap (flash-bench --sustained-seconds; SUSTAINED_SHAPES); packed: the one-warpgroup forward with
 # P's packed conversions and l's per-thread parts (PACK_P, LEAN_L): the GPU test, fwd_variant_ab.py --variants packed
-# (PACKED_SHAPES) and the power cap; fwd43: the same three for the skipped rescales (LAZY_RESCALE) and the
-# warp-specialised forward's LEAN_L (FWD43_SHAPES; session 43's form also timed Q_REGS, now in experiments/); wslazy:
-# the same three for the warp-specialised forward's LAZY_RESCALE (WSLAZY_SHAPES); lazyc: the same three for both
-# forwards' skipped rescales with O's denominator compensated (session 45; LAZYC_SHAPES).
+# (PACKED_SHAPES) and the power cap; wslazy: the same three for the warp-specialised forward's skipped rescales
+# (LAZY_RESCALE; WSLAZY_SHAPES; the one-warpgroup forward's steps, fwd43 and lazyc, are in
+# experiments/flash_fwd_lazy_rescale/).
 # CS336_GIT_COMMIT: the commit the records name (the tree here is a copy).
 # Each step runs under its own limit (step.sh: LIMIT_<step>=seconds, SKIP="step ...").
 set -u
@@ -63,16 +62,7 @@ for s in "$@"; do
             step 240 packed-fwd python3 scripts/device/fwd_variant_ab.py --variants packed --rounds 5 --out "$OUT/packed" \
               --shapes ${PACKED_SHAPES:-xl_2048 xl_512 small_512 floor}
             step 150 packed-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-              --tiles 64,64,4,3,p,pack0,leanl0,lazy0 64,64,4,3,p,leanl0,lazy0 64,64,4,3,p,lazy0 ;;
-    fwd43) mkdir -p "$OUT/fwd43"  # LAZY_RESCALE and the ws LEAN_L: numerics, bursts, power cap
-           step 240 fwd43-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
-             -k "lazy_rescale or ws_forward_lean_l"
-           step 240 fwd43-fwd python3 scripts/device/fwd_variant_ab.py --variants fwd43 --rounds 5 --out "$OUT/fwd43" \
-             --shapes ${FWD43_SHAPES:-xl_2048 xl_512 small_512 floor lb2025 noncausal_2k}
-           step 200 fwd43-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-             --tiles 64,64,4,3,p,lazy0 64,64,4,3,p 64,64,4,3,p,lazy8
-           step 120 fwd43-power-ws python3 scripts/device/attention_power.py --shape noncausal_2k --rounds 3 \
-             --tiles 128,128,4,2,ws,p,leanl0 128,128,4,2,ws,p ;;
+              --tiles 64,64,4,3,p,pack0,leanl0 64,64,4,3,p,leanl0 64,64,4,3,p ;;
     wslazy) mkdir -p "$OUT/wslazy"  # the warp-specialised forward's LAZY_RESCALE: numerics, bursts, power cap
             step 180 wslazy-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
               -k ws_lazy_rescale
@@ -82,15 +72,6 @@ for s in "$@"; do
               --tiles 128,128,4,2,ws,p 128,128,4,2,ws,p,lazy4
             step 120 wslazy-power-lb python3 scripts/device/attention_power.py --shape lb2025 --rounds 3 \
               --tiles 128,128,4,3,ws,p 128,128,4,3,ws,p,lazy4 ;;
-    lazyc) mkdir -p "$OUT/lazyc"  # both forwards' skipped rescales with O's denominator compensated
-           step 240 lazyc-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf \
-             -k lazy_rescale
-           step 150 lazyc-fwd python3 scripts/device/fwd_variant_ab.py --variants lazyc --rounds 5 --out "$OUT/lazyc" \
-             --shapes ${LAZYC_SHAPES:-xl_2048 small_512 noncausal_2k lb2026 d128_4k}
-           step 90 lazyc-power python3 scripts/device/attention_power.py --shape xl_2048 --rounds 3 \
-             --tiles 64,64,4,3,p,lazy0 64,64,4,3,p,lazy4
-           step 90 lazyc-power-ws python3 scripts/device/attention_power.py --shape noncausal_2k --rounds 3 \
-             --tiles 128,128,4,2,ws,p,lazy0 128,128,4,2,ws,p,lazy4 ;;
     lean) step 240 lean-tests python3 -m pytest -m gpu tests/test_flash_hopper.py -q -p no:cacheprovider -rf -k lean
           step 300 lean-fwd python3 scripts/device/fwd_variant_ab.py --variants lean --rounds 3 --out "$OUT" \
             --shapes ${LEAN_SHAPES:-noncausal_2k lb2026 d128_4k xl_2048 xl_512 small_512 lb2025}

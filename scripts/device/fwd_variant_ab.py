@@ -8,10 +8,9 @@ Per shape (``--rounds``: in rounds, the order rotated by one each round; medians
 O error against an fp64 reference beside SDPA's own (the 2x rule plus one bf16 ulp of O's scale). ``--variants
 short``: the variants tried for short sequences at head dim 64; ``lean``: the forwards with and without the
 warpgroup barriers that ``ptx_release`` removes; ``packed``: the one-warpgroup forward with and without packed P
-conversions and l's per-thread parts; ``fwd43``: the one-warpgroup forward with and without O's rescale skipped where
-m did not move past a threshold (``LAZY_RESCALE``), and the warp-specialised forward with and without l's
-per-thread parts (``LEAN_L``); ``wslazy``: the warp-specialised forward with and without the skipped rescales;
-``lazyc``: both forwards with and without them (O's denominator compensated, session 45).
+conversions and l's per-thread parts; ``wslazy``: the warp-specialised forward with and without O's rescale skipped
+where m did not move past a threshold (``LAZY_RESCALE``; the one-warpgroup forward's sets, ``fwd43`` and ``lazyc``,
+are in experiments/flash_fwd_lazy_rescale/).
 ``same``: O and L equal bit for bit to our variant listed before it.
 Writes ``fwd_variant_ab.json`` under ``--out`` (or ``$OUT``).
 """
@@ -73,49 +72,24 @@ LEAN = {  # the warp-specialised forward with and without the warpgroup barriers
 
 PACKED = {  # the one-warpgroup forward with P rounded to 16 bits in packed pairs (``flash_hopper._to_16bit``: no PRMT
     # swaps), then l in per-thread parts and O scaled by 1 / l as well (``LEAN_L``); session 42: 332 -> 321 -> 313 SASS
-    # instructions in the unmasked key loop, 2,104 -> 1,960 in the kernel; persistent and a program per item; m moved at
-    # every new maximum (``LAZY_RESCALE`` 0), as timed then
-    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": False, "LEAN_L": False, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": False, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True, "LAZY_RESCALE": 0}),
+    # instructions in the unmasked key loop, 2,104 -> 1,960 in the kernel; persistent and a program per item
+    64: [(K(64, 64, 4, 3, True, False, True), {"PACK_P": False, "LEAN_L": False}),
+         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": False}),
+         (K(64, 64, 4, 3, True, False, True), {"PACK_P": True, "LEAN_L": True}),
          # four stages: the ring's stage and phase by masks instead of divisions by 3; 74 KB, still three programs an SM
-         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "LEAN_L": True, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True), {"PACK_P": False, "LEAN_L": False, "LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True, "LAZY_RESCALE": 0})],
-}
-
-_LEAN = {"PACK_P": True, "LEAN_L": True}
-FWD43 = {  # the one-warpgroup forward (leaner softmax on) with m moved at every new maximum or only past a threshold
-    # of 4 (shipped, ``flash_hopper.RESCALE_THRESHOLD``) or 8 (log2 units) and O's rescale skipped by warps whose rows
-    # kept theirs (``LAZY_RESCALE``: 32 FMULs a thread and tile behind a warp-uniform branch); persistent and a
-    # program per item. As run in session 44 the set also held Q in registers (``Q_REGS``, experiments/)
-    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 4}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 8}),
-         (K(64, 64, 4, 3, True), _LEAN | {"LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True), _LEAN | {"LAZY_RESCALE": 4}),
-         # the warp-specialised forward (lb2025's) with its consumers' l in per-thread parts and O scaled by 1 / l
-         (K(128, 128, 4, 3, True, True, True), {"LEAN_L": False}),
-         (K(128, 128, 4, 3, True, True, True), {"LEAN_L": True})],
-    128: [(K(128, 128, 4, 2, True, True, True), {"LEAN_L": False}),
-          (K(128, 128, 4, 2, True, True, True), {"LEAN_L": True})],
+         (K(64, 64, 4, 4, True, False, True), {"PACK_P": True, "LEAN_L": True}),
+         (K(64, 64, 4, 3, True), {"PACK_P": False, "LEAN_L": False}),
+         (K(64, 64, 4, 3, True), {"PACK_P": True, "LEAN_L": True})],
 }
 
 WSLAZY = {  # the warp-specialised forward (its consumers' l in per-thread parts, as shipped) with m moved at every new
-    # maximum or only past the one-warpgroup forward's threshold, O's rescale skipped by warps whose rows kept theirs
-    # (``LAZY_RESCALE``; prepared in session 44: two votes and 4-8 more branches in sm_90a SASS, the same FMULs;
-    # timed in session 45 before O's denominator was compensated; on at head dim 128 since, compensated: ``LAZYC``)
+    # maximum or only past ``flash_hopper.RESCALE_THRESHOLD``, O's rescale skipped by warps whose rows kept theirs
+    # (``LAZY_RESCALE``; two votes and 4-8 more branches in sm_90a SASS, the same FMULs; session 45 timed it before
+    # and after O's denominator was compensated, and it is on at head dim 128)
     64: [(K(128, 128, 4, 3, True, True, True), {"LAZY_RESCALE": 0}),
          (K(128, 128, 4, 3, True, True, True), {"LAZY_RESCALE": 4})],
     128: [(K(128, 128, 4, 2, True, True, True), {"LAZY_RESCALE": 0}),
           (K(128, 128, 4, 2, True, True, True), {"LAZY_RESCALE": 4})],
-}
-
-LAZYC = {  # both forwards with every new maximum taken and with the skipped rescales (threshold 4), the latter with
-    # the tile's largest P's rounding kept for O's denominator (session 45: without it O's error reached 2.1x SDPA's)
-    64: [(K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 0}),
-         (K(64, 64, 4, 3, True, False, True), _LEAN | {"LAZY_RESCALE": 4})],
-    128: WSLAZY[128],
 }
 
 REGS = {  # head dim 64: register caps (Triton's ``maxnreg`` launch option) that let one more program share an SM
@@ -142,12 +116,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    p.add_argument("--variants", choices=["default", "short", "regs", "lean", "packed", "fwd43", "wslazy", "lazyc"],
+    p.add_argument("--variants", choices=["default", "short", "regs", "lean", "packed", "wslazy"],
                    default="default")
     p.add_argument("--rounds", type=int, default=1, help="timing rounds, the order rotated by one each round; medians")
     args = p.parse_args()
     variants = {"short": SHORT, "regs": REGS, "lean": LEAN, "packed": PACKED,
-                "fwd43": FWD43, "wslazy": WSLAZY, "lazyc": LAZYC}.get(args.variants, VARIANTS)
+                "wslazy": WSLAZY}.get(args.variants, VARIANTS)
     rows = []
     for name in args.shapes:
         b, hq, hkv, n, d, causal = SHAPES[name]
