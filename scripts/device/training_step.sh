@@ -54,7 +54,7 @@
 #      optimizer) and by whole steps, ours by whole steps (one process each, bench's defaults otherwise)
 #   timing512 (session 33): small/512 and xl/512 against both peers, whole steps (bench's defaults, steady state)
 #   timing-graphs (session 33): xl/512 against the reduce-overhead peer (the faster there), whole steps
-#   timing2048 (session 33): xl/2048 against both peers, whole steps
+#   timing2048 (session 33): xl/2048 against both peers, whole steps (IMPLS="peer-graphs ours" the faster only)
 #   swab (session 34): the fused feed-forward's kernel variants (s34_variants.patch, applied first) timed
 #      alternately (experiments/swiglu_gemm_epilogues/variant_ab_s34.py), then two of them under Nsight Compute
 #   s34 (session 34): the fused feed-forward's GPU tests, then xl/2048 against both peers (whole steps)
@@ -295,7 +295,7 @@ timing-graphs)
   ;;
 timing2048)
   step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
+    --impl ${IMPLS:-peer peer-graphs ours} --preset xl --context-length 2048 --steps ${STEPS:-20}
   ;;
 lt)
   step 60 lt-noworkspace env CUBLAS_WORKSPACE_CONFIG=:0:0 TORCH_BLAS_PREFER_CUBLASLT=1 python3 -c "import torch
@@ -312,7 +312,7 @@ print('Lt without a workspace:', (a @ a[:1600].T).float().abs().mean().item())"
 s34)
   step 200 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fused_swiglu.py
   step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl peer peer-graphs ours --preset xl --context-length 2048 --steps ${STEPS:-20}
+    --impl ${IMPLS:-peer peer-graphs ours} --preset xl --context-length 2048 --steps ${STEPS:-20}
   ;;
 swab)  # the device's copy of the tree takes the variants' patch
   git apply experiments/swiglu_gemm_epilogues/s34_variants.patch || exit 1
