@@ -3,7 +3,8 @@
 At each shape: microseconds per call, to the end of the GPU's work, of ours (the adapters' ``FlashAttention2Triton``)
 forward alone and forward+backward, of SDPA (flash, cuDNN; the backend chosen once, outside the loop, and inside
 each call as ``flash-bench`` does), and of the primitives a call is made of on this host (``torch.empty``, a
-``data_ptr``, an empty ``autograd.Function``); then ``cProfile`` of ours, the functions by own time.
+``data_ptr``, an empty ``autograd.Function`` and the same graph of C++ nodes, which the engine's device thread runs
+without the GIL); then ``cProfile`` of ours, the functions by own time.
 
     python scripts/device/flash_host_profile.py [--shapes small_512 xl_512] [--calls 300] > $OUT/host.txt
 """
@@ -86,7 +87,8 @@ def profile_shape(name: str, calls: int) -> None:
     x = torch.randn(4, device=dev, requires_grad=True)
     primitives = {"torch.empty like q": lambda: torch.empty(q.shape, device=dev, dtype=q.dtype),
                   "q.data_ptr()": q.data_ptr,
-                  "empty autograd.Function f+b": lambda: _Empty.apply(x).sum().backward()}
+                  "empty autograd.Function f+b": lambda: _Empty.apply(x).sum().backward(),
+                  "C++ view f+b (no Python node)": lambda: x.view_as(x).sum().backward()}
     for label, fn in primitives.items():
         print(f"  {label:31s} {per_call_us(fn, calls):8.1f}")
     prof = cProfile.Profile()
