@@ -1239,6 +1239,43 @@ def test_shapes_are_timed_in_interleaved_rounds_on_the_same_inputs():
     assert main(["flash-bench", "--only", "shapes", "--sustained-seconds", "2", "--sustained-rounds", "0"]) == 2
 
 
+def test_sdpa_peers_pin_their_backend_once_per_timing(monkeypatch):
+    """An SDPA peer's backend is set once around a timing (``pinned``), as a user sets it for a run: the calls
+    inside skip the per-call ``sdpa_kernel`` (15-20 us of host time a call); called alone, a peer pins itself."""
+    import torch.nn.attention as attention
+
+    from cs336_systems.bench import flash
+
+    entered = []
+    real = attention.sdpa_kernel
+
+    def counting(*args, **kwargs):
+        entered.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_kernel", counting)
+    shape = flash.AttnShape(1, 2, 24, 16, dtype="fp32")
+    q, k, v, do = flash.shape_inputs(shape, torch.device("cpu"))
+    fn = flash.attention_fn("sdpa_flash", shape, torch.device("cpu"))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(fn(q, k, v, True), want, rtol=0, atol=0)
+    assert entered == [attention.SDPBackend.FLASH_ATTENTION]  # alone: pinned per call
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    calls, grads = flash._calls("sdpa_flash", shape, torch.device("cpu"), False, "random", (q, k, v, do))
+    with flash.pinned(calls["forward_backward"]):
+        assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+        for _ in range(3):
+            calls["forward_backward"]()
+            torch.testing.assert_close(calls["forward"](), want, rtol=0, atol=0)
+    assert len(entered) == 2  # the one pin around the timing, none per call
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+    assert q.grad is not None
+    with flash.pinned(flash.attention_fn("naive", shape, torch.device("cpu"))):  # not SDPA: nothing pinned
+        assert torch.backends.cuda.math_sdp_enabled() == before[1]
+    assert len(entered) == 2
+
+
+
 def test_sustained_rounds_are_interleaved_after_the_others():
     """With ``sustained_s`` the implementations also run back to back in ``sustained_rounds`` interleaved rounds
     (forward, then forward+backward, each its gradients reset), ``{mode}_sustained_ms`` the median; without it

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from cs336_systems.bench.e2e import is_oom
-from cs336_systems.bench.flash import DTYPES, strict_compile, versus_peers
+from cs336_systems.bench.flash import DTYPES, pinned, sdpa_on, strict_compile, versus_peers
 from cs336_systems.bench.harness import timed
 
 SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
@@ -180,20 +180,19 @@ def default_impls(shape: FeatureShape, device: torch.device) -> list[str]:
 
 
 def _sdpa_fn(backend: str, shape: FeatureShape, mask: torch.Tensor | None) -> Callable:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
-    pinned = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
     # enable_gqa only where the heads differ: some backends refuse the flag itself.
     gqa = {"enable_gqa": True} if shape.q_heads != shape.kv_heads else {}
 
     def fn(q, k, v):
-        with sdpa_kernel(pinned):
-            if mask is None:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
 
-    return fn
+    return sdpa_on(chosen, fn)  # the backend pinned once around each timing (_measure), not per call
 
 
 def _flex_fn(shape: FeatureShape, visible: Callable, per_batch: bool, device: torch.device, compiled: bool):
@@ -316,9 +315,11 @@ def _measure(row: dict, impl: str, s: _Setup, warmup_ms: float, rep_ms: float, c
             def fwd_bwd():
                 fn(q, k, v).backward(s.do)
 
-            row["forward_ms"] = _median_ms(lambda: fn(q, k, v), s.device, warmup_ms, rep_ms, [], cpu_reps)
-            if "forward_backward" in modes:
-                row["forward_backward_ms"] = _median_ms(fwd_bwd, s.device, warmup_ms, rep_ms, [q, k, v], cpu_reps)
+            with pinned(fn):
+                row["forward_ms"] = _median_ms(lambda: fn(q, k, v), s.device, warmup_ms, rep_ms, [], cpu_reps)
+                if "forward_backward" in modes:
+                    row["forward_backward_ms"] = _median_ms(fwd_bwd, s.device, warmup_ms, rep_ms, [q, k, v],
+                                                            cpu_reps)
         for mode in modes:
             flops = feature_flops(row["visible_pairs"], s.shape.q_heads, s.shape.head_dim, mode)
             row[f"{mode}_tflops"] = flops / (row[f"{mode}_ms"] * 1e-3) / 1e12
