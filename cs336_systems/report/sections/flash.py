@@ -168,7 +168,10 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
         "rounds on the same inputs, the median of the rounds shown (runs from ab4848f on; before, back to back, "
         "which let the host's drift into the host-bound rows' ratios). The sustained columns (runs with "
         "`--sustained-seconds`) time each implementation back to back for seconds, without L2 flushes: the GPU at "
-        "its power cap, as in a training step, where a kernel's clock follows its energy a call.\n",
+        "its power cap, as in a training step, where a kernel's clock follows its energy a call. The SDPA peers' "
+        "backend is set once around each timing from 7abb7ed on; before, `sdpa_kernel` was entered around every "
+        "call, which added 50-210 us of host time to a peer's forward+backward on the GPU's host and flattered ours "
+        "in the host-bound rows (session 47, docs/flash_tuning_notes.md).\n",
         table(pd.DataFrame(lines), ".3f") + "\n", provenance(used)])
 
 
