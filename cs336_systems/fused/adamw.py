@@ -156,6 +156,20 @@ if triton is not None:
 _BLOCK = 1024
 _NUM_WARPS = 8
 _NUM_WARPS_SPLIT = 4
+# split masters by GPU name where another tile measured faster: the H200 (session 47, xl): 512 x 2 warps 13.16 ms
+# (3.95 TB/s) against 1024 x 4's 13.72 (3.79), and 13.55 against 14.23 ms a step in the captured xl/2048 step; its
+# higher bandwidth wants more programs resident, as smaller ones allow (512 x 4: 13.25; 256 untried)
+_SPLIT_BY_GPU = {"H200": (512, 2)}
+
+
+def _tile(device: torch.device, split: bool) -> tuple[int, int]:
+    """(elements per program, warps) of the kernel for a bucket on ``device``."""
+    if split and device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, tile in _SPLIT_BY_GPU.items():
+            if key in name:
+                return tile
+    return _BLOCK, _NUM_WARPS_SPLIT if split else _NUM_WARPS
 
 
 class _Launch:
@@ -166,19 +180,20 @@ class _Launch:
     with (the graph's own) and refreshes only the seed and hyperparameters, before each replay."""
 
     def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device,
-                 like: _Launch | None = None):
+                 like: _Launch | None = None, tile: tuple[int, int] = (_BLOCK, _NUM_WARPS)):
         self.params = params
         if like is not None:  # under a capture: no allocations or copies, the tensors of an eager launch
-            self.n_blocks, self.block_tensor, self.block_start, self.numels = (
-                like.n_blocks, like.block_tensor, like.block_start, like.numels)
+            self.n_blocks, self.block_tensor, self.block_start, self.numels, self.tile = (
+                like.n_blocks, like.block_tensor, like.block_start, like.numels, like.tile)
         else:
+            self.tile = tile  # (elements per program, warps): the block table is cut for it
             numels = [p.numel() for p in params]
-            blocks = [triton.cdiv(n, _BLOCK) for n in numels]
+            blocks = [triton.cdiv(n, tile[0]) for n in numels]
             self.n_blocks = sum(blocks)
             tensor_of_block = torch.repeat_interleave(torch.arange(len(params), dtype=torch.int32),
                                                       torch.tensor(blocks))
             first = torch.cumsum(torch.tensor([0, *blocks[:-1]]), 0)
-            start = (torch.arange(self.n_blocks) - first.repeat_interleave(torch.tensor(blocks))) * _BLOCK
+            start = (torch.arange(self.n_blocks) - first.repeat_interleave(torch.tensor(blocks))) * tile[0]
             self.block_tensor = tensor_of_block.to(device)
             self.block_start = start.to(torch.int64).to(device)
             self.numels = torch.tensor(numels, dtype=torch.int64, device=device)
@@ -450,7 +465,8 @@ class FusedAdamW(torch.optim.Optimizer):
                 master = st.get("master_lo", st.get("master", p))  # split: the low halves (the bf16 ``p`` is out)
                 rows.append([master.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(), 0,
                              p.data_ptr()])
-            launch = self._launches[(capturing, *ids)] = _Launch(params, rows, params[0].device, like)
+            tile = _tile(params[0].device, _master_kind(self.state[params[0]]) == "split")
+            launch = self._launches[(capturing, *ids)] = _Launch(params, rows, params[0].device, like, tile)
         state = self.state[params[0]]
         kind = _master_kind(state)
         seed = self._seed(gi, bucket, step, params[0].dtype, kind is not None)
@@ -462,8 +478,8 @@ class FusedAdamW(torch.optim.Optimizer):
         _adamw_kernel[(launch.n_blocks,)](
             launch.table, len(params), launch.numels, launch.block_tensor, launch.block_start,
             STATE_DTYPE=_TL_DTYPES[state["exp_avg"].dtype], GRAD_DTYPE=dtype, OUT_DTYPE=dtype,
-            HAS_OUT=kind is not None, SPLIT=kind == "split", STOCHASTIC=seed is not None, BLOCK=_BLOCK,
-            num_warps=_NUM_WARPS_SPLIT if kind == "split" else _NUM_WARPS)
+            HAS_OUT=kind is not None, SPLIT=kind == "split", STOCHASTIC=seed is not None, BLOCK=launch.tile[0],
+            num_warps=launch.tile[1])
         return launch
 
     def before_graph_replay(self) -> None:

@@ -45,6 +45,7 @@ def main() -> None:
     masters = {p: p.detach().clone() for p in model.parameters()}
     for split, block, warps in itertools.product(args.split, args.blocks, args.warps):
         fa._BLOCK, fa._NUM_WARPS, fa._NUM_WARPS_SPLIT = block, warps, warps
+        fa._SPLIT_BY_GPU = {}  # the swept tile, not this GPU's entry of the table
         moved = (26 if split == "yes" else 28) * n_low + 24 * (n_all - n_low)
         for p in model.parameters():
             p.data = masters[p].clone()
