@@ -1261,7 +1261,7 @@ def test_sdpa_peers_pin_their_backend_once_per_timing(monkeypatch):
     torch.testing.assert_close(fn(q, k, v, True), want, rtol=0, atol=0)
     assert entered == [attention.SDPBackend.FLASH_ATTENTION]  # alone: pinned per call
     before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
-    calls, grads = flash._calls("sdpa_flash", shape, torch.device("cpu"), False, "random", (q, k, v, do))
+    calls, _ = flash._calls("sdpa_flash", shape, torch.device("cpu"), False, "random", (q, k, v, do))
     with flash.pinned(calls["forward_backward"]):
         assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
         for _ in range(3):
