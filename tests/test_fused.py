@@ -141,6 +141,35 @@ def test_fused_adamw_bf16_copies_follow_fp32_masters(use_triton, split, seed):
     assert all(v.dtype == torch.float32 for v in opt.master_state_dict(fused).values())
 
 
+def test_fused_adamw_split_tile_by_gpu(monkeypatch, seed):
+    """The split-master kernel's tile comes from ``_SPLIT_BY_GPU`` by GPU name (the H200's 512 x 2 warps), and a
+    bucket's block table is cut for its tile: a 4,099-element master over nine 512-element programs (the
+    interpreter here) steps as ``cs336_basics``' AdamW does."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert adamw._tile(cuda, True) == (512, 2)
+    assert adamw._tile(cuda, False) == (adamw._BLOCK, adamw._NUM_WARPS)  # whole masters: the table has no entry
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert adamw._tile(cuda, True) == (adamw._BLOCK, adamw._NUM_WARPS_SPLIT)
+    assert adamw._tile(torch.device("cpu"), True) == (adamw._BLOCK, adamw._NUM_WARPS_SPLIT)
+
+    monkeypatch.setattr(adamw, "_tile", lambda device, split: (512, 2) if split else (adamw._BLOCK, adamw._NUM_WARPS))
+    ref, fused = _pair()
+    low = {fused[0], fused[3]}
+    opt_ref = AdamW(ref.parameters(), lr=1e-2)
+    opt = FusedAdamW(fused.parameters(), lr=1e-2, compute_dtype=torch.bfloat16, low_precision=low, use_triton=True)
+    for _ in range(3):
+        for a, b in zip(ref, fused, strict=True):
+            a.grad = torch.randn_like(a).bfloat16().float()
+            b.grad = a.grad.to(b.dtype)
+        opt_ref.step()
+        opt.step()
+    tiles = {launch.tile for launch in opt._launches.values()}
+    assert (512, 2) in tiles
+    for a, b in zip(ref, fused, strict=True):
+        torch.testing.assert_close(opt.master_of(b), a, rtol=1e-6, atol=1e-7)
+
+
 def test_split_master_is_exact_and_rounds_to_nearest(seed, monkeypatch):
     # random values over 60 binades, both signs, and edge cases: zeros, subnormals, the largest finite values,
     # and low halves just below, at and above the halfway point 0x8000 with even and odd upper halves
