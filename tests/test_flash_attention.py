@@ -1246,6 +1246,8 @@ def test_sdpa_peers_pin_their_backend_once_per_timing(monkeypatch):
 
     from cs336_systems.bench import flash
 
+    compiled = flash.attention_fn("sdpa_flash", flash.AttnShape(1, 2, 24, 16), torch.device("cpu"), compile_apply=True)
+    assert compiled.sdpa_backend is attention.SDPBackend.FLASH_ATTENTION  # the leaderboard harness pins it too
     entered = []
     real = attention.sdpa_kernel
 

@@ -155,11 +155,7 @@ def attention_fn(impl: str, shape: AttnShape, device: torch.device, compile_appl
         return torch.compile(_naive) if compile_apply else _naive
     if impl.startswith("sdpa_"):
         fn = _sdpa(impl)
-        if compile_apply:
-            compiled = torch.compile(fn)
-            compiled.sdpa_backend = fn.sdpa_backend
-            return compiled
-        return fn
+        return torch.compile(fn) if compile_apply else fn  # the wrapper keeps ``sdpa_backend`` (functools.wraps)
     if impl == "flex":
         return _flex(shape, device)
     raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLEMENTATIONS)}")

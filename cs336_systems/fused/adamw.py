@@ -180,7 +180,7 @@ class _Launch:
     with (the graph's own) and refreshes only the seed and hyperparameters, before each replay."""
 
     def __init__(self, params: list[Tensor], rows: list[list[int]], device: torch.device,
-                 like: _Launch | None = None, tile: tuple[int, int] = (_BLOCK, _NUM_WARPS)):
+                 like: _Launch | None, tile: tuple[int, int]):
         self.params = params
         if like is not None:  # under a capture: no allocations or copies, the tensors of an eager launch
             self.n_blocks, self.block_tensor, self.block_start, self.numels, self.tile = (
