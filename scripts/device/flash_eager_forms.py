@@ -1,0 +1,119 @@
+"""Which backward form an eager, host-bound attention call should take (issue 18's 512-token do_bench rows), on the GPU.
+
+At each shape, interleaved round by round in one process on the same inputs, the adapters' ``FlashAttention2Triton``
+with its backward as three kernels (D, the dK/dV + atomic-dQ kernel, dQ's conversion: five matmuls a tile pair, the
+captured step's form) and as the single kernel (seven matmuls, one launch, no D or dQ accumulator), against SDPA's
+cuDNN and flash backends pinned once: ``do_bench``'s median forward+backward, the kernels' GPU time (``kernel_ms``)
+and the host's time to issue a do_bench iteration. Then what a CUDA allocation costs this host from Python, against
+a view of one (the allocations a call could merge).
+
+    python scripts/device/flash_eager_forms.py [--shapes xl_512 small_512 floor] [--rounds 7] > $OUT/forms.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import torch
+import triton
+
+import cs336_systems.attention._tuning as tuning
+import cs336_systems.attention.flash_triton as ft
+from cs336_systems.bench.flash import MODEL_SHAPES, _calls, kernel_ms, pinned, shape_inputs
+
+_CONFIG_FOR = tuning.config_for
+
+
+def _single_everywhere(*args, **kwargs):
+    cfg = _CONFIG_FOR(*args, **kwargs)
+    return dataclasses.replace(cfg, single_max_programs=1 << 20)
+
+
+def form(single: bool) -> None:
+    """Route the Triton class's backward to the single kernel (or back) and drop the cached plans."""
+    ft._tuning.config_for = _single_everywhere if single else _CONFIG_FOR
+    ft._PLANS.clear()
+
+
+def issue_us(fn, grads, flush, iters: int = 200, warmup: int = 20) -> float:
+    """Median host microseconds to issue one do_bench iteration (grads reset, flush, call)."""
+    times = []
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        for t in grads:
+            t.grad = None
+        flush.zero_()
+        fn()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e6)
+        if i % 50 == 49:
+            torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
+    """Host microseconds a call of a few ways to get (4, 25, 512, 64) bf16 outputs (median of 5 rounds)."""
+    like = torch.empty(4, 25, 512, 64, device=dev, dtype=torch.bfloat16)
+    ways = {
+        "torch.empty x1": lambda: torch.empty(like.shape, device=dev, dtype=like.dtype),
+        "new_empty x1": lambda: like.new_empty(like.shape),
+        "new_empty x3": lambda: (like.new_empty(like.shape), like.new_empty(like.shape), like.new_empty(like.shape)),
+        "one (3, ...) new_empty + unbind": lambda: like.new_empty((3, *like.shape)).unbind(0),
+        "a view of a tensor": lambda: like.view(like.shape),
+    }
+    for name, way in ways.items():
+        rounds = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                way()
+            rounds.append((time.perf_counter() - t0) / calls * 1e6)
+        print(f"  {name:34s} {statistics.median(rounds):7.2f} us", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="*", default=["xl_512", "small_512", "floor"])
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
+    print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}")
+    ways = ("three", "single", "sdpa_flash", "sdpa_cudnn")
+    for name in args.shapes:
+        s = MODEL_SHAPES[name]
+        inputs = shape_inputs(s, dev)
+        calls = {}
+        for way in ways:
+            impl = "triton" if way in ("three", "single") else way
+            c, grads = _calls(impl, s, dev, False, "do", inputs)
+            calls[way] = (c["forward_backward"], grads)
+        bench = {w: [] for w in ways}
+        for _ in range(args.rounds):
+            for way in ways:
+                fn, grads = calls[way]
+                form(way == "single")
+                with pinned(fn):
+                    fn()
+                    torch.cuda.synchronize()
+                    bench[way].append(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads) * 1e3)
+        print(f"{name}: do_bench forward+backward us, median of {args.rounds} rounds (min-max); kernels us; issue us")
+        for way in ways:
+            fn, grads = calls[way]
+            form(way == "single")
+            with pinned(fn):
+                kern = kernel_ms(fn, dev, grads) * 1e3
+                issue = issue_us(fn, grads, flush)
+            b = bench[way]
+            print(f"  {way:11s} {statistics.median(b):8.1f} ({min(b):7.1f}-{max(b):7.1f}) {kern:8.1f} {issue:8.1f}",
+                  flush=True)
+        form(False)
+    print("host cost of outputs, us a call:")
+    allocation_costs(dev)
+
+
+if __name__ == "__main__":
+    main()
