@@ -7,13 +7,19 @@ cuDNN and flash backends pinned once: ``do_bench``'s median forward+backward, th
 and the host's time to issue a do_bench iteration. Then what a CUDA allocation costs this host from Python, against
 a view of one (the allocations a call could merge).
 
-    python scripts/device/flash_eager_forms.py [--shapes xl_512 small_512 floor] [--rounds 7] > $OUT/forms.txt
+    python scripts/device/flash_eager_forms.py [--shapes xl_512 small_512 floor] [--rounds 7] [--profile]
+
+``--profile``: then, at the first shape, ``cProfile`` of each form's issue loop (functions by own time) and how many
+TMA descriptors each encoded.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import io
+import pstats
 import statistics
 import time
 
@@ -25,6 +31,17 @@ import cs336_systems.attention.flash_triton as ft
 from cs336_systems.bench.flash import MODEL_SHAPES, _calls, kernel_ms, pinned, shape_inputs
 
 _CONFIG_FOR = tuning.config_for
+_ENCODES = [0]
+_utils = triton.runtime.driver.active.utils
+_fill = _utils.fill_tma_descriptor
+
+
+def _counted_fill(*args):
+    _ENCODES[0] += 1
+    return _fill(*args)
+
+
+_utils.fill_tma_descriptor = _counted_fill  # read by the launchers built after this
 
 
 def _single_everywhere(*args, **kwargs):
@@ -78,6 +95,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["xl_512", "small_512", "floor"])
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--profile", action="store_true", help="cProfile each form's issue loop at the first shape")
     args = p.parse_args()
     dev = torch.device("cuda")
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
@@ -111,6 +129,22 @@ def main() -> None:
             print(f"  {way:11s} {statistics.median(b):8.1f} ({min(b):7.1f}-{max(b):7.1f}) {kern:8.1f} {issue:8.1f}",
                   flush=True)
         form(False)
+    for way in ("three", "single") if args.profile else ():
+        s = MODEL_SHAPES[args.shapes[0]]
+        form(way == "single")
+        c, grads = _calls("triton", s, dev, False, "do", shape_inputs(s, dev))
+        fn = c["forward_backward"]
+        issue_us(fn, grads, flush, iters=50)
+        _ENCODES[0] = 0
+        prof = cProfile.Profile()
+        prof.enable()
+        issue_us(fn, grads, flush, iters=200, warmup=0)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+        print(f"== {args.shapes[0]}, {way}: {_ENCODES[0]} descriptors encoded in 200 iterations; cProfile")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000], flush=True)
+    form(False)
     print("host cost of outputs, us a call:")
     allocation_costs(dev)
 
