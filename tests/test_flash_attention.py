@@ -340,6 +340,38 @@ def test_atomic_free_default_matches_the_deterministic_backward_bitwise(seed):
     assert not _tuning.resolve(128, torch.bfloat16, 4096, (9, 0), pins).atomic_dq
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's fp32 path; on CUDA the GPU tests cover the forms")
+def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch, seed):
+    """An eager autograd.Function call takes the single-kernel backward up to ``eager_single_max_programs`` (the
+    host's time is its cost there) with dQ, dK and dV as views of one allocation, while ``flash_backward`` (the
+    captured and compiled calls' planner) keeps the three kernels; both against fp64. Grouped heads allocate apart."""
+    from cs336_systems.attention import _tuning
+    from cs336_systems.attention import flash_triton as ft
+    from cs336_systems.attention._tuning import FlashConfig, KernelConfig
+
+    kc, kn = KernelConfig(32, 16, 1, 1), KernelConfig(16, 32, 1, 1)
+    cfg = FlashConfig(kc, kn, kn, kc, single_max_programs=0, eager_single_max_programs=64)
+    monkeypatch.setattr(_tuning, "config_for", lambda *a: cfg)
+    monkeypatch.setattr(ft, "_PLANS", {})
+    q, k, v, do = (torch.randn(2, 3, 45, 24) for _ in range(4))  # 3 query tiles x 6 heads: 18 programs
+    out = run_impl(FlashAttention2Triton, q, k, v, do, True)
+    ((plan_bwd,),) = [tuple(p.backward.values()) for p in ft._PLANS.values()]
+    assert plan_bwd[0] == "single" and plan_bwd[-1], plan_bwd[0]
+    dq, dk, dv = out[2:]
+    assert dq.untyped_storage().data_ptr() == dk.untyped_storage().data_ptr() == dv.untyped_storage().data_ptr()
+    assert all(g.is_contiguous() and g.shape == q.shape for g in (dq, dk, dv))
+    for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), out, run_reference(q, k, v, do, True)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+    o, lse = ft.flash_forward(q, k, v, True, config=cfg)
+    assert ft._plan_backward(q, k, v, o, lse, do, cfg, False, None, 0, False)[0] == "atomic"
+    assert ft._plan_backward(q, k, v, o, lse, do, cfg, False, None, 0, False, eager=True)[0] == "single"
+    kg = torch.randn(2, 1, 45, 24)  # grouped heads: dK and dV are not shaped like dQ
+    assert not ft._plan_backward(q, kg, kg, o, lse, do, cfg, False, None, 0, False, eager=True)[-1]
+    bound = dataclasses.replace(cfg, eager_single_max_programs=17)  # one program short
+    assert ft._plan_backward(q, k, v, o, lse, do, bound, False, None, 0, False, eager=True)[0] == "atomic"
+
+
 def test_kernel_config_rejects_bad_tiles():
     from cs336_systems.attention._tuning import KernelConfig
 
@@ -578,6 +610,51 @@ def test_gpu_single_kernel_backward_is_bitwise_reproducible(d, seed):
     first = run()
     assert all(torch.equal(a, b) for a, b in zip(first, run()))
     _assert_within_twice_naive(first, ref, naive, dtype, what="single: ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("lead", "n", "causal"), [((4, 25), 512, True), ((8, 12), 509, False)])
+def test_gpu_eager_and_captured_calls_plan_their_own_backward(lead, n, causal, seed):
+    """At the model shapes of 512 tokens an eager call takes the single-kernel backward (views of one gradient
+    allocation) and the same call captured in a CUDA graph the three-kernel one, as do eager calls inside
+    ``captured_forms``; all within the 2x rule (the graph's after a replay)."""
+    from cs336_systems.attention import flash_triton as ft
+
+    dtype = torch.bfloat16
+    q, k, v, do, ref, naive = _gpu_case(lead, n, n, 64, causal, dtype)
+
+    def modes(eager: bool) -> set:
+        return {bwd[0] for p in ft._PLANS.values() for key, bwd in p.backward.items()
+                if key[0] == q.shape and key[-1] == eager}
+
+    eager = run_impl(FlashAttention2Triton, q, k, v, do, causal)
+    assert modes(True) == {"single"} and not modes(False), (modes(True), modes(False))
+    assert eager[2].untyped_storage().data_ptr() == eager[4].untyped_storage().data_ptr()
+    _assert_within_twice_naive(eager, ref, naive, dtype, what="eager: ")
+
+    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside capture
+            FlashAttention2Triton.apply(qq, kk, vv, causal).backward(do)
+    torch.cuda.current_stream().wait_stream(stream)
+    for t in (qq, kk, vv):
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = FlashAttention2Triton.apply(qq, kk, vv, causal)
+        lse = next(t for t in o.grad_fn.saved_tensors if t.shape == q.shape[:-1])
+        o.backward(do)
+    assert modes(False) and "single" not in modes(False), modes(False)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_within_twice_naive((o.detach(), lse, qq.grad, kk.grad, vv.grad), ref, naive, dtype, what="graph: ")
+
+    with ft.captured_forms():
+        planned = run_impl(FlashAttention2Triton, q, k, v, do, causal)
+    _assert_within_twice_naive(planned, ref, naive, dtype, what="captured forms: ")
+    assert modes(True) == {"single"}  # the eager entry untouched
 
 
 @pytest.mark.gpu

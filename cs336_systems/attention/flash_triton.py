@@ -21,9 +21,12 @@ reproducible); the config table makes that pair the default where it measured fa
 head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two extra matmuls). Small calls
 (``single_max_programs``) run the whole backward as one kernel: a program per key tile computes its dK, dV and
 one per query tile its dQ, with D from the O and dO tiles (one launch instead of three, where launches are the
-cost); and small forwards (``small_fwd``) take tiles of their own: one-warpgroup Gluon tiles where the Gluon forward
-runs, block pointers in the Triton forward elsewhere (a short program does not amortise tensor descriptors built on
-the device, which the Triton kernels' TMA form builds; docs/flash_tuning_notes.md, sessions 36 and 39).
+cost; an autograd.Function's eager call outside CUDA graph capture up to ``eager_single_max_programs``, since the
+host's time is what it costs, and with dQ, dK and dV from one allocation; ``captured_forms()`` plans such calls as
+captured ones); and small forwards (``small_fwd``) take tiles of their own: one-warpgroup Gluon tiles where the
+Gluon forward runs, block pointers in the Triton forward elsewhere (a short program does not amortise tensor
+descriptors built on the device, which the Triton kernels' TMA form builds; docs/flash_tuning_notes.md, sessions 36
+and 39).
 
 Hopper (sm_90): where a call is in their scope (``_in_hopper_scope``: 16-bit, head dim 64/128, full or causal,
 no documents), the planner launches the Gluon kernels of ``flash_hopper`` (forward) and ``flash_hopper_bwd`` (the
@@ -64,6 +67,7 @@ environment before this module is imported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -1326,6 +1330,21 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
     return _launch_backward(plan, Q, K, V, O, L, dO, doc_ids, doc_span, scale)
 
 
+_EAGER_FORMS = [True]  # False inside captured_forms()
+
+
+@contextlib.contextmanager
+def captured_forms():
+    """Plan the autograd.Functions' eager calls as captured ones (``_plan_backward``'s ``eager=False``): the
+    backward a CUDA graph or a compiled model runs, for timing those kernels alone (``flash-bench``'s kernel times,
+    which ``flash_auto``'s table is chosen from)."""
+    previous, _EAGER_FORMS[0] = _EAGER_FORMS[0], False
+    try:
+        yield
+    finally:
+        _EAGER_FORMS[0] = previous
+
+
 def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
                         deterministic: bool, doc_ids: Tensor | None, doc_span: Tensor | None,
                         scale: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -1335,12 +1354,14 @@ def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor,
         return _backward(Q, K, V, O, L, dO, None, deterministic, plan.left, plan.right, doc_ids, doc_span, scale)
     if dO.dtype != Q.dtype:
         dO = dO.to(Q.dtype)
-    key = (dO.shape, dO.stride(), dO.device, _aligned(dO), deterministic)
+    # host-bound where small (_plan_backward)
+    eager = _EAGER_FORMS[0] and not (Q.is_cuda and torch.cuda.is_current_stream_capturing())
+    key = (dO.shape, dO.stride(), dO.device, _aligned(dO), deterministic, eager)
     bwd = plan.backward.get(key)
     if bwd is None:
         check_grad_output(dO, O)
         bwd = plan.backward[key] = _plan_backward(Q, K, V, O, L, dO, plan.config, deterministic, plan.left,
-                                                  plan.right, doc_ids is not None)
+                                                  plan.right, doc_ids is not None, eager)
     return _launch_backward(bwd, Q, K, V, O, L, dO, doc_ids, doc_span, scale)
 
 
@@ -1348,8 +1369,11 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
                      doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches."""
     dev = Q.device
-    mode, copy, launches, bh, n_q, d_pad, (fq, fkv) = plan
-    dq, dk, dv = _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
+    mode, copy, launches, bh, n_q, d_pad, (fq, fkv), merged = plan
+    if merged:  # one allocation instead of three (a host-bound eager call's; _plan_backward)
+        dq, dk, dv = Q.new_empty((3, *Q.shape)).unbind(0)
+    else:
+        dq, dk, dv = _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
     if mode is None:
         return dq, dk, dv
     if copy:
@@ -1378,9 +1402,14 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
 
 
 def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor, config: FlashConfig | None,
-                   deterministic: bool, left: int | None, right: int | None, has_docs: bool) -> tuple:
+                   deterministic: bool, left: int | None, right: int | None, has_docs: bool,
+                   eager: bool = False) -> tuple:
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
-    copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim)."""
+    copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim; the sides' folds; whether
+    dQ, dK and dV come from one allocation). ``eager``: an autograd.Function's call outside CUDA graph capture, which
+    takes the single kernel up to the config's ``eager_single_max_programs`` (the host's time is what such a call
+    costs) and gets its gradients as views of one (3, *Q.shape) allocation where Q, K and V share a shape and no
+    side is folded (a custom op's outputs may not alias, and a captured call's allocations are free)."""
     check_grad_output(dO, O)
     fq, fkv = _folds(Q, K, V)
     rows = [_side_rows(t, f) for t, f in ((Q, fq), (K, fkv), (V, fkv), (O, fq), (dO, fq))]
@@ -1392,8 +1421,9 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     bh_kv = K.numel() // (n_k * d)
     d_pad = _d_pad(d)
     folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
+    merged = eager and not fq and not fkv and Q.shape == K.shape == V.shape
     if bh == 0:
-        return None, copy, (), bh, n_q, d_pad, (fq, fkv)
+        return None, copy, (), bh, n_q, d_pad, (fq, fkv), merged
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     prec = _input_precision(Q.dtype)
@@ -1413,14 +1443,15 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                                                       (*(stride[c] for c in inputs), *outputs))
 
     cfg = cfgs.dkdv
-    if max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)) * bh_kv <= cfgs.single_max_programs:
+    single_max = max(cfgs.single_max_programs, cfgs.eager_single_max_programs if eager else 0)
+    if max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)) * bh_kv <= single_max:
         cfg = cfgs.single or cfg
         tma = tma_for(cfg, "QKVOd", (sg, skv))
         grid = (_cdiv(n_k, cfg.block_n) + _cdiv(n_q, cfg.block_m), bh_kv, 1)
         launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
                          cfg)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
-        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv)
+        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv), merged
     hopper = cfgs.hopper_bwd
     hopper = (hopper is not None and not deterministic and _in_hopper_scope(Q, left, right, has_docs) and head_aligned
               and _tma_fits(Q.device, Q.element_size(), (ptr["Q"], ptr["K"], ptr["V"], ptr["d"], 0),
@@ -1474,7 +1505,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     else:
         last = (_Launch(_flash_bwd_dq_postprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, FOLD_Q=fq),
                         rows_cfg), row_grid, (*sg, n_q))
-    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad, (fq, fkv)
+    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad, (fq, fkv), merged
 
 
 # ------------------------------------------------------------- custom ops (opaque to torch.compile)

@@ -220,6 +220,17 @@ def strict_compile():
 _FLUSH_OP = "bitwise_not"  # the kernel that flushes L2 between profiled calls, told apart from the calls' own
 
 
+def captured(device: torch.device):
+    """Our autograd.Functions planned as in a CUDA graph or a compiled model (``flash_triton.captured_forms``), for
+    kernel times: those are what ``flash_auto``'s table chooses from, while ``do_bench`` times the eager call, which
+    up to about a wave takes the single-kernel backward for its host time."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from cs336_systems.attention.flash_triton import captured_forms
+
+    return captured_forms()
+
+
 def kernel_ms(fn: Callable[[], object], device: torch.device, grad_to_none: list[torch.Tensor],
               calls: int = 20, warmup: int = 3) -> float:
     """GPU milliseconds per call of ``fn``'s kernels (and memsets and copies) under ``torch.profiler``: each of
@@ -338,9 +349,10 @@ def _time_impl(row: dict, impl: str, shape: AttnShape, device: torch.device, mod
                 if mode == "backward":
                     calls["backward"].release()  # the retained forward's memory, before forward+backward is timed
             if kernel_time:
-                for mode in modes:
-                    if mode != "backward":
-                        row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, grads)
+                with captured(device):
+                    for mode in modes:
+                        if mode != "backward":
+                            row[f"{mode}_kernel_ms"] = kernel_ms(calls[mode], device, grads)
         _add_tflops(row, shape, modes)
         row["status"] = "ok"
     except Exception as err:  # an OOM, or a peer that rejects this configuration: recorded, sweep goes on
@@ -410,7 +422,7 @@ def time_interleaved(impls: list[str], shape: AttnShape, device: torch.device,
         for r, impl in _interleaved(live, rounds if timed else 0):
             calls, grads = live[impl]
             try:
-                with pinned(calls["forward"]):
+                with pinned(calls["forward"]), captured(device):
                     for mode in timed:
                         ms = timer(calls[mode], device, grads, calls=per_round, warmup=3 if r == 0 else 1)
                         rows[impl].setdefault(f"{mode}_kernel_ms_rounds", []).append(ms)

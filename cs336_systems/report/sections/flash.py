@@ -171,7 +171,10 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
         "its power cap, as in a training step, where a kernel's clock follows its energy a call. The SDPA peers' "
         "backend is set once around each timing from 7abb7ed on; before, `sdpa_kernel` was entered around every "
         "call, which added 50-210 us of host time to a peer's forward+backward on the GPU's host and flattered ours "
-        "in the host-bound rows (session 47, docs/flash_tuning_notes.md).\n",
+        "in the host-bound rows (session 47, docs/flash_tuning_notes.md). From session 48 on an eager call of ours "
+        "up to about a wave of programs takes the single-kernel backward (one launch, not three: the host's time is "
+        "its cost), which the do_bench columns time, while the kernel columns time the three-kernel backward that "
+        "a CUDA graph or a compiled model runs (`flash_triton.captured_forms`).\n",
         table(pd.DataFrame(lines), ".3f") + "\n", provenance(used)])
 
 
