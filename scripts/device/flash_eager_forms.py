@@ -45,13 +45,17 @@ _utils.fill_tma_descriptor = _counted_fill  # read by the launchers built after 
 
 
 def _single_everywhere(*args, **kwargs):
-    cfg = _CONFIG_FOR(*args, **kwargs)
-    return dataclasses.replace(cfg, single_max_programs=1 << 20)
+    return dataclasses.replace(_CONFIG_FOR(*args, **kwargs), single_max_programs=1 << 20)
 
 
-def form(single: bool) -> None:
-    """Route the Triton class's backward to the single kernel (or back) and drop the cached plans."""
-    ft._tuning.config_for = _single_everywhere if single else _CONFIG_FOR
+def _three_past_the_captured_bound(*args, **kwargs):
+    return dataclasses.replace(_CONFIG_FOR(*args, **kwargs), eager_single_max_programs=0)
+
+
+def form(single: bool | None) -> None:
+    """Route the Triton class's backward to the single kernel (True), to the captured calls' choice (False: the three
+    kernels past ``single_max_programs``) or back to the config's own (None), and drop the cached plans."""
+    ft._tuning.config_for = {True: _single_everywhere, False: _three_past_the_captured_bound}.get(single, _CONFIG_FOR)
     ft._PLANS.clear()
 
 
@@ -128,7 +132,7 @@ def main() -> None:
             b = bench[way]
             print(f"  {way:11s} {statistics.median(b):8.1f} ({min(b):7.1f}-{max(b):7.1f}) {kern:8.1f} {issue:8.1f}",
                   flush=True)
-        form(False)
+        form(None)
     for way in ("three", "single") if args.profile else ():
         s = MODEL_SHAPES[args.shapes[0]]
         form(way == "single")
@@ -144,7 +148,7 @@ def main() -> None:
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
         print(f"== {args.shapes[0]}, {way}: {_ENCODES[0]} descriptors encoded in 200 iterations; cProfile")
         print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000], flush=True)
-    form(False)
+    form(None)
     print("host cost of outputs, us a call:")
     allocation_costs(dev)
 
