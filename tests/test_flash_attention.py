@@ -342,7 +342,7 @@ def test_atomic_free_default_matches_the_deterministic_backward_bitwise(seed):
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's fp32 path; on CUDA the GPU tests cover the forms")
 def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch, seed):
-    """An eager autograd.Function call takes the single-kernel backward up to ``eager_single_max_programs`` (the
+    """An eager autograd.Function call takes the single-kernel backward up to ``eager_single_max_pairs`` (the
     host's time is its cost there) with dQ, dK and dV as views of one allocation, while ``flash_backward`` (the
     captured and compiled calls' planner) keeps the three kernels; both against fp64. Grouped heads allocate apart."""
     from cs336_systems.attention import _tuning
@@ -350,10 +350,10 @@ def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch,
     from cs336_systems.attention._tuning import FlashConfig, KernelConfig
 
     kc, kn = KernelConfig(32, 16, 1, 1), KernelConfig(16, 32, 1, 1)
-    cfg = FlashConfig(kc, kn, kn, kc, single_max_programs=0, eager_single_max_programs=64)
+    cfg = FlashConfig(kc, kn, kn, kc, single_max_programs=0, eager_single_max_pairs=6 * 45 * 45)
     monkeypatch.setattr(_tuning, "config_for", lambda *a: cfg)
     monkeypatch.setattr(ft, "_PLANS", {})
-    q, k, v, do = (torch.randn(2, 3, 45, 24) for _ in range(4))  # 3 query tiles x 6 heads: 18 programs
+    q, k, v, do = (torch.randn(2, 3, 45, 24) for _ in range(4))
     out = run_impl(FlashAttention2Triton, q, k, v, do, True)
     ((plan_bwd,),) = [tuple(p.backward.values()) for p in ft._PLANS.values()]
     assert plan_bwd[0] == "single" and plan_bwd[-1], plan_bwd[0]
@@ -368,7 +368,7 @@ def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch,
     assert ft._plan_backward(q, k, v, o, lse, do, cfg, False, None, 0, False, eager=True)[0] == "single"
     kg = torch.randn(2, 1, 45, 24)  # grouped heads: dK and dV are not shaped like dQ
     assert not ft._plan_backward(q, kg, kg, o, lse, do, cfg, False, None, 0, False, eager=True)[-1]
-    bound = dataclasses.replace(cfg, eager_single_max_programs=17)  # one program short
+    bound = dataclasses.replace(cfg, eager_single_max_pairs=6 * 45 * 45 - 1)  # one pair short
     assert ft._plan_backward(q, k, v, o, lse, do, bound, False, None, 0, False, eager=True)[0] == "atomic"
 
 

@@ -80,12 +80,13 @@ class FlashConfig:
     # is small enough for launches to be its cost (scripts/device/flash_host.py --single, H100: 0.48-0.95x of the
     # three-kernel time up to 512 programs at head dim 64 and 128 at 128; 1.02-1.36x beyond)
     single_max_programs: int = 0
-    # The same bound for eager calls outside CUDA graph capture (0: ``single_max_programs``). Up to about a wave the
-    # host's time to issue a call is what an eager caller waits for, not the kernels', and the single kernel saves two
-    # launches and two allocations (H200, session 48, scripts/device/flash_eager_forms.py: do_bench forward+backward
-    # 216-280 against 276-353 us at 4 x 25 x 512 x 64, 301 against 443 at 8 x 12 x 512 x 64, for 12 us more of
-    # kernel time); a captured or compiled call takes ``single_max_programs``'s kernel-time choice
-    eager_single_max_programs: int = 0
+    # Eager calls outside CUDA graph capture also take the single kernel up to this many query-key pairs (batch x
+    # heads x Nq x Nk; 0: none). Where the kernels take well under the host's time to issue a call, that host time is
+    # what an eager caller waits for, and the single kernel saves two launches and two allocations (H200, session 48,
+    # scripts/device/flash_eager_forms.py: do_bench forward+backward 159-280 against 218-353 us at 4 x 25 x 512 x 64,
+    # 301-323 against 443-497 at 8 x 12 x 512 x 64, for 12 us more of kernel time); a captured or compiled call
+    # keeps ``single_max_programs``'s kernel-time choice
+    eager_single_max_pairs: int = 0
     # Tiles of the Gluon forward for sm_90 (``flash_hopper``: TMA ring, asynchronous warpgroup MMAs), taken
     # where its scope allows (16-bit, head dim 64 or 128, full or causal attention); None: the Triton forward
     hopper_fwd: KernelConfig | None = None
@@ -137,7 +138,7 @@ def _table(d_pad: int, elem_bytes: int, tma: bool, hopper: bool = False) -> Flas
     small = dict(single=K(64, 64, 4, 2), small_fwd=((128, K(64, 128, 4, 2)), (512, K(64, 64, 4, 2)))) if hopper else {}
     if d_pad <= 64:
         return FlashConfig(K(128, 64, 8, 3, tma), K(64, 128, 8, 2, tma), K(64, 64, 4, 3, tma), K(128, 64, 8, 3, tma),
-                           single_max_programs=512, eager_single_max_programs=1024 if hopper else 0,
+                           single_max_programs=512, eager_single_max_pairs=1 << 25 if hopper else 0,
                            hopper_fwd=K(64, 64, 4, 3, True, persistent=True) if hopper else None,
                            hopper_bwd=K(64, 64, 4, 2, True, persistent=True) if hopper else None, **small)
     if d_pad <= 128:

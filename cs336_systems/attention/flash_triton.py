@@ -21,7 +21,7 @@ reproducible); the config table makes that pair the default where it measured fa
 head dim 128 in 16-bit dtypes, whose fp32 dQ reduce-adds cost more than the two extra matmuls). Small calls
 (``single_max_programs``) run the whole backward as one kernel: a program per key tile computes its dK, dV and
 one per query tile its dQ, with D from the O and dO tiles (one launch instead of three, where launches are the
-cost; an autograd.Function's eager call outside CUDA graph capture up to ``eager_single_max_programs``, since the
+cost; an autograd.Function's eager call outside CUDA graph capture up to ``eager_single_max_pairs``, since the
 host's time is what it costs, and with dQ, dK and dV from one allocation; ``captured_forms()`` plans such calls as
 captured ones); and small forwards (``small_fwd``) take tiles of their own: one-warpgroup Gluon tiles where the
 Gluon forward runs, block pointers in the Triton forward elsewhere (a short program does not amortise tensor
@@ -1219,7 +1219,7 @@ def _launch_forward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, doc_ids: Tenso
     in the plan)."""
     launch, grid, copy, scalars, (fq, fkv) = plan.fwd
     o = _side_empty(Q, fq)
-    lse = torch.empty(Q.shape[:-1], device=Q.device, dtype=torch.float32)
+    lse = Q.new_empty(Q.shape[:-1], dtype=torch.float32)  # new_empty: 2-3 us less host time than torch.empty
     if launch is None:  # an empty batch: nothing to launch (a grid axis of 0 is not a valid launch)
         return o, lse
     if copy:
@@ -1368,7 +1368,6 @@ def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor,
 def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
                      doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches."""
-    dev = Q.device
     mode, copy, launches, bh, n_q, d_pad, (fq, fkv), merged = plan
     if merged:  # one allocation instead of three (a host-bound eager call's; _plan_backward)
         dq, dk, dv = Q.new_empty((3, *Q.shape)).unbind(0)
@@ -1388,9 +1387,9 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
         launch(grid, (Q, K, V, O, dO, L, dq, dk, dv, doc, span), (*scalars, *sides))
         return dq, dk, dv
     # one int32 past D's end: the Gluon backward's work counter, zeroed by the preprocess kernel
-    delta = torch.empty(bh * n_q + 1, device=dev, dtype=torch.float32)[:-1].view(bh, n_q)
+    delta = Q.new_empty(bh * n_q + 1, dtype=torch.float32)[:-1].view(bh, n_q)
     doc, span = _doc_args(doc_ids, doc_span, delta)
-    dq_acc = delta if mode == "deterministic" else torch.empty((bh, n_q, d_pad), device=dev, dtype=torch.float32)
+    dq_acc = delta if mode == "deterministic" else Q.new_empty((bh, n_q, d_pad), dtype=torch.float32)
     (pre, pre_grid, pre_scalars), (dkdv, dkdv_grid, dkdv_scalars), (last, last_grid, last_scalars) = launches
     pre(pre_grid, (O, dO, delta, dq_acc), pre_scalars)
     dkdv(dkdv_grid, (Q, K, V, dO, L, delta, dk, dv, dq_acc, doc, span), (*dkdv_scalars, *sides))
@@ -1407,7 +1406,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
     copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim; the sides' folds; whether
     dQ, dK and dV come from one allocation). ``eager``: an autograd.Function's call outside CUDA graph capture, which
-    takes the single kernel up to the config's ``eager_single_max_programs`` (the host's time is what such a call
+    takes the single kernel up to the config's ``eager_single_max_pairs`` (the host's time is what such a call
     costs) and gets its gradients as views of one (3, *Q.shape) allocation where Q, K and V share a shape and no
     side is folded (a custom op's outputs may not alias, and a captured call's allocations are free)."""
     check_grad_output(dO, O)
@@ -1443,8 +1442,8 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                                                       (*(stride[c] for c in inputs), *outputs))
 
     cfg = cfgs.dkdv
-    single_max = max(cfgs.single_max_programs, cfgs.eager_single_max_programs if eager else 0)
-    if max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)) * bh_kv <= single_max:
+    if (max(_cdiv(n_k, cfg.block_n), _cdiv(n_q, cfg.block_m)) * bh_kv <= cfgs.single_max_programs
+            or (eager and bh * n_q * n_k <= cfgs.eager_single_max_pairs)):
         cfg = cfgs.single or cfg
         tma = tma_for(cfg, "QKVOd", (sg, skv))
         grid = (_cdiv(n_k, cfg.block_n) + _cdiv(n_q, cfg.block_m), bh_kv, 1)

@@ -49,7 +49,7 @@ def _single_everywhere(*args, **kwargs):
 
 
 def _three_past_the_captured_bound(*args, **kwargs):
-    return dataclasses.replace(_CONFIG_FOR(*args, **kwargs), eager_single_max_programs=0)
+    return dataclasses.replace(_CONFIG_FOR(*args, **kwargs), eager_single_max_pairs=0)
 
 
 def form(single: bool | None) -> None:
