@@ -372,6 +372,27 @@ def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch,
     assert ft._plan_backward(q, k, v, o, lse, do, bound, False, None, 0, False, eager=True)[0] == "atomic"
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's fp32 path")
+def test_plans_key_on_pointer_alignment(seed):
+    """A Q whose data starts 4 bytes past a 16-byte boundary gets a plan of its own (Triton specialises pointers on
+    16-byte alignment), marked by ``_aligned``'s bits (set for the aligned tensors, and one past them), and matches
+    fp64."""
+    from cs336_systems.attention import flash_triton as ft
+
+    q = torch.randn(2 * 3 * 40 * 16 + 1)[1:].view(2, 3, 40, 16)
+    k, v, do = (torch.randn(2, 3, 40, 16) for _ in range(3))
+    assert ft._aligned(k, v, do) == 0
+    assert ft._aligned(q, k, v) == 0b110 | 1 << 3
+    q, k, v = (t.requires_grad_() for t in (q, k, v))  # q stays the offset view (run_impl would clone it)
+    o = FlashAttention2Triton.apply(q, k, v, True)
+    lse = next(t for t in o.grad_fn.saved_tensors if t.shape == q.shape[:-1])
+    o.backward(do)
+    assert any(key[13] for key in ft._PLANS if key[0] == ("apply", True) and key[1] == q.shape)
+    out = (o.detach(), lse, q.grad, k.grad, v.grad)
+    for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), out, run_reference(q, k, v, do, True)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_kernel_config_rejects_bad_tiles():
     from cs336_systems.attention._tuning import KernelConfig
 

@@ -1085,10 +1085,12 @@ def _plan(key: tuple, build):
 
 def _aligned(*tensors: Tensor) -> int:
     """0 when every data pointer is 16-byte aligned (Triton specialises pointers on it), else a bit per tensor."""
-    ptrs = [t.data_ptr() for t in tensors]
-    if not any(p & 15 for p in ptrs):
+    low = 0
+    for t in tensors:
+        low |= t.data_ptr()
+    if not low & 15:  # the common case, in half the time of a list and any()
         return 0
-    return sum(1 << i for i, p in enumerate(ptrs) if not p & 15) | 1 << len(ptrs)
+    return sum(1 << i for i, t in enumerate(tensors) if not t.data_ptr() & 15) | 1 << len(tensors)
 
 
 def _doc_key(doc_ids: Tensor | None) -> tuple:
