@@ -25,6 +25,7 @@ import time
 
 import torch
 import triton
+from flash_dobench_gap import issue_us  # this script's folder is on sys.path when it runs
 
 import cs336_systems.attention._tuning as tuning
 import cs336_systems.attention.flash_triton as ft
@@ -57,22 +58,6 @@ def form(single: bool | None) -> None:
     kernels past ``single_max_programs``) or back to the config's own (None), and drop the cached plans."""
     ft._tuning.config_for = {True: _single_everywhere, False: _three_past_the_captured_bound}.get(single, _CONFIG_FOR)
     ft._PLANS.clear()
-
-
-def issue_us(fn, grads, flush, iters: int = 200, warmup: int = 20) -> float:
-    """Median host microseconds to issue one do_bench iteration (grads reset, flush, call)."""
-    times = []
-    for i in range(warmup + iters):
-        t0 = time.perf_counter()
-        for t in grads:
-            t.grad = None
-        flush.zero_()
-        fn()
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e6)
-        if i % 50 == 49:
-            torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
@@ -128,7 +113,7 @@ def main() -> None:
             form(way == "single")
             with pinned(fn):
                 kern = kernel_ms(fn, dev, grads) * 1e3
-                issue = issue_us(fn, grads, flush)
+                issue = issue_us(fn, grads, flush)[0]
             b = bench[way]
             print(f"  {way:11s} {statistics.median(b):8.1f} ({min(b):7.1f}-{max(b):7.1f}) {kern:8.1f} {issue:8.1f}",
                   flush=True)
