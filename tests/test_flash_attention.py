@@ -635,7 +635,7 @@ def test_gpu_single_kernel_backward_is_bitwise_reproducible(d, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("lead", "n", "causal"), [((4, 25), 512, True), ((8, 12), 509, False)])
-def test_gpu_eager_and_captured_calls_plan_their_own_backward(lead, n, causal, seed):
+def test_gpu_eager_and_captured_calls_plan_their_own_backward(lead, n, causal, monkeypatch, seed):
     """At the model shapes of 512 tokens an eager call takes the single-kernel backward (views of one gradient
     allocation) and the same call captured in a CUDA graph the three-kernel one, as do eager calls inside
     ``captured_forms``; all within the 2x rule (the graph's after a replay)."""
@@ -643,6 +643,7 @@ def test_gpu_eager_and_captured_calls_plan_their_own_backward(lead, n, causal, s
 
     dtype = torch.bfloat16
     q, k, v, do, ref, naive = _gpu_case(lead, n, n, 64, causal, dtype)
+    monkeypatch.setattr(ft, "_PLANS", {})  # this test's plans alone (others may have planned these shapes)
 
     def modes(eager: bool) -> set:
         return {bwd[0] for p in ft._PLANS.values() for key, bwd in p.backward.items()
