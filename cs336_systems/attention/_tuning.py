@@ -83,8 +83,8 @@ class FlashConfig:
     # Eager calls outside CUDA graph capture also take the single kernel up to this many query-key pairs (batch x
     # heads x Nq x Nk; 0: none). Where the kernels take well under the host's time to issue a call, that host time is
     # what an eager caller waits for, and the single kernel saves two launches and two allocations (H200, session 48,
-    # scripts/device/flash_eager_forms.py, four runs: do_bench forward+backward 159-296 against 218-353 us at 4 x 25
-    # x 512 x 64, 270-323 against 322-497 at 8 x 12 x 512 x 64, for 12 us more of kernel time); a captured or
+    # scripts/device/flash_eager_forms.py: do_bench forward+backward 159-296 against 218-353 us at 4 x 25 x 512 x 64 in
+    # four runs, 270-323 against 322-497 at 8 x 12 x 512 x 64 in three, for 12 us more of kernel time); a captured or
     # compiled call keeps ``single_max_programs``'s kernel-time choice
     eager_single_max_pairs: int = 0
     # Tiles of the Gluon forward for sm_90 (``flash_hopper``: TMA ring, asynchronous warpgroup MMAs), taken
