@@ -343,8 +343,9 @@ def test_atomic_free_default_matches_the_deterministic_backward_bitwise(seed):
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's fp32 path; on CUDA the GPU tests cover the forms")
 def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch, seed):
     """An eager autograd.Function call takes the single-kernel backward up to ``eager_single_max_pairs`` (the
-    host's time is its cost there) with dQ, dK and dV as views of one allocation, while ``flash_backward`` (the
-    captured and compiled calls' planner) keeps the three kernels; both against fp64. Grouped heads allocate apart."""
+    host's time is its cost there) and its lean forward (``_Plan.eager``), with dQ, dK and dV allocated like Q, K
+    and V, while ``flash_backward`` (the captured and compiled calls' planner) keeps the three kernels; both against
+    fp64. A non-contiguous Q takes the general forward and allocates its gradients by ``_side_empty``."""
     from cs336_systems.attention import _tuning
     from cs336_systems.attention import flash_triton as ft
     from cs336_systems.attention._tuning import FlashConfig, KernelConfig
@@ -355,19 +356,23 @@ def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch,
     monkeypatch.setattr(ft, "_PLANS", {})
     q, k, v, do = (torch.randn(2, 3, 45, 24) for _ in range(4))
     out = run_impl(FlashAttention2Triton, q, k, v, do, True)
-    ((plan_bwd,),) = [tuple(p.backward.values()) for p in ft._PLANS.values()]
-    assert plan_bwd[0] == "single" and plan_bwd[-1], plan_bwd[0]
+    ((plan,),) = [tuple(ft._PLANS.values())]
+    ((plan_bwd,),) = [tuple(plan.backward.values())]
+    assert plan.eager is not None and plan_bwd[0] == "single" and plan_bwd[-1] == "like", (plan_bwd[0], plan_bwd[-1])
     dq, dk, dv = out[2:]
-    assert dq.untyped_storage().data_ptr() == dk.untyped_storage().data_ptr() == dv.untyped_storage().data_ptr()
-    assert all(g.is_contiguous() and g.shape == q.shape for g in (dq, dk, dv))
+    assert all(g.is_contiguous() and g.shape == q.shape for g in (*out[:1], dq, dk, dv))
+    for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), out, run_reference(q, k, v, do, True)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # Q's values, not its layout: the general route
+    out = run_impl(FlashAttention2Triton, qt, k, v, do, True)
+    (odd,) = [p for key, p in ft._PLANS.items() if key[2] == qt.stride()]
+    assert odd.eager is None and [b[-1] for b in odd.backward.values()] == ["side"]
     for name, a, b in zip(("O", "L", "dQ", "dK", "dV"), out, run_reference(q, k, v, do, True)):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
     o, lse = ft.flash_forward(q, k, v, True, config=cfg)
     assert ft._plan_backward(q, k, v, o, lse, do, cfg, False, None, 0, False)[0] == "atomic"
     assert ft._plan_backward(q, k, v, o, lse, do, cfg, False, None, 0, False, eager=True)[0] == "single"
-    kg = torch.randn(2, 1, 45, 24)  # grouped heads: dK and dV are not shaped like dQ
-    assert not ft._plan_backward(q, kg, kg, o, lse, do, cfg, False, None, 0, False, eager=True)[-1]
     bound = dataclasses.replace(cfg, eager_single_max_pairs=6 * 45 * 45 - 1)  # one pair short
     assert ft._plan_backward(q, k, v, o, lse, do, bound, False, None, 0, False, eager=True)[0] == "atomic"
 
@@ -651,7 +656,7 @@ def test_gpu_eager_and_captured_calls_plan_their_own_backward(lead, n, causal, m
 
     eager = run_impl(FlashAttention2Triton, q, k, v, do, causal)
     assert modes(True) == {"single"} and not modes(False), (modes(True), modes(False))
-    assert eager[2].untyped_storage().data_ptr() == eager[4].untyped_storage().data_ptr()
+    assert all(p.eager is not None for p in ft._PLANS.values())
     _assert_within_twice_naive(eager, ref, naive, dtype, what="eager: ")
 
     qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))

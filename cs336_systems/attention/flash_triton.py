@@ -1062,12 +1062,16 @@ class _Plan:
     """What follows from one call layout (a key of ``_PLANS``: shapes, strides, dtypes, devices and alignment of
     Q, K, V, the mask, the documents' layout, the config): the mask's window sides, the default scale, the
     forward launch (``_plan_forward``), and the backward's plans by dO layout. Built once, after the inputs
-    passed their checks, so a call with a known layout skips them."""
+    passed their checks, so a call with a known layout skips them. ``eager``: the autograd.Functions' forward at
+    the default scale without documents, ready to run (``_eager_forward``), or None where that call takes the
+    general route."""
 
-    __slots__ = ("backward", "config", "fwd", "left", "right", "scale")
+    __slots__ = ("backward", "config", "eager", "fwd", "left", "mask", "right", "scale")
 
-    def __init__(self, left, right, scale, config, fwd):
+    def __init__(self, left, right, scale, config, fwd, like: Tensor | None = None):
         self.left, self.right, self.scale, self.config, self.fwd, self.backward = left, right, scale, config, fwd, {}
+        self.mask = (left, right, scale)
+        self.eager = None if like is None else _eager_forward(fwd, like, scale)
 
 
 _PLANS: dict[tuple, object] = {}  # plans by call layout; cleared when it grows past _MAX_PLANS
@@ -1129,8 +1133,37 @@ def _plan_for(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | No
     if plan is None:
         left, right = _checked_mask(Q, K, V, mask, doc_ids)
         plan = _plan(key, lambda: _Plan(left, right, 1.0 / math.sqrt(Q.shape[-1]), config,
-                                        _plan_forward(Q, K, V, config, left, right, doc_ids is not None)))
+                                        _plan_forward(Q, K, V, config, left, right, doc_ids is not None),
+                                        Q if mask[0] != "launch" and doc_ids is None else None))
     return plan
+
+
+def _dense(t: Tensor) -> bool:
+    """Whether ``t`` has exactly the contiguous strides (``torch.empty_like`` then allocates its layout, and does
+    so in half the host time of ``new_empty``)."""
+    return t.stride() == _contiguous_strides(t.shape)
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _eager_forward(fwd: tuple, Q: Tensor, scale: float) -> tuple | None:
+    """An autograd.Function's eager forward for this layout as (launch, grid, the launch's arguments after the
+    pointers, L's shape, L's strides): O comes from ``torch.empty_like(Q)`` and L from ``torch.empty_strided``,
+    which cost the host less than ``new_empty`` (issue 18: a small call's time is the host's). None where the
+    call needs more than that: no launch, copies or folds, a persistent kernel's work counter, a non-contiguous
+    Q, the interpreter's bf16 upcast."""
+    launch, grid, copy, scalars, folds = fwd
+    if (launch is None or copy or any(folds) or launch.cfg.persistent or not _dense(Q)
+            or (_INTERPRETED and Q.dtype == torch.bfloat16)):
+        return None
+    shape = tuple(Q.shape[:-1])
+    return launch, grid, (*scalars, scale * LOG2E), shape, _contiguous_strides(shape)
 
 
 def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, scale) -> tuple[int | None, int | None,
@@ -1333,6 +1366,7 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
 
 
 _EAGER_FORMS = [True]  # False inside captured_forms()
+_MERGED_GRADS = False
 
 
 @contextlib.contextmanager
@@ -1370,8 +1404,10 @@ def _attention_backward(plan: _Plan, Q: Tensor, K: Tensor, V: Tensor, O: Tensor,
 def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
                      doc_ids: Tensor | None, doc_span: Tensor | None, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """A call allocates the gradients (and, for the three-kernel forms, D and the dQ accumulator) and launches."""
-    mode, copy, launches, bh, n_q, d_pad, (fq, fkv), merged = plan
-    if merged:  # one allocation instead of three (a host-bound eager call's; _plan_backward)
+    mode, copy, launches, bh, n_q, d_pad, (fq, fkv), grads = plan
+    if grads == "like":  # contiguous like Q, K and V (_plan_backward)
+        dq, dk, dv = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+    elif grads == "merged":
         dq, dk, dv = Q.new_empty((3, *Q.shape)).unbind(0)
     else:
         dq, dk, dv = _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
@@ -1406,11 +1442,12 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                    deterministic: bool, left: int | None, right: int | None, has_docs: bool,
                    eager: bool = False) -> tuple:
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
-    copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim; the sides' folds; whether
-    dQ, dK and dV come from one allocation). ``eager``: an autograd.Function's call outside CUDA graph capture, which
-    takes the single kernel up to the config's ``eager_single_max_pairs`` (the host's time is what such a call
-    costs) and gets its gradients as views of one (3, *Q.shape) allocation where Q, K and V share a shape and no
-    side is folded (a custom op's outputs may not alias, and a captured call's allocations are free)."""
+    copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim; the sides' folds; how dQ,
+    dK and dV are allocated: "like" Q, K and V by ``torch.empty_like`` where those are contiguous and no side is
+    folded (half the host time of ``new_empty``), "merged" as views of one (3, *Q.shape) allocation, else "side"
+    (``_side_empty``)). ``eager``: an autograd.Function's call outside CUDA graph capture, which takes the single
+    kernel up to the config's ``eager_single_max_pairs`` (the host's time is what such a call costs) and, with
+    ``_MERGED_GRADS``, its gradients merged where Q, K and V share a shape (a custom op's outputs may not alias)."""
     check_grad_output(dO, O)
     fq, fkv = _folds(Q, K, V)
     rows = [_side_rows(t, f) for t, f in ((Q, fq), (K, fkv), (V, fkv), (O, fq), (dO, fq))]
@@ -1422,9 +1459,10 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     bh_kv = K.numel() // (n_k * d)
     d_pad = _d_pad(d)
     folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
-    merged = eager and not fq and not fkv and Q.shape == K.shape == V.shape
+    dense = not fq and not fkv and _dense(Q) and _dense(K) and _dense(V)
+    grads = ("merged" if _MERGED_GRADS and eager and Q.shape == K.shape == V.shape else "like") if dense else "side"
     if bh == 0:
-        return None, copy, (), bh, n_q, d_pad, (fq, fkv), merged
+        return None, copy, (), bh, n_q, d_pad, (fq, fkv), grads
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)
     group, heads = bh // bh_kv, Q.shape[-3] if Q.ndim >= 3 else 1
     prec = _input_precision(Q.dtype)
@@ -1452,7 +1490,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
         launch = _Launch(_flash_bwd_single_kernel, dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=tma, **common),
                          cfg)
         scalars = (*sq, *sk, *sv, *so, *sdo, *sg, *skv, *skv, n_q, n_k, group, heads // group, *sides)
-        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv), merged
+        return "single", copy, ((launch, grid, scalars),), bh, n_q, d_pad, (fq, fkv), grads
     hopper = cfgs.hopper_bwd
     hopper = (hopper is not None and not deterministic and _in_hopper_scope(Q, left, right, has_docs) and head_aligned
               and _tma_fits(Q.device, Q.element_size(), (ptr["Q"], ptr["K"], ptr["V"], ptr["d"], 0),
@@ -1506,7 +1544,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     else:
         last = (_Launch(_flash_bwd_dq_postprocess, dict(HEAD_DIM=d, D_PAD=d_pad, BLOCK_M=row_block, FOLD_Q=fq),
                         rows_cfg), row_grid, (*sg, n_q))
-    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad, (fq, fkv), merged
+    return "deterministic" if deterministic else "atomic", copy, (pre, dkdv, last), bh, n_q, d_pad, (fq, fkv), grads
 
 
 # ------------------------------------------------------------- custom ops (opaque to torch.compile)
@@ -1559,10 +1597,19 @@ def _run_forward(ctx, Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Ten
         ctx.plan, ctx.mask = None, (left, right, scale)
         return O, L, doc_span
     plan = _plan_for(Q, K, V, mask, doc_ids, None)
+    ctx.plan = plan
+    eager = plan.eager
+    if eager is not None and scale is None:  # the common call in the fewest host steps (_eager_forward)
+        launch, grid, scalars, shape, strides = eager
+        O = torch.empty_like(Q)
+        L = torch.empty_strided(shape, strides, dtype=torch.float32, device=Q.device)
+        launch(grid, (Q, K, V, O, L, L, L), scalars)
+        ctx.mask = plan.mask
+        return O, L, None
     scale = plan.scale if scale is None else scale
     doc_span = _doc_span(doc_ids)
     O, L = _attention_forward(plan, Q, K, V, doc_ids, doc_span, scale)
-    ctx.plan, ctx.mask = plan, (plan.left, plan.right, scale)
+    ctx.mask = (plan.left, plan.right, scale)
     return O, L, doc_span
 
 
