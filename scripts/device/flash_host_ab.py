@@ -1,11 +1,12 @@
 """The adapters' attention class at this commit against an earlier commit's, on the host-bound rows (issue 18).
 
 At each shape, interleaved round by round in one process on the same inputs: ``FlashAttention2Triton`` as committed
-here ("new") and as of ``--base`` ("old", its ``flash_triton.py`` from git, loaded beside this one with its custom
-ops renamed), against SDPA's cuDNN and flash backends pinned once. Per round, ``do_bench``'s median forward+backward
-and forward alone (L2 flushed before each call, as ``flash-bench``); then the kernels' GPU time and the host's time to
-issue a do_bench iteration, and each round's ratio to the fastest peer of the same round (the host drifts between
-rounds). Last, what a few ways of allocating a call's outputs cost this host.
+here ("new"; "merged": with ``flash_triton._MERGED_GRADS``) and as of ``--base`` ("old", its ``flash_triton.py``
+from git, loaded beside this one with its custom ops renamed), against SDPA's cuDNN and flash backends pinned once.
+Per round, ``do_bench``'s median forward+backward and forward alone (L2 flushed before each call, as
+``flash-bench``); then the kernels' GPU time and the host's time to issue a do_bench iteration, and each round's ratio
+to the fastest peer of the same round (the host drifts between rounds). Last, what a few ways of allocating a call's
+outputs cost this host.
 
     python scripts/device/flash_host_ab.py --base 0ec142f [--shapes xl_512 small_512 floor] [--rounds 9]
 """
@@ -60,6 +61,13 @@ def calls_of(cls, shape, dev, inputs):
     return {"forward": fwd, "forward_backward": fwd_bwd}, [q, k, v]
 
 
+def merged(way: str) -> None:
+    """The committed planner with its gradients merged (way "merged") or not, its cached plans dropped on a change."""
+    if (way == "merged") != ft._MERGED_GRADS:
+        ft._MERGED_GRADS = way == "merged"
+        ft._PLANS.clear()
+
+
 def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
     """Host microseconds a call of a few ways to get (4, 25, 512, 64) bf16 outputs (median of 5 rounds)."""
     like = torch.empty(4, 25, 512, 64, device=dev, dtype=torch.bfloat16)
@@ -97,11 +105,12 @@ def main() -> None:
         base = load_base(args.base, folder)
         print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
               f"new = this checkout, old = {args.base}")
-        ways = ("new", "old", *PEERS)
+        ways = ("new", "merged", "old", *PEERS)  # merged: new with dQ, dK, dV as views of one allocation
         for name in args.shapes:
             s = MODEL_SHAPES[name]
             inputs = shape_inputs(s, dev)
             calls = {"new": calls_of(ft.FlashAttention2Triton, s, dev, inputs),
+                     "merged": calls_of(ft.FlashAttention2Triton, s, dev, inputs),
                      "old": calls_of(base.FlashAttention2Triton, s, dev, inputs)}
             for peer in PEERS:
                 calls[peer] = _calls(peer, s, dev, False, "do", inputs)
@@ -111,6 +120,7 @@ def main() -> None:
                     for way in ways:
                         c, grads = calls[way]
                         fn = c[mode]
+                        merged(way)
                         with pinned(fn):
                             fn()
                             torch.cuda.synchronize()
@@ -129,6 +139,7 @@ def main() -> None:
             for way in ways:
                 c, grads = calls[way]
                 fn = c["forward_backward"]
+                merged(way)
                 with pinned(fn):
                     kern = kernel_ms(fn, dev, grads) * 1e3
                     med, p90 = issue_us(fn, grads, flush)
