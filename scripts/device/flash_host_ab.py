@@ -6,9 +6,11 @@ from git, loaded beside this one with its custom ops renamed), against SDPA's cu
 Per round, ``do_bench``'s median forward+backward and forward alone (L2 flushed before each call, as
 ``flash-bench``); then the kernels' GPU time and the host's time to issue a do_bench iteration, and each round's ratio
 to the fastest peer of the same round (the host drifts between rounds). Last, what a few ways of allocating a call's
-outputs cost this host.
+outputs cost this host. ``--stubbed``: the same ways with every launch stubbed out, the host's dispatch alone, beside
+a bare Function with the same allocations (on the CPU too, where no kernel could run).
 
     python scripts/device/flash_host_ab.py --base 0ec142f [--shapes xl_512 small_512 floor] [--rounds 9]
+    python scripts/device/flash_host_ab.py --base 0ec142f --stubbed --device cpu
 """
 
 from __future__ import annotations
@@ -68,6 +70,64 @@ def merged(way: str) -> None:
         ft._PLANS.clear()
 
 
+class _Bare(torch.autograd.Function):
+    """The interface's floor with our outputs: O and L, then dQ, dK and dV allocated as the new path does, no
+    planning and no launch."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        o = torch.empty_like(q)
+        lse = torch.empty_strided(tuple(q.shape[:-1]), ft._contiguous_strides(q.shape[:-1]), dtype=torch.float32,
+                                  device=q.device)
+        ctx.save_for_backward(lse, q, k, v, o)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        _, q, k, v, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+
+def stubbed(base, dev: torch.device, shapes: list[str], rounds: int, calls: int = 2000) -> None:
+    """Host microseconds of forward+backward and of the forward alone with every launch stubbed out (the dispatch
+    alone: Python, the autograd engine, the allocations), ways interleaved round by round; median (min-max)."""
+    for module in (ft, base):
+        module._Launch.__call__ = lambda self, grid, pointers, scalars: None
+        module._check_runnable = lambda t: None
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    ways = {"new": ft.FlashAttention2Triton.apply, "merged": ft.FlashAttention2Triton.apply,
+            "old": base.FlashAttention2Triton.apply, "bare": _Bare.apply}
+    for name in shapes:
+        s = MODEL_SHAPES[name]
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        q, k, v = (torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device=dev, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+        times = {(w, m): [] for w in ways for m in ("forward_backward", "forward")}
+        for _ in range(rounds):
+            for way, fn in ways.items():
+                merged(way)
+                fn(q, k, v, s.causal).backward(do)  # plans the layout outside the timing
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    q.grad = k.grad = v.grad = None
+                    fn(q, k, v, s.causal).backward(do)
+                sync()
+                times[way, "forward_backward"].append((time.perf_counter() - t0) / calls * 1e6)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn(q, k, v, s.causal)
+                sync()
+                times[way, "forward"].append((time.perf_counter() - t0) / calls * 1e6)
+        print(f"{name} ({dev.type}, launches stubbed): host us a call, median (min-max) of {rounds} rounds of {calls}")
+        for way in ways:
+            fb, f = times[way, "forward_backward"], times[way, "forward"]
+            print(f"  {way:7s} forward+backward {statistics.median(fb):7.1f} ({min(fb):.1f}-{max(fb):.1f})  "
+                  f"forward {statistics.median(f):7.1f} ({min(f):.1f}-{max(f):.1f})", flush=True)
+    merged("new")
+
+
 def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
     """Host microseconds a call of a few ways to get (4, 25, 512, 64) bf16 outputs (median of 5 rounds)."""
     like = torch.empty(4, 25, 512, 64, device=dev, dtype=torch.bfloat16)
@@ -98,8 +158,17 @@ def main() -> None:
     p.add_argument("--base", required=True, help="the earlier commit to compare with")
     p.add_argument("--shapes", nargs="*", default=["xl_512", "small_512", "floor"])
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--stubbed", action="store_true", help="time the dispatch alone, launches stubbed out (then the "
+                   "allocations); runs on the CPU too, without TRITON_INTERPRET")
+    p.add_argument("--device", default="cuda")
     args = p.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    if args.stubbed:
+        with tempfile.TemporaryDirectory() as folder:
+            stubbed(load_base(args.base, folder), dev, args.shapes, args.rounds)
+        print(f"host cost of outputs ({dev.type}), us a call:")
+        allocation_costs(dev)
+        return
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
     with tempfile.TemporaryDirectory() as folder:
         base = load_base(args.base, folder)
