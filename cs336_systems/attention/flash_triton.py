@@ -1366,7 +1366,6 @@ def _backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Tensor,
 
 
 _EAGER_FORMS = [True]  # False inside captured_forms()
-_MERGED_GRADS = False
 
 
 @contextlib.contextmanager
@@ -1407,8 +1406,6 @@ def _launch_backward(plan: tuple, Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L:
     mode, copy, launches, bh, n_q, d_pad, (fq, fkv), grads = plan
     if grads == "like":  # contiguous like Q, K and V (_plan_backward)
         dq, dk, dv = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-    elif grads == "merged":
-        dq, dk, dv = Q.new_empty((3, *Q.shape)).unbind(0)
     else:
         dq, dk, dv = _side_empty(Q, fq), _side_empty(K, fkv), _side_empty(V, fkv)
     if mode is None:
@@ -1443,11 +1440,10 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                    eager: bool = False) -> tuple:
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
     copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim; the sides' folds; how dQ,
-    dK and dV are allocated: "like" Q, K and V by ``torch.empty_like`` where those are contiguous and no side is
-    folded (half the host time of ``new_empty``), "merged" as views of one (3, *Q.shape) allocation, else "side"
-    (``_side_empty``)). ``eager``: an autograd.Function's call outside CUDA graph capture, which takes the single
-    kernel up to the config's ``eager_single_max_pairs`` (the host's time is what such a call costs) and, with
-    ``_MERGED_GRADS``, its gradients merged where Q, K and V share a shape (a custom op's outputs may not alias)."""
+    dK and dV are allocated: "like" Q, K and V by ``torch.empty_like`` where those have contiguous strides and no side
+    is folded (about half the host time of ``new_empty``), else "side" (``_side_empty``)). ``eager``: an
+    autograd.Function's call outside CUDA graph capture, which takes the single kernel up to the config's
+    ``eager_single_max_pairs`` (the host's time is what such a call costs)."""
     check_grad_output(dO, O)
     fq, fkv = _folds(Q, K, V)
     rows = [_side_rows(t, f) for t, f in ((Q, fq), (K, fkv), (V, fkv), (O, fq), (dO, fq))]
@@ -1459,8 +1455,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     bh_kv = K.numel() // (n_k * d)
     d_pad = _d_pad(d)
     folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
-    dense = not fq and not fkv and _dense(Q) and _dense(K) and _dense(V)
-    grads = ("merged" if _MERGED_GRADS and eager and Q.shape == K.shape == V.shape else "like") if dense else "side"
+    grads = "like" if not fq and not fkv and _dense(Q) and _dense(K) and _dense(V) else "side"
     if bh == 0:
         return None, copy, (), bh, n_q, d_pad, (fq, fkv), grads
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)

@@ -1,7 +1,7 @@
 """The adapters' attention class at this commit against an earlier commit's, on the host-bound rows (issue 18).
 
 At each shape, interleaved round by round in one process on the same inputs: ``FlashAttention2Triton`` as committed
-here ("new"; "merged": with ``flash_triton._MERGED_GRADS``) and as of ``--base`` ("old", its ``flash_triton.py``
+here ("new") and as of ``--base`` ("old", its ``flash_triton.py``
 from git, loaded beside this one with its custom ops renamed), against SDPA's cuDNN and flash backends pinned once.
 Per round, ``do_bench``'s median forward+backward and forward alone (L2 flushed before each call, as
 ``flash-bench``); then the kernels' GPU time and the host's time to issue a do_bench iteration, and each round's ratio
@@ -63,13 +63,6 @@ def calls_of(cls, shape, dev, inputs):
     return {"forward": fwd, "forward_backward": fwd_bwd}, [q, k, v]
 
 
-def merged(way: str) -> None:
-    """The committed planner with its gradients merged (way "merged") or not, its cached plans dropped on a change."""
-    if (way == "merged") != ft._MERGED_GRADS:
-        ft._MERGED_GRADS = way == "merged"
-        ft._PLANS.clear()
-
-
 class _Bare(torch.autograd.Function):
     """The interface's floor with our outputs: O and L, then dQ, dK and dV allocated as the new path does, no
     planning and no launch."""
@@ -95,8 +88,7 @@ def stubbed(base, dev: torch.device, shapes: list[str], rounds: int, calls: int 
         module._Launch.__call__ = lambda self, grid, pointers, scalars: None
         module._check_runnable = lambda t: None
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    ways = {"new": ft.FlashAttention2Triton.apply, "merged": ft.FlashAttention2Triton.apply,
-            "old": base.FlashAttention2Triton.apply, "bare": _Bare.apply}
+    ways = {"new": ft.FlashAttention2Triton.apply, "old": base.FlashAttention2Triton.apply, "bare": _Bare.apply}
     for name in shapes:
         s = MODEL_SHAPES[name]
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -106,7 +98,6 @@ def stubbed(base, dev: torch.device, shapes: list[str], rounds: int, calls: int 
         times = {(w, m): [] for w in ways for m in ("forward_backward", "forward")}
         for _ in range(rounds):
             for way, fn in ways.items():
-                merged(way)
                 fn(q, k, v, s.causal).backward(do)  # plans the layout outside the timing
                 sync()
                 t0 = time.perf_counter()
@@ -125,7 +116,6 @@ def stubbed(base, dev: torch.device, shapes: list[str], rounds: int, calls: int 
             fb, f = times[way, "forward_backward"], times[way, "forward"]
             print(f"  {way:7s} forward+backward {statistics.median(fb):7.1f} ({min(fb):.1f}-{max(fb):.1f})  "
                   f"forward {statistics.median(f):7.1f} ({min(f):.1f}-{max(f):.1f})", flush=True)
-    merged("new")
 
 
 def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
@@ -174,12 +164,11 @@ def main() -> None:
         base = load_base(args.base, folder)
         print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
               f"new = this checkout, old = {args.base}")
-        ways = ("new", "merged", "old", *PEERS)  # merged: new with dQ, dK, dV as views of one allocation
+        ways = ("new", "old", *PEERS)
         for name in args.shapes:
             s = MODEL_SHAPES[name]
             inputs = shape_inputs(s, dev)
             calls = {"new": calls_of(ft.FlashAttention2Triton, s, dev, inputs),
-                     "merged": calls_of(ft.FlashAttention2Triton, s, dev, inputs),
                      "old": calls_of(base.FlashAttention2Triton, s, dev, inputs)}
             for peer in PEERS:
                 calls[peer] = _calls(peer, s, dev, False, "do", inputs)
@@ -189,7 +178,6 @@ def main() -> None:
                     for way in ways:
                         c, grads = calls[way]
                         fn = c[mode]
-                        merged(way)
                         with pinned(fn):
                             fn()
                             torch.cuda.synchronize()
@@ -208,7 +196,6 @@ def main() -> None:
             for way in ways:
                 c, grads = calls[way]
                 fn = c["forward_backward"]
-                merged(way)
                 with pinned(fn):
                     kern = kernel_ms(fn, dev, grads) * 1e3
                     med, p90 = issue_us(fn, grads, flush)
