@@ -378,6 +378,42 @@ def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch,
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's fp32 path")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_eager_forward_launches_as_the_general_forward(persistent, monkeypatch, seed):
+    """The Functions' eager forward (``_Plan.eager``) hands its launch what ``_launch_forward`` does for the same
+    plan: the grid, the arguments, Q, K and V, a fresh O and L of the same layouts, and in the documents' slot the
+    persistent kernel's work counter or L (the persistent Gluon kernel runs only on sm_90: a recording launch here)."""
+    import types
+
+    from cs336_systems.attention import flash_triton as ft
+
+    monkeypatch.setattr(ft, "_PLANS", {})
+    counter = torch.zeros(2, dtype=torch.int32)
+    monkeypatch.setattr(ft, "_work_counter", lambda device: counter)
+    q, k, v = (torch.randn(2, 3, 40, 16) for _ in range(3))
+    plan = ft._plan_for(q, k, v, ("apply", True), None, None)
+    calls = []
+
+    class Recorder:
+        cfg = types.SimpleNamespace(persistent=persistent)
+
+        def __call__(self, grid, pointers, scalars):
+            calls.append((grid, pointers, scalars))
+
+    _, grid, copy, scalars, folds = plan.fwd
+    plan.fwd = (Recorder(), grid, copy, scalars, folds)
+    plan.eager = ft._eager_forward(plan.fwd, q, plan.scale)
+    o, lse, _ = ft._run_forward(types.SimpleNamespace(), q, k, v, ("apply", True), None, None)
+    ft._launch_forward(plan, q, k, v, None, None, plan.scale)
+    (grid1, ptr1, args1), (grid2, ptr2, args2) = calls
+    assert grid1 == grid2 and args1 == args2 and ptr1[0] is ptr2[0] is q and ptr1[1] is k and ptr1[2] is v
+    assert ptr1[3] is o and ptr1[4] is lse and ptr1[6] is lse and ptr2[6] is ptr2[4]
+    for a, b in zip(ptr1[3:5], ptr2[3:5], strict=True):
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+    assert (ptr1[5] is counter and ptr2[5] is counter) if persistent else (ptr1[5] is lse and ptr2[5] is ptr2[4])
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's fp32 path")
 def test_plans_key_on_pointer_alignment(seed):
     """A Q whose data starts 4 bytes past a 16-byte boundary gets a plan of its own (Triton specialises pointers on
     16-byte alignment), marked by ``_aligned``'s bits (set for the aligned tensors, and one past them), and matches

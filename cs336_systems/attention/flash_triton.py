@@ -1154,16 +1154,16 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
 
 def _eager_forward(fwd: tuple, Q: Tensor, scale: float) -> tuple | None:
     """An autograd.Function's eager forward for this layout as (launch, grid, the launch's arguments after the
-    pointers, L's shape, L's strides): O comes from ``torch.empty_like(Q)`` and L from ``torch.empty_strided``,
-    which cost the host less than ``new_empty`` (issue 18: a small call's time is the host's). None where the
-    call needs more than that: no launch, copies or folds, a persistent kernel's work counter, a non-contiguous
-    Q, the interpreter's bf16 upcast."""
+    pointers, L's shape, L's strides, whether the kernel is persistent): O comes from ``torch.empty_like(Q)`` and L
+    from ``torch.empty_strided``, which cost the host less than ``new_empty`` (issue 18: a small call's time is the
+    host's); a persistent kernel takes its work counter in the documents' slot (``_launch_forward``). None where the
+    call needs more than that: no launch, copies or folds, a Q without contiguous strides, the interpreter's bf16
+    upcast."""
     launch, grid, copy, scalars, folds = fwd
-    if (launch is None or copy or any(folds) or launch.cfg.persistent or not _dense(Q)
-            or (_INTERPRETED and Q.dtype == torch.bfloat16)):
+    if launch is None or copy or any(folds) or not _dense(Q) or (_INTERPRETED and Q.dtype == torch.bfloat16):
         return None
     shape = tuple(Q.shape[:-1])
-    return launch, grid, (*scalars, scale * LOG2E), shape, _contiguous_strides(shape)
+    return launch, grid, (*scalars, scale * LOG2E), shape, _contiguous_strides(shape), launch.cfg.persistent
 
 
 def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, scale) -> tuple[int | None, int | None,
@@ -1595,10 +1595,10 @@ def _run_forward(ctx, Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Ten
     ctx.plan = plan
     eager = plan.eager
     if eager is not None and scale is None:  # the common call in the fewest host steps (_eager_forward)
-        launch, grid, scalars, shape, strides = eager
+        launch, grid, scalars, shape, strides, persistent = eager
         O = torch.empty_like(Q)
         L = torch.empty_strided(shape, strides, dtype=torch.float32, device=Q.device)
-        launch(grid, (Q, K, V, O, L, L, L), scalars)
+        launch(grid, (Q, K, V, O, L, _work_counter(Q.device) if persistent else L, L), scalars)
         ctx.mask = plan.mask
         return O, L, None
     scale = plan.scale if scale is None else scale
