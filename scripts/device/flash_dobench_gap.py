@@ -43,6 +43,18 @@ def issue_us(fn, grads, flush, iters: int = 200, warmup: int = 20) -> tuple[floa
     return statistics.median(times), times[int(0.9 * len(times))]
 
 
+def print_host_us(ways: dict, calls: int = 2000, rounds: int = 5) -> None:
+    """Host microseconds a call of each of ``ways`` (name: a function of no arguments), median of ``rounds``."""
+    for name, way in ways.items():
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                way()
+            times.append((time.perf_counter() - t0) / calls * 1e6)
+        print(f"  {name:34s} {statistics.median(times):7.2f} us", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["d128_4k", "xl_512", "floor"])

@@ -21,11 +21,10 @@ import dataclasses
 import io
 import pstats
 import statistics
-import time
 
 import torch
 import triton
-from flash_dobench_gap import issue_us  # this script's folder is on sys.path when it runs
+from flash_dobench_gap import issue_us, print_host_us  # this script's folder is on sys.path when it runs
 
 import cs336_systems.attention._tuning as tuning
 import cs336_systems.attention.flash_triton as ft
@@ -70,14 +69,7 @@ def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
         "one (3, ...) new_empty + unbind": lambda: like.new_empty((3, *like.shape)).unbind(0),
         "a view of a tensor": lambda: like.view(like.shape),
     }
-    for name, way in ways.items():
-        rounds = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                way()
-            rounds.append((time.perf_counter() - t0) / calls * 1e6)
-        print(f"  {name:34s} {statistics.median(rounds):7.2f} us", flush=True)
+    print_host_us(ways, calls)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import triton
-from flash_dobench_gap import issue_us  # this script's folder is on sys.path when it runs
+from flash_dobench_gap import issue_us, print_host_us  # this script's folder is on sys.path when it runs
 
 from cs336_systems.attention import flash_triton as ft
 from cs336_systems.bench.flash import MODEL_SHAPES, _calls, kernel_ms, pinned, shape_inputs
@@ -133,14 +133,7 @@ def allocation_costs(dev: torch.device, calls: int = 2000) -> None:
         "empty_like x3": lambda: (torch.empty_like(like), torch.empty_like(like), torch.empty_like(like)),
         "one (3, ...) new_empty + unbind": lambda: like.new_empty((3, *shape)).unbind(0),
     }
-    for name, way in ways.items():
-        rounds = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                way()
-            rounds.append((time.perf_counter() - t0) / calls * 1e6)
-        print(f"  {name:34s} {statistics.median(rounds):7.2f} us", flush=True)
+    print_host_us(ways, calls)
 
 
 def main() -> None:
