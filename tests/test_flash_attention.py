@@ -356,8 +356,8 @@ def test_eager_calls_take_the_single_backward_up_to_their_own_bound(monkeypatch,
     monkeypatch.setattr(ft, "_PLANS", {})
     q, k, v, do = (torch.randn(2, 3, 45, 24) for _ in range(4))
     out = run_impl(FlashAttention2Triton, q, k, v, do, True)
-    ((plan,),) = [tuple(ft._PLANS.values())]
-    ((plan_bwd,),) = [tuple(plan.backward.values())]
+    (plan,) = ft._PLANS.values()
+    (plan_bwd,) = plan.backward.values()
     assert plan.eager is not None and plan_bwd[0] == "single" and plan_bwd[-1] == "like", (plan_bwd[0], plan_bwd[-1])
     dq, dk, dv = out[2:]
     assert all(g.is_contiguous() and g.shape == q.shape for g in (*out[:1], dq, dk, dv))

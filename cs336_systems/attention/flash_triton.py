@@ -1138,32 +1138,20 @@ def _plan_for(Q: Tensor, K: Tensor, V: Tensor, mask: tuple, doc_ids: Tensor | No
     return plan
 
 
-def _dense(t: Tensor) -> bool:
-    """Whether ``t`` has exactly the contiguous strides (``torch.empty_like`` then allocates its layout, and does
-    so in half the host time of ``new_empty``)."""
-    return t.stride() == _contiguous_strides(t.shape)
-
-
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
 def _eager_forward(fwd: tuple, Q: Tensor, scale: float) -> tuple | None:
     """An autograd.Function's eager forward for this layout as (launch, grid, the launch's arguments after the
     pointers, L's shape, L's strides, whether the kernel is persistent): O comes from ``torch.empty_like(Q)`` and L
     from ``torch.empty_strided``, which cost the host less than ``new_empty`` (issue 18: a small call's time is the
     host's); a persistent kernel takes its work counter in the documents' slot (``_launch_forward``). None where the
-    call needs more than that: no launch, copies or folds, a Q without contiguous strides, the interpreter's bf16
-    upcast."""
+    call needs more than that: no launch, copies or folds, a non-contiguous Q (a contiguous one's ``empty_like``
+    is contiguous too), the interpreter's bf16 upcast."""
     launch, grid, copy, scalars, folds = fwd
-    if launch is None or copy or any(folds) or not _dense(Q) or (_INTERPRETED and Q.dtype == torch.bfloat16):
+    if (launch is None or copy or any(folds) or not Q.is_contiguous()
+            or (_INTERPRETED and Q.dtype == torch.bfloat16)):
         return None
     shape = tuple(Q.shape[:-1])
-    return launch, grid, (*scalars, scale * LOG2E), shape, _contiguous_strides(shape), launch.cfg.persistent
+    strides = torch.empty(shape, device="meta").stride()  # L's contiguous strides, found once per layout
+    return launch, grid, (*scalars, scale * LOG2E), shape, strides, launch.cfg.persistent
 
 
 def _check_call(Q: Tensor, K: Tensor, V: Tensor, is_causal, window, doc_ids, scale) -> tuple[int | None, int | None,
@@ -1440,7 +1428,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
                    eager: bool = False) -> tuple:
     """(mode: "single", "atomic", "deterministic" or None for an empty batch; whether the inputs need a contiguous
     copy; the launches as (launch, grid, integer arguments); bh; Nq; the padded head dim; the sides' folds; how dQ,
-    dK and dV are allocated: "like" Q, K and V by ``torch.empty_like`` where those have contiguous strides and no side
+    dK and dV are allocated: "like" Q, K and V by ``torch.empty_like`` where those are contiguous and no side
     is folded (about half the host time of ``new_empty``), else "side" (``_side_empty``)). ``eager``: an
     autograd.Function's call outside CUDA graph capture, which takes the single kernel up to the config's
     ``eager_single_max_pairs`` (the host's time is what such a call costs)."""
@@ -1455,7 +1443,7 @@ def _plan_backward(Q: Tensor, K: Tensor, V: Tensor, O: Tensor, L: Tensor, dO: Te
     bh_kv = K.numel() // (n_k * d)
     d_pad = _d_pad(d)
     folds = dict(FOLD_Q=fq, FOLD_KV=fkv)
-    grads = "like" if not fq and not fkv and _dense(Q) and _dense(K) and _dense(V) else "side"
+    grads = "like" if not fq and not fkv and Q.is_contiguous() and K.is_contiguous() and V.is_contiguous() else "side"
     if bh == 0:
         return None, copy, (), bh, n_q, d_pad, (fq, fkv), grads
     cfgs = config or _tuning.config_for(Q.device, n_q, d_pad, Q.dtype)

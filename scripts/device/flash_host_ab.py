@@ -1,8 +1,8 @@
 """The adapters' attention class at this commit against an earlier commit's, on the host-bound rows (issue 18).
 
 At each shape, interleaved round by round in one process on the same inputs: ``FlashAttention2Triton`` as committed
-here ("new") and as of ``--base`` ("old", its ``flash_triton.py``
-from git, loaded beside this one with its custom ops renamed), against SDPA's cuDNN and flash backends pinned once.
+here ("new") and as of ``--base`` ("old", its ``flash_triton.py`` from git, loaded beside this one with its custom
+ops renamed), against SDPA's cuDNN and flash backends pinned once.
 Per round, ``do_bench``'s median forward+backward and forward alone (L2 flushed before each call, as
 ``flash-bench``); then the kernels' GPU time and the host's time to issue a do_bench iteration, and each round's ratio
 to the fastest peer of the same round (the host drifts between rounds). Last, what a few ways of allocating a call's
@@ -16,6 +16,7 @@ a bare Function with the same allocations (on the CPU too, where no kernel could
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import statistics
 import subprocess
@@ -63,6 +64,11 @@ def calls_of(cls, shape, dev, inputs):
     return {"forward": fwd, "forward_backward": fwd_bwd}, [q, k, v]
 
 
+@functools.cache
+def _strides(shape: tuple) -> tuple:
+    return torch.empty(shape, device="meta").stride()
+
+
 class _Bare(torch.autograd.Function):
     """The interface's floor with our outputs: O and L, then dQ, dK and dV allocated as the new path does, no
     planning and no launch."""
@@ -70,8 +76,8 @@ class _Bare(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal=False):
         o = torch.empty_like(q)
-        lse = torch.empty_strided(tuple(q.shape[:-1]), ft._contiguous_strides(q.shape[:-1]), dtype=torch.float32,
-                                  device=q.device)
+        rows = tuple(q.shape[:-1])
+        lse = torch.empty_strided(rows, _strides(rows), dtype=torch.float32, device=q.device)
         ctx.save_for_backward(lse, q, k, v, o)
         return o
 
