@@ -677,9 +677,9 @@ def test_gpu_single_kernel_backward_is_bitwise_reproducible(d, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("lead", "n", "causal"), [((4, 25), 512, True), ((8, 12), 509, False)])
 def test_gpu_eager_and_captured_calls_plan_their_own_backward(lead, n, causal, monkeypatch, seed):
-    """At the model shapes of 512 tokens an eager call takes the single-kernel backward (views of one gradient
-    allocation) and the same call captured in a CUDA graph the three-kernel one, as do eager calls inside
-    ``captured_forms``; all within the 2x rule (the graph's after a replay)."""
+    """At the model shapes of 512 tokens an eager call runs its forward from the plan's recipe (``_Plan.eager``) and
+    takes the single-kernel backward, and the same call captured in a CUDA graph the three-kernel one, as do eager
+    calls inside ``captured_forms``; all within the 2x rule (the graph's after a replay)."""
     from cs336_systems.attention import flash_triton as ft
 
     dtype = torch.bfloat16
