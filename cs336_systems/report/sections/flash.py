@@ -144,7 +144,7 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
                           "rounds": str(ours["rounds"]) if "rounds" in ours else "-", "run": date})
         if not measured:
             continue
-        ratio, ours, peer, best, kernels = sorted(measured, key=lambda m: m[0])[(len(measured) - 1) // 2]
+        ratio, ours, peer, best, kernels = sorted(measured, key=lambda m: m[0])[len(measured) // 2]  # upper median
         runs = f", median of {len(measured)} runs" if len(measured) > 1 else ""
         gpu = (f"; kernels alone {kernels['fwd+bwd kernel ratio']:.3f}x {kernels['kernel peer']}"
                if kernels else "")
@@ -160,7 +160,8 @@ def _model_shapes(ctx, rows: list[dict]) -> str:
         "### Attention at our models' shapes\n",
         f"`flash-bench --only shapes`: ours against {', '.join(peers_run)} timed in the same run on {device} "
         "(forward and forward+backward, bf16; ratio = ours / the fastest peer, below 1 is faster). Every run at "
-        "the newest commit that measured the shape; the summary takes the run with the median ratio. The kernel "
+        "the newest commit that measured the shape; the summary takes the run with the median ratio (of an even "
+        "number of runs, the slower of the middle two). The kernel "
         "columns (runs from session 21 on) are the GPU time of each call's kernels under `torch.profiler`, against "
         "the peer whose kernels are fastest: where a call's launches take longer than its kernels (the 512-token "
         "shapes and the floor) the other columns time the host, and the kernel time is what the call costs "
