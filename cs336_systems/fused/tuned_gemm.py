@@ -22,6 +22,7 @@ enums and structures are those of its public header (``cublasLt.h``).
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _DTYPES = {torch.bfloat16: _CUDA_R_16BF, torch.float16: _CUDA_R_16F}
 CANDIDATES = 16  # asked of the heuristic (it returned 8 at every xl shape on an H100)
+ROTATING_MAX = 16  # operand copies at most while timing (small products need many to fill 3x the L2 cache)
 # a candidate's result against torch.mm's, relative to the largest |entry|: both round one fp32 sum per entry to 16
 # bits (2^-8 of it for bf16), summed in different orders; a wrong algorithm is off by O(1)
 _TOLERANCE = 2.0**-6
@@ -183,18 +185,18 @@ class _Plan:
             None, 0, stream), "Matmul")
 
 
-def _graph_ms(fn, calls: int = 10, rounds: int = 3) -> float:
-    """Milliseconds a call of ``fn``, ``calls`` of them captured in a CUDA graph (the host's launch time must not
-    be what is timed), median of ``rounds`` replays."""
+def _graph_ms(fn, calls: int, rounds: int = 3) -> float:
+    """Milliseconds a call of ``fn(i)`` for i = 0 .. calls - 1, the calls captured in a CUDA graph (the host's
+    launch time must not be what is timed), median of ``rounds`` replays."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        fn(0)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fn(i)
     graph.replay()
     times = []
     for _ in range(rounds):
@@ -215,16 +217,27 @@ def _torch_mm(a: Tensor, b: Tensor, out: Tensor, accumulate: bool) -> None:
 
 
 def _tune(key: tuple, a: Tensor, b: Tensor, out: Tensor, accumulate: bool) -> _Plan | None:
-    """The fastest of ``torch.mm`` and the heuristic's candidates for this shape, timed on copies of the operands
-    (``out`` keeps its value); None where ``torch.mm`` is it."""
+    """The fastest of ``torch.mm`` and the heuristic's candidates for this shape (``out`` keeps its value); None
+    where ``torch.mm`` is it. Each is timed over rotating copies of the operands that together hold three times
+    the GPU's L2 cache, so that the operands arrive from memory as in a training step, where the layers between
+    two products evict them (timed on the same operands again and again, the 1,600 x 1,600 weight gradient's
+    pick ran 76 us a call in the step against torch.mm's 63: session 51, ``results/logs/h100-s51/``)."""
     plan = _Plan.build(a.dtype, a.shape[0], b.shape[1], a.shape[1], key[5], key[6])
     handle = _handle(out.device)
     seed = out.clone() if accumulate else out.new_zeros(out.shape)
     ref = seed.clone()
     _torch_mm(a, b, ref, accumulate)
-    scratch = seed.clone()
     scale = ref.abs().max().float().clamp_min(torch.finfo(torch.float32).tiny)
-    best_ms, best = _graph_ms(lambda: _torch_mm(a, b, scratch, accumulate)), None
+    l2 = torch.cuda.get_device_properties(out.device).L2_cache_size
+    nbytes = (a.numel() + b.numel() + out.numel()) * out.element_size()
+    copies = max(1, min(ROTATING_MAX, math.ceil(3 * l2 / nbytes)))
+    sets = [(a.clone(), b.clone(), seed.clone()) for _ in range(copies)]  # clone keeps a transposed view's strides
+    calls = max(10, copies)
+
+    def timed(run) -> float:
+        return _graph_ms(lambda i: run(*sets[i % copies]), calls)
+
+    best_ms, best = timed(lambda x, y, o: _torch_mm(x, y, o, accumulate)), None
     for algo in plan.candidates(handle, CANDIDATES):
         trial = seed.clone()
         try:
@@ -233,7 +246,7 @@ def _tune(key: tuple, a: Tensor, b: Tensor, out: Tensor, accumulate: bool) -> _P
             continue
         if not ((trial.float() - ref.float()).abs().max() / scale).item() <= _TOLERANCE:
             continue
-        ms = _graph_ms(lambda algo=algo: plan.run(handle, algo, a, b, scratch, accumulate))
+        ms = timed(lambda x, y, o, algo=algo: plan.run(handle, algo, x, y, o, accumulate))
         if ms < best_ms:
             best_ms, best = ms, algo
     if best is None:
