@@ -23,6 +23,7 @@ import functools
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -195,7 +196,35 @@ def kernel_name(fn) -> str:
     return ", ".join(n[:70] for n in names) or "?"
 
 
-def search(lt: ctypes.CDLL, handle, workspace: torch.Tensor, shape: tuple, count: int, layers: int) -> float:
+def sustained_ms(fn, seconds: float) -> float:
+    """Milliseconds a call with the GPU at its power cap: a CUDA graph of 20 calls replayed for ``seconds``, the
+    second half timed (the first lets clock and power settle)."""
+    time_ms(fn, rounds=1)  # captures nothing lasting; warms the kernel
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds / 2:
+        graph.replay()
+        torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    replays, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds / 2:
+        graph.replay()
+        replays += 1
+        if replays % 8 == 0:
+            torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / (20 * replays)
+
+
+def search(lt: ctypes.CDLL, handle, workspace: torch.Tensor, shape: tuple, count: int, layers: int,
+           sustained: float = 0.0) -> float:
     """Time one shape's candidates; print the fastest five and the pick against ``torch.mm``; return the
     milliseconds a step the pick saves (0 where it does not)."""
     name, m, n, k, layout, per_block = shape
@@ -247,6 +276,10 @@ def search(lt: ctypes.CDLL, handle, workspace: torch.Tensor, shape: tuple, count
     saved = (1 - ratio) * statistics.median(q for _, q in pairs) * per_block * layers
     print(f"  pick/torch.mm, 8 alternating rounds: median {ratio:.3f} (min {min(ratios):.3f}, max "
           f"{max(ratios):.3f}); {saved:+.2f} ms a step over {layers} blocks  [{kernel_name(pick)}]")
+    if sustained > 0:  # at the power cap, where a training step runs its products
+        capped = [(sustained_ms(pick, sustained), sustained_ms(mm, sustained)) for _ in range(2)]
+        print("  at the power cap (" + ", ".join(f"pick {p:.4f} / torch.mm {q:.4f} ms" for p, q in capped)
+              + f"): pick/torch.mm {statistics.mean(p / q for p, q in capped):.3f}")
     return max(saved, 0.0)
 
 
@@ -257,6 +290,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--count", type=int, default=64, help="candidates asked of the heuristic")
     parser.add_argument("--only", nargs="*", help="shape names (substring match)")
+    parser.add_argument("--sustained", type=float, default=0.0,
+                        help="also time the pick and torch.mm at the power cap, this many seconds each (twice)")
     args = parser.parse_args()
 
     cfg = get_preset(args.preset)
@@ -273,7 +308,7 @@ def main() -> None:
         name, per_block = shape[0], shape[5]
         wanted = any(s in name for s in args.only) if args.only else per_block > 0
         if wanted:
-            total += search(lt, handle, workspace, shape, args.count, cfg.num_layers)
+            total += search(lt, handle, workspace, shape, args.count, cfg.num_layers, args.sustained)
     print(f"\nsum of the savings a step where the pick is faster: {total:.2f} ms")
 
 
