@@ -25,16 +25,12 @@ from cs336_basics.attention import scaled_dot_product_attention as scaled_dot_pr
 
 
 class Linear(nn.Module):
-    """y = x W^T, no bias; W is ``(d_out, d_in)``, truncated-normal init with std sqrt(2/(d_in+d_out)) cut at 3 std.
-
-    ``kernel``: None, or a function ``(x, W) -> y`` with the same arithmetic that computes the product instead (e.g.
-    ``cs336_systems.fused.tuned_gemm.tuned_linear``)."""
+    """y = x W^T, no bias; W is ``(d_out, d_in)``, truncated-normal init with std sqrt(2/(d_in+d_out)) cut at 3 std."""
 
     def __init__(self, d_in: int, d_out: int, device=None, dtype=None):
         super().__init__()
         self.d_in, self.d_out = d_in, d_out
         self.weight = nn.Parameter(torch.empty(d_out, d_in, device=device, dtype=dtype))
-        self.kernel = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -42,8 +38,6 @@ class Linear(nn.Module):
         nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernel is not None:
-            return self.kernel(x, self.weight)
         return x @ self.weight.T
 
     def extra_repr(self) -> str:

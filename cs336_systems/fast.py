@@ -29,9 +29,6 @@ FFN_KERNELS = ("torch", "fused")
 # (CUBLAS_WORKSPACE_CONFIG=:0:0), where cuBLAS picks GEMM algorithms that need no workspace and issues no memset
 # of it before each call (apply_cublas_workspace)
 CUBLAS_WORKSPACES = ("default", "none")
-# the blocks' matrix products (the names of bench's and train's --gemm): torch.mm (cuBLAS's heuristic pick), or the
-# fastest of it and cuBLASLt's other candidates timed per shape (cs336_systems.fused.tuned_gemm; CUDA, 16-bit)
-GEMM_KERNELS = ("torch", "tuned")
 CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
 
 
@@ -47,7 +44,6 @@ class FastSettings:
     rope: str  # one of ROPE_KERNELS
     ffn: str  # one of FFN_KERNELS
     cublas_workspace: str  # one of CUBLAS_WORKSPACES (apply_cublas_workspace)
-    gemm: str = "torch"  # one of GEMM_KERNELS
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())

@@ -12,18 +12,17 @@ KWARGS = dict(vocab_size=512, context_length=256, d_model=256, num_layers=2, num
               check_inputs=False)
 
 
-def check_compiled_lm(module_type: type[nn.Module], install, installed: int = KWARGS["num_layers"]) -> None:
+def check_compiled_lm(module_type: type[nn.Module], install) -> None:
     """The LM in bf16 autocast with ``module_type``'s weights bf16 (as the fused optimizer keeps them), ours with
-    ``install(model)`` applied (it returns how many modules it set: ``installed``) and compiled with
-    ``fullgraph=True``: logits within bf16 tolerance of the module's compiled code, and every gradient finite and
-    aligned with the module's (cosine > 0.999)."""
+    ``install(model)`` applied and compiled with ``fullgraph=True``: logits within bf16 tolerance of the module's
+    compiled code, and every gradient finite and aligned with the module's (cosine > 0.999)."""
     ref, ours = BasicsTransformerLM(**KWARGS), BasicsTransformerLM(**KWARGS)
     ours.load_state_dict(ref.state_dict())
     for model in (ref, ours):
         for mod in model.modules():
             if isinstance(mod, module_type):
                 mod.to(torch.bfloat16)
-    assert install(ours) == installed
+    assert install(ours) == KWARGS["num_layers"]
     compiled = torch.compile(ours, fullgraph=True)
     tokens = torch.randint(0, KWARGS["vocab_size"], (3, 200), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -30,14 +30,7 @@ from cs336_systems.bench.checkpointing import apply_activation_checkpointing, pa
 from cs336_systems.bench.harness import PhaseTimer, summarize
 from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
 from cs336_systems.devices import resolve_device
-from cs336_systems.fast import (
-    CUBLAS_WORKSPACES,
-    FFN_KERNELS,
-    GEMM_KERNELS,
-    RESIDUAL_DTYPES,
-    ROPE_KERNELS,
-    apply_cublas_workspace,
-)
+from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
 
@@ -78,7 +71,6 @@ class BenchConfig:
     residual_dtype: str = "fp32"  # "bf16": the token embedding a bf16 copy too (bf16 precision, train-step, fused)
     rope: str = "torch"  # "triton": RoPE by cs336_systems.fused.rope (ours, CUDA)
     ffn: str = "torch"  # "fused": the SwiGLU feed-forward by cs336_systems.fused.swiglu (ours, CUDA)
-    gemm: str = "torch"  # "tuned": the blocks' products by cs336_systems.fused.tuned_gemm (ours, CUDA, bf16)
     # cuBLAS's workspace (cs336_systems.fast.apply_cublas_workspace): a setting of the process, read at its first
     # matmul, so it holds where the configuration runs in a fresh process (isolated) or is the process's first
     cublas_workspace: str = "default"
@@ -135,13 +127,6 @@ class BenchConfig:
         if self.ffn == "fused" and self.precision != "bf16":
             raise ValueError(f"benchmarking_script: --ffn fused runs 16-bit kernels: it needs --precision bf16 (got "
                              f"{self.precision})")
-        if self.gemm not in GEMM_KERNELS:
-            raise ValueError(f"benchmarking_script: unknown gemm {self.gemm!r}; choose from {', '.join(GEMM_KERNELS)}")
-        if self.gemm == "tuned" and (self.impl != "ours" or self.torch_device.type != "cuda"
-                                     or self.precision != "bf16"):
-            raise ValueError(f"benchmarking_script: --gemm tuned runs our model's 16-bit products on a CUDA device: it "
-                             f"needs impl ours, a CUDA device and --precision bf16 (got impl {self.impl}, device "
-                             f"{self.torch_device}, precision {self.precision})")
         if self.cublas_workspace not in CUBLAS_WORKSPACES:
             raise ValueError(f"benchmarking_script: unknown cuBLAS workspace {self.cublas_workspace!r}; choose from "
                              f"{', '.join(CUBLAS_WORKSPACES)}")
@@ -230,14 +215,10 @@ def build_ours(cfg: BenchConfig, model_kwargs: dict, device: torch.device):
         from cs336_systems.fused.rope import use_triton_rope
 
         use_triton_rope(model)
-    if cfg.gemm == "tuned":
-        from cs336_systems.fused.tuned_gemm import use_tuned_linear
-
-        use_tuned_linear(model)
     if cfg.ffn == "fused":
         from cs336_systems.fused.swiglu import use_fused_swiglu
 
-        use_fused_swiglu(model, tuned_gemm=cfg.gemm == "tuned")
+        use_fused_swiglu(model)
     if cfg.loss == "fused":
         from cs336_systems.fused.linear_cross_entropy import defer_lm_head, linear_cross_entropy
 

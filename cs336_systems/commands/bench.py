@@ -50,7 +50,6 @@ from cs336_systems.devices import resolve_device
 from cs336_systems.fast import (
     CUBLAS_WORKSPACES,
     FFN_KERNELS,
-    GEMM_KERNELS,
     RESIDUAL_DTYPES,
     ROPE_KERNELS,
     apply_cublas_workspace,
@@ -65,7 +64,7 @@ WARMUP_STUDY = (0, 1, 2, 5)
 # (docs/training_step.md, session 28)
 WARMUP_SECONDS = 2.0
 TABLE_COLUMNS = ["impl", "preset", "context_length", "mode", "precision", "compile", "attention", "checkpoint",
-                 "optimizer", "loss", "cuda_graph", "residual_dtype", "rope", "ffn", "gemm", "warmup", "status",
+                 "optimizer", "loss", "cuda_graph", "residual_dtype", "rope", "ffn", "warmup", "status",
                  "forward_mean_ms", "backward_mean_ms", "optimizer_mean_ms", "step_mean_ms", "step_std_ms",
                  "tokens_per_s", "mfu", "peak_memory_gib", "step_ratio_vs_peer", "memory_ratio_vs_peer"]
 CPU_DEFAULT = ("tiny", 128)  # preset and context without --preset on a CPU: seconds, not minutes
@@ -109,10 +108,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(cs336_systems.fused.swiglu: SwiGLU in the matmuls' epilogues; Hopper kernels, bf16); "
                         "default: the fast settings' per preset and context (fused on Hopper under bf16 for steps of "
                         ">= 8,192 tokens at d_model >= 1,600, else torch)")
-    p.add_argument("--gemm", nargs="+", choices=GEMM_KERNELS, default=None,
-                   help="the blocks' matrix products in our model: torch (torch.mm, cuBLAS's heuristic pick) or tuned "
-                        "(cs336_systems.fused.tuned_gemm: the fastest of torch.mm and cuBLASLt's candidates, timed "
-                        "per shape at its first call; CUDA, bf16); default: the fast settings' (torch)")
     p.add_argument("--cublas-workspace", choices=CUBLAS_WORKSPACES, default=None,
                    help="cuBLAS's workspace: PyTorch's default, or none (no workspace memsets before GEMMs); a "
                         "CUBLAS_WORKSPACE_CONFIG already set is kept. Given, it applies to peers too; not given, ours "
@@ -163,7 +158,7 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     fast = fast_settings(device)
     chosen = {name: getattr(args, name, None)
               for name in ("attention", "compile", "compile_scope", "optimizer", "loss", "cuda_graph",
-                           "residual_dtype", "rope", "ffn", "gemm", "cublas_workspace")}
+                           "residual_dtype", "rope", "ffn", "cublas_workspace")}
     picked = {k: getattr(fast, k) for k, v in chosen.items() if v is None}
     vocab_loss = {p: fast_settings(device, get_preset(p).vocab_size).loss for p in presets}
     if "loss" in picked:
@@ -190,7 +185,6 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
     # the same for the residual dtype: the fast default where it applies (bf16, fused, train-step), else fp32
     residuals = chosen["residual_dtype"] or [None]
     ropes = chosen["rope"] or [fast.rope]
-    gemms = chosen["gemm"] or [fast.gemm]
     workspace = chosen["cublas_workspace"] or fast.cublas_workspace
     # a peer runs as a plain script does (PyTorch's default) unless the user asked for a workspace setting; the
     # setting is per process, so it holds where configurations run isolated (bench's default for ours vs peers)
@@ -230,10 +224,9 @@ def configs_from_args(args: argparse.Namespace, log=print) -> list[BenchConfig]:
                                 loss=lo, warmup=w, warmup_seconds=settle, steps=args.steps, timing=timing,
                                 device=args.device,
                                 cuda_graph=g or (graph_default and m == "train-step" and o == "fused" and w >= 2),
-                                residual_dtype=residual(r, pr, o, m), rope=rp, ffn=f, gemm=gm,
-                                cublas_workspace=workspace)
+                                residual_dtype=residual(r, pr, o, m), rope=rp, ffn=f, cublas_workspace=workspace)
                     for p, c, m, pr, co, a, ck, o, lo, w in grid for g in graphs for r in residuals for rp in ropes
-                    for f in (chosen["ffn"] or [shape_ffn[p, c] if pr == "bf16" else "torch"]) for gm in gemms]
+                    for f in (chosen["ffn"] or [shape_ffn[p, c] if pr == "bf16" else "torch"])]
     # the peer of a size runs just before our configurations of that size, so a ratio needs no later pass;
     # otherwise the sweep keeps its order
     first_seen: dict[tuple, int] = {}
@@ -265,7 +258,7 @@ def format_table(records: list[dict]) -> str:
     cols = [c for c in TABLE_COLUMNS if c in df.columns]
     # Drop columns that do not vary and carry defaults, so the table stays readable.
     for col in ("checkpoint", "optimizer", "compile", "loss", "impl", "attention", "compile_scope", "cuda_graph",
-                "residual_dtype", "rope", "ffn", "gemm"):
+                "residual_dtype", "rope", "ffn"):
         if col in cols and df[col].nunique() <= 1:
             cols.remove(col)
     return markdown_table(records, cols, ".3g")

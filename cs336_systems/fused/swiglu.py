@@ -16,8 +16,6 @@ PyTorch: the CPU tests check the autograd wiring with it, the GPU tests the kern
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -82,21 +80,15 @@ def _(dy: Tensor, w2: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.library.custom_op("cs336_systems::swiglu_input_grad", mutates_args=())
-def swiglu_input_grad(da: Tensor, w1: Tensor, db: Tensor, w3: Tensor, tuned: bool = False) -> Tensor:
+def swiglu_input_grad(da: Tensor, w1: Tensor, db: Tensor, w3: Tensor) -> Tensor:
     """dx = da W1 + db W3, the second product accumulated into the first's output (cuBLAS's beta = 1). Written as
     ``torch.addmm(da @ w1, db, w3)`` (in eager code or compiled), the first product is first copied into a new
-    output: a 26 MB copy a block at xl/2048 (session 30's profile, ``memcpy128``). ``tuned``: both products by the
-    algorithm timed fastest for their shape (``cs336_systems.fused.tuned_gemm``)."""
-    if not tuned:
-        return (da @ w1).addmm_(db, w3)
-    from cs336_systems.fused.tuned_gemm import matmul_into
-
-    out = matmul_into(da, w1, da.new_empty(da.shape[0], w1.shape[1]))
-    return matmul_into(db, w3, out, accumulate=True)
+    output: a 26 MB copy a block at xl/2048 (session 30's profile, ``memcpy128``)."""
+    return (da @ w1).addmm_(db, w3)
 
 
 @swiglu_input_grad.register_fake
-def _(da: Tensor, w1: Tensor, db: Tensor, w3: Tensor, tuned: bool = False) -> Tensor:
+def _(da: Tensor, w1: Tensor, db: Tensor, w3: Tensor) -> Tensor:
     return da.new_empty(da.shape[0], w1.shape[1])
 
 
@@ -104,10 +96,9 @@ class _SwiGLUFFN(torch.autograd.Function):
     """y = (silu(x W1^T) * (x W3^T)) W2^T on 2-D x, saving x, h, a and b."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, tuned: bool) -> Tensor:
+    def forward(ctx, x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
         h, a, b = swiglu_gate(x, w1, w3)
         ctx.save_for_backward(x, w1, w2, w3, h, a, b)
-        ctx.tuned = tuned
         return h @ w2.T
 
     @staticmethod
@@ -115,24 +106,21 @@ class _SwiGLUFFN(torch.autograd.Function):
         x, w1, w2, w3, h, a, b = ctx.saved_tensors
         dy = dy.contiguous()
         da, db = swiglu_gate_backward(dy, w2, a, b)
-        return swiglu_input_grad(da, w1, db, w3, ctx.tuned), da.T @ x, dy.T @ h, db.T @ x, None
+        return swiglu_input_grad(da, w1, db, w3), da.T @ x, dy.T @ h, db.T @ x
 
 
-def swiglu_ffn(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, *, tuned_gemm: bool = False) -> Tensor:
+def swiglu_ffn(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor) -> Tensor:
     """``SwiGLU.forward``'s result for x (..., d_model) and the module's weights w1, w3 (d_ff, d_model) and w2
-    (d_model, d_ff). Under autocast the operands are cast to its dtype first, as its matmuls would cast them.
-    ``tuned_gemm``: the input gradient's two products by ``cs336_systems.fused.tuned_gemm`` (the one product of
-    the block's feed-forward where another cuBLASLt algorithm than cuBLAS's pick measured faster)."""
+    (d_model, d_ff). Under autocast the operands are cast to its dtype first, as its matmuls would cast them."""
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
     lead = x.shape[:-1]
-    y = _SwiGLUFFN.apply(x.reshape(-1, x.shape[-1]).contiguous(), w1, w2, w3, tuned_gemm)
+    y = _SwiGLUFFN.apply(x.reshape(-1, x.shape[-1]).contiguous(), w1, w2, w3)
     return y.reshape(*lead, w2.shape[0])
 
 
-def use_fused_swiglu(model: nn.Module, tuned_gemm: bool = False) -> int:
-    """Make every ``SwiGLU`` in ``model`` compute with :func:`swiglu_ffn` (its ``tuned_gemm`` as given); returns
-    how many it found."""
-    return install_kernel(model, SwiGLU, functools.partial(swiglu_ffn, tuned_gemm=True) if tuned_gemm else swiglu_ffn)
+def use_fused_swiglu(model: nn.Module) -> int:
+    """Make every ``SwiGLU`` in ``model`` compute with :func:`swiglu_ffn`; returns how many it found."""
+    return install_kernel(model, SwiGLU, swiglu_ffn)

@@ -168,10 +168,11 @@ def _timing(prefix: str) -> dict[str, tuple[type, ...]]:
 _STEP_CONFIG = {**_f("preset attention checkpoint mode precision optimizer study status", STR),
                 **_f("context_length batch_size warmup steps", INT), "compile": BOOL, "device": STR}
 # the step's settings
-_STEP_MEASURED = {**_f("loss impl residual_dtype rope ffn gemm cublas_workspace cublas_workspace_config", STR),
+_STEP_MEASURED = {**_f("loss impl residual_dtype rope ffn cublas_workspace cublas_workspace_config", STR),
                   # --qkv separate / packed: in the records of session 31's runs only (since moved to
-                  # experiments/packed_qkv_rope/)
-                  "qkv": STR,
+                  # experiments/packed_qkv_rope/); --gemm torch / tuned likewise, session 51's
+                  # (experiments/tuned_gemm/)
+                  "qkv": STR, "gemm": STR,
                   **_f("peer_compiled cuda_graph isolated peak_tflops_shared", BOOL),
                   **_timing("forward"), **_timing("backward"), **_timing("optimizer"), **_timing("step"),
                   **_f("mfu model_tflops peak_memory_gib memory_before_gib peak_tflops tokens_per_s", NUM),

@@ -108,7 +108,6 @@ def main() -> None:
     p.add_argument("--out", default=None, help="folder for the captured replays' trace (gzip)")
     p.add_argument("--variant", default="base", help="step_variants.py's PATCHES, joined with +")
     p.add_argument("--uncaptured", action="store_true", help="also profile the step launched from the host")
-    p.add_argument("--gemm", default=None, help="bench's --gemm (default: the fast settings')")
     p.add_argument("--around", default=None, help="print the kernels on either side of the first calls of kernels "
                    "whose name contains this (where a kernel sits in the step)")
     a = p.parse_args()
@@ -128,7 +127,7 @@ def main() -> None:
     cfg = BenchConfig(preset=a.preset, context_length=a.context_length, precision="bf16", compile=fast.compile,
                       compile_scope=fast.compile_scope, attention=fast.attention, optimizer=fast.optimizer,
                       loss=fast.loss, cuda_graph=True, residual_dtype=fast.residual_dtype, rope=fast.rope, ffn=fast.ffn,
-                      gemm=a.gemm or fast.gemm, cublas_workspace=fast.cublas_workspace,
+                      cublas_workspace=fast.cublas_workspace,
                       warmup=3 + a.steps)  # eager calls: two that compile, the profiled ones, then the capture
     model, optimizer, loss_fn, _ = build_ours(cfg, model_cfg.model_kwargs(), device)
     batch = model_cfg.batch_size
@@ -168,10 +167,6 @@ def main() -> None:
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     assert captured.captured
-    if cfg.gemm == "tuned":
-        from cs336_systems.fused.tuned_gemm import tuned_choices
-
-        print("tuned GEMMs:", "; ".join(f"{k}: {v}" for k, v in tuned_choices().items()))
     print(f"captured step: median {statistics.median(times):.2f} ms, mean {statistics.mean(times):.2f}, "
           f"min {min(times):.2f} (20 replays)")
     # the host's share of a step that bench times between synchronisations: the call up to the replay's launch

@@ -66,8 +66,8 @@
 #      shipped, with a copy-only epilogue and with none (s35_variants.patch; NCU_VARIANTS=... picks them), as CSV
 #   lt (session 33): cuBLASLt (TORCH_BLAS_PREFER_CUBLASLT=1, which honours PyTorch's SM carve-out) against cuBLAS:
 #      the step's GEMM shapes and our xl/2048 step (Lt with its default workspace)
-#   gemm (session 51): the tuned GEMMs' GPU tests (with the fused feed-forward's), then xl/2048 ours with --gemm
-#      torch and tuned, one process each, steady state (IMPLS="peer-graphs ours" GEMMS=tuned: against the peer)
+#   (session 51, gemm at 32f4af1: the tuned GEMMs' GPU tests, then xl/2048 with --gemm torch and tuned; no faster,
+#      now experiments/tuned_gemm/, whose package.patch brings the plan back)
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # scripts/device/*.py import the package from the tree
 source scripts/device/step.sh
@@ -298,11 +298,6 @@ timing-graphs)
 timing2048)
   step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
     --impl ${IMPLS:-peer peer-graphs ours} --preset xl --context-length 2048 --steps ${STEPS:-20}
-  ;;
-gemm)
-  step 150 gpu-tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tuned_gemm.py tests/test_fused_swiglu.py
-  step 590 xl-2048 $CLI bench --problem training_step --results-dir $R --precision bf16 --warmup 12 \
-    --impl ${IMPLS:-ours} --gemm ${GEMMS:-torch tuned} --preset xl --context-length 2048 --steps ${STEPS:-20}
   ;;
 lt)
   step 60 lt-noworkspace env CUBLAS_WORKSPACE_CONFIG=:0:0 TORCH_BLAS_PREFER_CUBLASLT=1 python3 -c "import torch
