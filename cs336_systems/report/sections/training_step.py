@@ -13,8 +13,9 @@ PROBLEM_IDS = ("training_step",)
 SETTINGS = ("preset", "context_length", "batch_size", "precision", "compile_scope", "attention", "optimizer", "loss",
             "checkpoint", "cuda_graph", "residual_dtype", "rope", "ffn")
 # settings of experiments since moved to experiments/, in the records of the runs that timed them only: a column
-# where a row has one (qkv: --qkv separate / packed, session 31, experiments/packed_qkv_rope/)
-LEGACY_SETTINGS = ("qkv",)
+# where a row has one (qkv: --qkv separate / packed, session 31, experiments/packed_qkv_rope/; gemm: --gemm torch /
+# tuned, session 51, experiments/tuned_gemm/)
+LEGACY_SETTINGS = ("qkv", "gemm")
 # What a peer must share with a row of ours to be its peer (besides the run): the peer has none of our other
 # settings, and bench times one peer of each kind per (preset, context, precision, mode) of a run.
 PEER_KEY = ("preset", "context_length", "batch_size", "precision", "mode")
