@@ -7,7 +7,9 @@ Per round, ``do_bench``'s median forward+backward and forward alone (L2 flushed 
 ``flash-bench``); then the kernels' GPU time and the host's time to issue a do_bench iteration, and each round's ratio
 to the fastest peer of the same round (the host drifts between rounds). Last, what a few ways of allocating a call's
 outputs cost this host. ``--stubbed``: the same ways with every launch stubbed out, the host's dispatch alone, beside
-a bare Function with the same allocations (on the CPU too, where no kernel could run).
+a bare Function with the same allocations (on the CPU too, where no kernel could run). ``--bare``: that bare
+Function in the do_bench rounds too, where it launches nothing: its time is the floor of any ``autograd.Function``
+with these outputs on this host, against which the peers' whole calls are read.
 
     python scripts/device/flash_host_ab.py --base 0ec142f [--shapes xl_512 small_512 floor] [--rounds 9]
     python scripts/device/flash_host_ab.py --base 0ec142f --stubbed --device cpu
@@ -150,6 +152,7 @@ def main() -> None:
     p.add_argument("--stubbed", action="store_true", help="time the dispatch alone, launches stubbed out (then the "
                    "allocations); runs on the CPU too, without TRITON_INTERPRET")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--bare", action="store_true", help="also time the bare Function (no launches) with do_bench")
     args = p.parse_args()
     dev = torch.device(args.device)
     if args.stubbed:
@@ -163,12 +166,14 @@ def main() -> None:
         base = load_base(args.base, folder)
         print(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {triton.__version__}; "
               f"new = this checkout, old = {args.base}")
-        ways = ("new", "old", *PEERS)
+        ways = ("new", "old", *(("bare",) if args.bare else ()), *PEERS)
         for name in args.shapes:
             s = MODEL_SHAPES[name]
             inputs = shape_inputs(s, dev)
             calls = {"new": calls_of(ft.FlashAttention2Triton, s, dev, inputs),
                      "old": calls_of(base.FlashAttention2Triton, s, dev, inputs)}
+            if args.bare:
+                calls["bare"] = calls_of(_Bare, s, dev, inputs)
             for peer in PEERS:
                 calls[peer] = _calls(peer, s, dev, False, "do", inputs)
             bench = {(w, m): [] for w in ways for m in ("forward", "forward_backward")}
@@ -196,7 +201,7 @@ def main() -> None:
                 c, grads = calls[way]
                 fn = c["forward_backward"]
                 with pinned(fn):
-                    kern = kernel_ms(fn, dev, grads) * 1e3
+                    kern = kernel_ms(fn, dev, grads) * 1e3 if way != "bare" else 0.0  # it launches nothing
                     med, p90 = issue_us(fn, grads, flush)
                 print(f"  {way:11s} {kern:8.1f} {med:8.1f} {p90:8.1f}", flush=True)
     print("host cost of outputs, us a call:")
