@@ -5,11 +5,13 @@
 (PyTorch's TunableOp for hipBLASLt; on CUDA builds of torch 2.11 it only wraps the default). This times, per shape
 of the xl block (``step_gemm_shapes.shapes``, in the layouts the step gives cuBLAS), ``torch.mm`` under the step's
 setting (no workspace) against every candidate cuBLASLt returns with no workspace and with 32 MiB, checks each
-candidate's output against ``torch.mm``'s, and re-times the fastest against ``torch.mm`` in alternating rounds.
-A shape where the search pays by more than the rounds' spread is worth a custom op that calls the chosen algorithm.
+candidate's output against ``torch.mm``'s, and re-times the fastest against ``torch.mm`` in alternating rounds
+(all in CUDA graphs: the GPU host's launch time exceeds a 1,600-wide product's); ``--sustained`` also times the two
+at the power cap, where a training step runs its products. Session 51 built the custom op that calls the picks, and
+the step measured no faster (``experiments/tuned_gemm/``).
 
     CUBLAS_WORKSPACE_CONFIG=:0:0 python scripts/device/cublaslt_search.py [--preset xl --context-length 2048] \
-        [--count 64] > $OUT/lt.txt
+        [--count 64] [--only "q/k/v/o" ...] [--sustained 3] > $OUT/lt.txt
 
 cuBLASLt is reached through ``ctypes`` on the library torch already loaded (``/proc/self/maps``); the enums and
 the heuristic result's layout are cuBLASLt's public ones (``cublasLt.h``).
