@@ -88,6 +88,10 @@ COMMIT_CORRECTIONS = {
         "5d5b9f0", "7b728a0", "CS336_GIT_COMMIT was typed from memory, not from `git rev-parse --short HEAD`; the "
         "working tree sent was main at 7b728a0")
     for stamp in ("164225", "164616")
+} | {
+    "flash_leaderboard/20261207-165818-nvidia-h100-80gb-hbm3.jsonl": (
+        "590bcdb", "9ea8e9f", "the command took CS336_GIT_COMMIT from `git rev-parse` on the device, whose copy of "
+        ".git is the session's starting checkout; the working tree sent was main at 9ea8e9f")
 }
 
 
