@@ -234,6 +234,39 @@ def test_traceable_by_torch_compile(seed):
     torch.testing.assert_close(q.grad.double(), ref[2], rtol=1e-4, atol=1e-4)
 
 
+def test_apply_matches_function_apply(seed):
+    """Our ``apply`` (the C apply without Function.apply's Python wrapper) gives what Function.apply gives, bit for
+    bit, with the same node; a dead functorch wrapper is unwrapped as Function.apply does; keyword arguments and
+    functorch transforms take Function.apply's own route (and the transforms its error: no setup_context)."""
+    via_function = torch.autograd.Function.apply.__func__
+    q, k, v = (torch.randn(2, 37, 16, device=DEVICE) for _ in range(3))
+    do = torch.randn_like(q)
+    ours = run_impl(FlashAttention2Triton, q, k, v, do, True)
+
+    class Wrapped:  # the same class, applied through Function.apply
+        @staticmethod
+        def apply(*args):
+            return via_function(FlashAttention2Triton, *args)
+
+    theirs = run_impl(Wrapped, q, k, v, do, True)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+    q_grad = q.detach().requires_grad_()
+    node = FlashAttention2Triton.apply(q_grad, k, v, True).grad_fn
+    assert type(node) is type(via_function(FlashAttention2Triton, q_grad, k, v, True).grad_fn)
+
+    leaked = []
+    torch.func.grad(lambda x: leaked.append(x) or x.sum())(k.detach())
+    assert torch._C._functorch.is_functorch_wrapped_tensor(leaked[0])
+    dead = FlashAttention2Triton.apply(q.detach(), leaked[0], v, True)
+    torch.testing.assert_close(dead, FlashAttention2Triton.apply(q.detach(), k.detach(), v, True), rtol=0, atol=0)
+
+    by_name = FlashAttention2Triton.apply(q, k, v, is_causal=True)
+    torch.testing.assert_close(by_name, via_function(FlashAttention2Triton, q, k, v, is_causal=True), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda x: FlashAttention2Triton.apply(x, k, v, True).sum())(q.detach())
+
+
 # (leading dims, Nq, Nk, d, causal) for the descriptor (TMA) form and both backwards in the interpreter
 VARIANT_GRID = [((2,), 37, 53, 48, True), ((1, 2), 70, 33, 64, False), ((3,), 40, 40, 16, True)]
 

@@ -1611,7 +1611,32 @@ def _check_deterministic(deterministic) -> None:
 
 
 # ----------------------------------------------------------------------------------- autograd.Functions
-class FlashAttention2Triton(torch.autograd.Function):
+class _DirectApply(torch.autograd.Function):
+    """``apply`` without ``Function.apply``'s Python wrapper (issue 18: a small call's time is the host's). That
+    wrapper binds default arguments only for Functions with a ``setup_context`` (ours have none), routes functorch
+    transforms (vmap, grad) and unwraps dead functorch wrappers; this does the same checks in C calls and goes
+    straight to the C ``apply``. Keyword arguments and active transforms take the wrapper; Dynamo traces
+    ``apply`` by name, so what it compiles is unchanged."""
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        if torch.compiler.is_dynamo_compiling():  # Dynamo only traces this: ``cls.apply`` is the call it knows
+            return cls.apply(*args, **kwargs)
+        if kwargs or _transforms_active():
+            return _FUNCTION_APPLY(cls, *args, **kwargs)
+        return cls._c_apply(*[_unwrap_if_dead(a) if isinstance(a, Tensor) else a for a in args])
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._c_apply = super(torch.autograd.Function, cls).apply  # the C apply, bound to this class
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_transforms_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+class FlashAttention2Triton(_DirectApply):
     """FlashAttention-2 with Triton kernels. ``apply(Q, K, V, is_causal=False, deterministic=False) -> O``;
     causal masking is top-left aligned (query i sees keys 0..i). Saves L (``Q.shape[:-1]``, natural-log
     logsumexp), Q, K, V, O for the backward. ``deterministic`` (or
@@ -1636,7 +1661,7 @@ class FlashAttention2Triton(torch.autograd.Function):
         return *_run_backward(ctx, dO, L, Q, K, V, O, None, None), None, None
 
 
-class FlashAttentionTriton(torch.autograd.Function):
+class FlashAttentionTriton(_DirectApply):
     """:func:`flash_attention`'s autograd.Function: ``apply(Q, K, V, doc_ids, is_causal, window, scale,
     deterministic)`` with the scalar arguments checked (the tensors are checked once per layout). Saves L, Q, K,
     V, O, doc_ids and their spans."""
