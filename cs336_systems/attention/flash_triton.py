@@ -1611,6 +1611,11 @@ def _check_deterministic(deterministic) -> None:
 
 
 # ----------------------------------------------------------------------------------- autograd.Functions
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_transforms_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
 class _DirectApply(torch.autograd.Function):
     """``apply`` without ``Function.apply``'s Python wrapper (issue 18: a small call's time is the host's). That
     wrapper binds default arguments only for Functions with a ``setup_context`` (ours have none), routes functorch
@@ -1629,11 +1634,6 @@ class _DirectApply(torch.autograd.Function):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls._c_apply = super(torch.autograd.Function, cls).apply  # the C apply, bound to this class
-
-
-_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
-_transforms_active = torch._C._are_functorch_transforms_active
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 class FlashAttention2Triton(_DirectApply):
