@@ -346,6 +346,29 @@ def test_model_shapes_table_says_how_each_run_was_timed(tmp_path):
     assert "sustained" not in header  # no run here timed back to back
 
 
+def test_leaderboard_summary_keeps_the_h100s_run(tmp_path):
+    """The 2025 harness's 4.5 ms target is an H100's: a newer run on another GPU does not replace the H100's in the
+    summary, and each run's TFLOP/s are read against that run's own matmul peak."""
+    import json
+
+    res = tmp_path / "results"
+    lb = dict(batch=1, heads=16, seq_len=16384, head_dim=64, dtype="bf16", causal=True, compiled_apply=True,
+              status="ok", config="leaderboard", forward_ms=1.2, forward_backward_ms=4.3,
+              forward_backward_tflops=430.0)
+    for day, gpu, fb, peak in ((1, "NVIDIA H100 80GB HBM3", 4.3, 700.0), (2, "NVIDIA H200", 3.9, 500.0)):
+        path = write_records("flash_leaderboard", [
+            dict(lb, impl="triton", forward_backward_ms=fb, matmul_peak_tflops=peak),
+            dict(lb, impl="sdpa_cudnn", forward_backward_ms=4.4, matmul_peak_tflops=peak)], res, device="cpu")
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in lines:
+            r["provenance"]["device"] = gpu
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        path.rename(path.with_name(f"2026120{day}-000000-gpu.jsonl"))  # the H200's run the newer
+    text = build_report(res, tmp_path / "REPORT.md").read_text()
+    assert "ours 4.300 ms forward+backward at 16 x 16,384 x 64" in text and "3.900" not in text
+    assert "61% of the measured 700 TFLOP/s" in text
+
+
 def test_model_shapes_table_shows_sustained_ratios_where_recorded(tmp_path):
     """A shapes run with ``--sustained-seconds`` adds ours over the fastest peer back to back (forward+backward and
     forward); a run without them has no such columns."""

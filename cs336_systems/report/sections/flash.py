@@ -207,8 +207,11 @@ def _sustained_ratios(ours: dict, peers: dict) -> dict:
 
 
 def _leaderboard(ctx) -> str | None:
-    all_rows = load(ctx, "flash_leaderboard", keys=["config", "impl"])
+    all_rows = load(ctx, "flash_leaderboard")
     rows = [r for r in all_rows if r.get("suite") != "issue18_shapes"]
+    # the handout's harness and its 4.5 ms target are an H100's: that GPU's runs where there are any
+    rows = [r for r in rows if "H100" in r["provenance"].get("device", "")] or rows
+    rows = list({(r.get("config"), r.get("impl")): r for r in rows}.values())  # the newest of each (oldest first)
     shape_rows = load(ctx, "flash_leaderboard", where={"suite": "issue18_shapes"})  # every run: see _model_shapes
     if not rows:
         return None
@@ -234,17 +237,19 @@ def _leaderboard(ctx) -> str | None:
         if "triton" not in g.index:
             continue
         ours = g.loc["triton"]
+        run_peak = ours["matmul_peak_tflops"] if pd.notna(ours.get("matmul_peak_tflops")) else peak  # ours' run's
         peers = g.loc[[p for p in PEERS if p in g.index and g.loc[p, "run"] == ours["run"]]]
         if peers.empty:
             continue
         fastest = peers["forward_backward_ms"].idxmin()
         fastest_fwd = peers["forward_ms"].idxmin()
         fb, fw = ours["forward_backward_ms"], ours["forward_ms"]
+        peer_fb = peers.loc[fastest, "forward_backward_ms"]
         lines.append(
             f"- **{config}**: ours {fb:.3f} ms forward+backward ({ours['forward_backward_tflops']:.0f} TFLOP/s, "
-            f"{100 * ours['forward_backward_tflops'] / peak:.0f}% of the measured {peak:.0f} TFLOP/s bf16 matmul "
-            f"peak), forward {fw:.3f} ms. Fastest peer: {fastest} {peers.loc[fastest, 'forward_backward_ms']:.3f} "
-            f"ms (ours is {fb / peers.loc[fastest, 'forward_backward_ms']:.2f}x its time); forward: "
+            f"{100 * ours['forward_backward_tflops'] / run_peak:.0f}% of the measured {run_peak:.0f} TFLOP/s bf16 "
+            f"matmul peak), forward {fw:.3f} ms. Fastest peer: {fastest} "
+            f"{peer_fb:.3f} ms (ours is {fb / peer_fb:.2f}x its time); forward: "
             f"{fastest_fwd} {peers.loc[fastest_fwd, 'forward_ms']:.3f} ms "
             f"(ours {fw / peers.loc[fastest_fwd, 'forward_ms']:.2f}x). cuDNN: "
             f"{g.loc['sdpa_cudnn', 'forward_backward_ms']:.3f} / {g.loc['sdpa_cudnn', 'forward_ms']:.3f} ms."
