@@ -39,8 +39,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line naming the problem (argparse's own names the allowed choices) and where the
+    options are listed, not the whole usage block above it; exit code 2 as argparse's."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cs336-systems",
         description="Make Transformer LM training fast, and measure it honestly (CS336 Assignment 2).",
         epilog="Run `cs336-systems COMMAND --help` for a command's options. Distributed commands run under "
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     # First pass: find the command; second pass: parse its own arguments.
     if argv and argv[0] in COMMANDS:
         module = importlib.import_module(COMMANDS[argv[0]][0])
-        sub = argparse.ArgumentParser(prog=f"cs336-systems {argv[0]}", description=COMMANDS[argv[0]][1])
+        sub = _Parser(prog=f"cs336-systems {argv[0]}", description=COMMANDS[argv[0]][1])
         module.add_arguments(sub)
         args = sub.parse_args(argv[1:])
         try:

@@ -24,6 +24,22 @@ def test_missing_gpu_is_one_line_and_exit_2(command, capsys):
     assert len(err) == 1 and "--device 'cuda'" in err[0] and "allowed here: cpu" in err[0]
 
 
+@pytest.mark.parametrize(("argv", "names"), [
+    (["train", "--lr", "abc"], "invalid float value: 'abc'"),
+    (["profile", "--scope", "all"], "choose from 'forward', 'forward-backward', 'train-step'"),
+    (["fly"], "invalid choice: 'fly' (choose from 'info', 'bench'"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_argument_errors_are_one_line_and_exit_2(argv, names, capsys):
+    """argparse's own errors (a bad type, an unknown choice or command) are one line with the allowed values, not
+    the usage block."""
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0] and lines[0].endswith("--help')")
+
+
 def test_device_names_are_checked():
     assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match="not a device name"):
