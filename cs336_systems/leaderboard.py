@@ -83,6 +83,8 @@ class LeaderboardConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"leaderboard: {name} must be a positive number of milliseconds, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"leaderboard: seed must be a non-negative integer, got {self.seed!r}")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"leaderboard: rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
         if not 0.0 <= self.memory_margin < 1.0:

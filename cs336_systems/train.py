@@ -128,6 +128,8 @@ class TrainConfig:
         for name in ("context_length", "batch_size", "checkpoint_every"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"train: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:  # numpy's generator, which draws the batches, takes non-negative seeds only
+            raise ValueError(f"train: --seed must be >= 0, got {self.seed}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"train: --lr must be a finite number > 0, got {self.lr}")
         if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):

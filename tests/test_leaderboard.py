@@ -61,7 +61,7 @@ def test_measured_block_is_within_the_estimate(seed):
 
 @pytest.mark.parametrize("bad", [dict(layers=0), dict(context_length=-1), dict(impl="fast"), dict(rep_ms=float("nan")),
                                  dict(nproc=0), dict(nproc=2, impl="naive"), dict(parallel="fsdp"),
-                                 dict(bucket_size_mb=0)])
+                                 dict(bucket_size_mb=0), dict(seed=-1)])
 def test_bad_settings_are_value_errors(bad):
     with pytest.raises(ValueError, match="leaderboard"):
         LeaderboardConfig(**bad)

@@ -194,6 +194,8 @@ def test_bad_input(tmp_path):
         train(TrainConfig(parallel="naive", steps=1))
     with pytest.raises(ValueError, match="unknown --parallel"):
         TrainConfig(parallel="zero7")
+    with pytest.raises(ValueError, match="--seed must be >= 0, got -1"):  # before a run folder is made
+        TrainConfig(seed=-1)
     with pytest.raises(ValueError, match="no such file"):
         train(TrainConfig(data=str(tmp_path / "nope.bin")))
     bad = tmp_path / "bad.bin"
