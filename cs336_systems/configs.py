@@ -170,3 +170,22 @@ def training_flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = Fals
     """Forward + backward: the backward costs twice the forward (grads w.r.t. inputs and weights),
     so 3x forward = 6N + 12 L T D (PaLM, appendix B); ``causal`` as in :func:`forward_flops_per_token`."""
     return 3 * forward_flops_per_token(cfg, seq_len, causal)
+
+
+def activation_lower_bound(cfg: ModelConfig, seq_len: int, batch: int, *, precision: str, attention: str | None,
+                           loss: str = "unfused", activation_checkpointing: str = "none",
+                           backward: bool = True) -> int:
+    """Bytes of a step's activations at least: a little of every layer's (4 * B * T * d_model), the attention
+    probabilities the reference backend materialises (B * H * T^2 a layer) and the logits (B * T * vocab, fp32 for
+    the loss; none with the fused loss). One layer's at a time under group activation checkpointing (k, nested)
+    or without a backward (``backward=False``: nothing is saved); selective checkpointing still saves each block's
+    matmul and score outputs, which the per-layer term stays below. A lower bound: a step above it cannot fit."""
+    elt = 2 if precision == "bf16" else 4
+    per_layer = 4 * batch * seq_len * cfg.d_model * elt
+    if attention in (None, "reference"):
+        per_layer += batch * cfg.num_heads * seq_len * seq_len * elt
+    # the loss takes the logits in fp32; a forward alone leaves them in the compute dtype
+    logits = 0 if loss == "fused" else (4 if backward else elt) * batch * seq_len * cfg.vocab_size
+    one_at_a_time = not backward or activation_checkpointing not in ("none", "selective")
+    return int((1 if one_at_a_time else cfg.num_layers) * per_layer + logits)
+

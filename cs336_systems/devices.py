@@ -7,6 +7,8 @@ line instead of a CUDA traceback deep inside the first allocation.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -37,3 +39,20 @@ def resolve_device(spec: str | torch.device | None, setting: str = "--device") -
         raise ValueError(f"{setting} {spec!r}: this machine has {n} CUDA GPU(s); allowed here: "
                          f"{', '.join(available_devices())}")
     return device
+
+
+def available_bytes(device: torch.device, local_world: int = 1) -> tuple[float, str]:
+    """Bytes free for one process on ``device`` (a GPU's free memory; on the CPU, 1/``local_world`` of the RAM the
+    kernel reports available) and how to say where, for a message."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return float(free), f"{device} has"
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        avail = float(info["MemAvailable"])
+    except (OSError, KeyError, ValueError):
+        avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return avail / local_world, "this machine has" + (f" (1/{local_world} of its RAM per rank)" if local_world > 1
+                                                      else "")
+

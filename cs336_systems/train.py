@@ -46,8 +46,14 @@ from cs336_systems import attention as _attention  # noqa: F401  (registers flas
 from cs336_systems import checkpoint
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, own_state_names, parse_checkpoint_spec
 from cs336_systems.bench.e2e import autocast_context, compute_dtype
-from cs336_systems.configs import ModelConfig, count_parameters, get_preset, training_flops_per_token
-from cs336_systems.devices import resolve_device
+from cs336_systems.configs import (
+    ModelConfig,
+    activation_lower_bound,
+    count_parameters,
+    get_preset,
+    training_flops_per_token,
+)
+from cs336_systems.devices import available_bytes, resolve_device
 from cs336_systems.fast import (
     CUBLAS_WORKSPACES,
     FFN_KERNELS,
@@ -398,26 +404,10 @@ def check_writable(path: str | Path, flag: str, *, directory: bool) -> None:
         raise ValueError(f"train: {flag} {path}: {probe} refuses new entries ({e.strerror})") from None
 
 
-def _available_bytes(device: torch.device, local_world: int) -> tuple[float, str]:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return float(free), f"{device} has"
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        avail = float(info["MemAvailable"])
-    except (OSError, KeyError, ValueError):
-        avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    return avail / local_world, "this machine has" + (f" (1/{local_world} of its RAM per rank)" if local_world > 1
-                                                      else "")
-
-
 def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int, world: int) -> int:
     """Bytes a rank needs at least: fp32 weights, gradients and AdamW moments (sharded as the strategy shards
-    them), the attention probabilities the reference backend saves for backward (B * H * T^2 per layer), a
-    little of every layer's other activations (4 * B * T * d_model) and the fp32 logits (B * T * vocab; none
-    with the fused loss); one layer's activations only under group activation checkpointing (k, nested). A
-    lower bound: a configuration above it cannot fit; one below it may still not."""
+    them) and the step's activations (``configs.activation_lower_bound``). A lower bound: a configuration above
+    it cannot fit; one below it may still not."""
     n = count_parameters(model_cfg)
     strategy = get_strategy(cfg.parallel)
     if strategy.shards_gradients:
@@ -426,15 +416,9 @@ def memory_lower_bound(cfg: TrainConfig, model_cfg: ModelConfig, T: int, B: int,
         state = 8 * n + 8 * n / world
     else:
         state = 16 * n
-    elt = 2 if cfg.precision == "bf16" else 4
-    per_layer = 4 * B * T * model_cfg.d_model * elt
-    if cfg.attention in (None, "reference"):
-        per_layer += B * model_cfg.num_heads * T * T * elt
-    logits = 0 if cfg.loss == "fused" else 4 * B * T * model_cfg.vocab_size
-    # Activation checkpointing by groups (k, nested) holds one block's activations at a time at least; selective
-    # still saves every block's matmul and attention-score outputs, which the per-layer term stays below.
-    layers = 1 if cfg.activation_checkpointing not in ("none", "selective") else model_cfg.num_layers
-    return int(state + layers * per_layer + logits)
+    return int(state + activation_lower_bound(model_cfg, T, B, precision=cfg.precision, attention=cfg.attention,
+                                              loss=cfg.loss,
+                                              activation_checkpointing=cfg.activation_checkpointing))
 
 
 def preflight(cfg: TrainConfig, info: DistInfo | None = None) -> None:
@@ -465,7 +449,7 @@ def preflight(cfg: TrainConfig, info: DistInfo | None = None) -> None:
         except ImportError:
             raise ValueError("train: --tensorboard needs the tensorboard package (pip install tensorboard)") from None
     need = memory_lower_bound(cfg, model_cfg.replace(context_length=max(T, model_cfg.context_length)), T, B, world)
-    avail, where = _available_bytes(device, local_world)
+    avail, where = available_bytes(device, local_world)
     if need > avail:
         raise ValueError(f"train: --context-length {T} x --batch-size {B} ({cfg.preset}, {cfg.precision}, "
                          f"--attention {cfg.attention}, --parallel {cfg.parallel}) needs at least "

@@ -10,6 +10,11 @@ import torch
 
 # Small thread count: CI has 2 cores, and distributed tests run several processes at once.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+if not torch.cuda.is_available():
+    # Without a GPU the Triton kernels run through the interpreter, chosen when a kernel module is imported: set
+    # here, before any test imports one, so that any subset of the tests runs as the whole suite does (the flash
+    # test modules also set it, for runs outside pytest's conftest).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -500,3 +500,18 @@ def test_sweep_order_is_kept_and_each_peer_comes_first():
                         "--impl", "ours", "peer"])
     got = [(c.impl, c.preset, c.context_length) for c in configs_from_args(args, log=lambda _: None)]
     assert got == [(i, p, t) for p in ("xl", "small") for t in (64, 32) for i in ("peer", "ours")]
+
+
+def test_a_step_that_cannot_fit_in_ram_is_recorded_oom_without_running(monkeypatch):
+    """On the CPU the kernel kills a process that runs out of RAM (and the run's records with it): a configuration
+    whose lower bound exceeds the free RAM is an OOM row with the numbers, and nothing is built."""
+    from cs336_systems.configs import get_preset
+
+    model_cfg = get_preset("tiny").replace(context_length=32, batch_size=4)
+    bound = {mode: e2e.step_memory_lower_bound(BenchConfig(**TINY, mode=mode), model_cfg)
+             for mode in ("forward", "forward-backward", "train-step")}
+    assert bound["forward"] < bound["forward-backward"] < bound["train-step"]
+    monkeypatch.setattr(e2e, "build_ours", lambda *a, **k: pytest.fail("built a model that cannot fit"))
+    record = run_benchmark(BenchConfig(**TINY, batch_size=10**7, warmup=1, steps=1))
+    assert record["status"] == "OOM" and record["error"].startswith("not run: needs at least")
+    assert "GiB free" in record["error"]

@@ -28,8 +28,15 @@ from cs336_basics.optimizer import AdamW
 from cs336_systems.attention.auto import choose, sdpa_priority
 from cs336_systems.bench.checkpointing import apply_activation_checkpointing, parse_checkpoint_spec
 from cs336_systems.bench.harness import PhaseTimer, summarize
-from cs336_systems.configs import forward_flops_per_token, get_preset, training_flops_per_token
-from cs336_systems.devices import resolve_device
+from cs336_systems.configs import (
+    ModelConfig,
+    activation_lower_bound,
+    count_parameters,
+    forward_flops_per_token,
+    get_preset,
+    training_flops_per_token,
+)
+from cs336_systems.devices import available_bytes, resolve_device
 from cs336_systems.fast import CUBLAS_WORKSPACES, FFN_KERNELS, RESIDUAL_DTYPES, ROPE_KERNELS, apply_cublas_workspace
 from cs336_systems.fused.linear_cross_entropy import head_loss
 from cs336_systems.profiling.timing import matmul_peak_tflops
@@ -270,6 +277,19 @@ def _attention_choice(cfg: BenchConfig, model_cfg, batch: int, device: torch.dev
                   True, torch.cuda.get_device_name(device), sdpa_only=sdpa_only)
 
 
+def step_memory_lower_bound(cfg: BenchConfig, model_cfg: ModelConfig) -> int:
+    """Bytes ``cfg``'s step needs at least: fp32 weights, their gradients (with a backward) and AdamW's two moments
+    (a train step), and the activations (``configs.activation_lower_bound``); ``model_cfg`` carries the batch and
+    context."""
+    n = count_parameters(model_cfg)
+    backward = cfg.mode != "forward"
+    state = 4 * n * (1 + backward + 2 * (cfg.mode == "train-step"))
+    return int(state + activation_lower_bound(
+        model_cfg, model_cfg.context_length, model_cfg.batch_size, precision=cfg.precision,
+        attention=cfg.attention if cfg.impl == "ours" else "sdpa", loss=cfg.loss if cfg.impl == "ours" else "unfused",
+        activation_checkpointing=cfg.checkpoint if cfg.impl == "ours" else "none", backward=backward))
+
+
 def run_benchmark(cfg: BenchConfig) -> dict:
     """Run one configuration; returns a flat record (``status`` is ``ok`` or ``OOM``)."""
     device = cfg.torch_device
@@ -281,6 +301,11 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     if record["peak_tflops"] is None:  # measured below, after the steps
         del record["peak_tflops"]
     model = optimizer = step_model = None
+    if device.type == "cpu":  # the kernel kills a process that runs out of RAM, with every record of the run
+        need, (avail, where) = step_memory_lower_bound(cfg, model_cfg), available_bytes(device)
+        if need > avail:
+            return {**record, "status": "OOM", "error": f"not run: needs at least {need / 2**30:,.1f} GiB, "
+                                                        f"{where} {avail / 2**30:,.1f} GiB free"}
     try:
         if device.type == "cuda":
             # the previous configuration's objects held in reference cycles (compiled modules, a captured step's

@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
               + ", ".join(f"{pr} {tf:.0f} TFLOP/s" for pr, tf in peaks.items()))
         configs = [dataclasses.replace(c, peak_tflops=peaks[c.precision]) for c in configs]
     writer = RecordWriter(args.problem, args.results_dir, configs[0].torch_device, enabled=not args.no_save)
-    records, peers = [], {}
+    records, peers, oom = [], {}, []
     for cfg in tqdm(configs, desc="bench", unit="config", delay=2):
         record = run_benchmark_isolated(cfg) if isolate else run_benchmark(cfg)
         record["study"] = "warmup" if args.warmup_study else "sweep"
@@ -295,9 +295,12 @@ def run(args: argparse.Namespace) -> int:
                 key not in peers or record["step_mean_ms"] < peers[key]["step_mean_ms"]):
             peers[key] = record  # the fastest peer of its size
         add_peer_ratios(record, peers)
+        if record.get("status") == "OOM":  # the table shows the status; say what ran out, or why it did not run
+            oom.append(f"bench: {cfg.impl} {cfg.preset}/{cfg.context_length} {cfg.mode} {cfg.precision}: OOM "
+                       f"({record.get('error', 'out of memory')})")
         records.append(record)
         writer.add(record)  # on disk as soon as measured
-    print(format_table(records))
+    print("\n".join([*oom, format_table(records)]))
     if writer.path:
         print(f"\nrecords: {writer.path}")
     return 0
