@@ -188,4 +188,3 @@ def activation_lower_bound(cfg: ModelConfig, seq_len: int, batch: int, *, precis
     logits = 0 if loss == "fused" else (4 if backward else elt) * batch * seq_len * cfg.vocab_size
     one_at_a_time = not backward or activation_checkpointing not in ("none", "selective")
     return int((1 if one_at_a_time else cfg.num_layers) * per_layer + logits)
-

@@ -55,4 +55,3 @@ def available_bytes(device: torch.device, local_world: int = 1) -> tuple[float, 
         avail = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     return avail / local_world, "this machine has" + (f" (1/{local_world} of its RAM per rank)" if local_world > 1
                                                       else "")
-
