@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.runtime
 
-from cs336_systems.bench.flash import MODEL_SHAPES, _calls, kernel_ms, pinned, shape_inputs
+from cs336_systems.bench.flash import MODEL_SHAPES, _calls, _interleaved, kernel_ms, pinned, shape_inputs
 
 
 def issue_us(fn, grads, flush, iters: int = 200, warmup: int = 20) -> tuple[float, float]:
@@ -86,18 +86,17 @@ def rounds_of(name: str, impls: list[str], rounds: int, dev, flush, encodes: lis
             triton.testing.do_bench(calls["forward_backward"], warmup=25, rep=25, grad_to_none=grads)
         live[impl] = (calls["forward_backward"], calls["forward"], grads)
     print(f"== {name}: {rounds} interleaved rounds, do_bench forward+backward us / issue us (med, p90) / encodes")
-    order = list(live)
-    for r in range(rounds):
-        cells = []
-        for impl in order[r % len(order):] + order[:r % len(order)]:
-            fn, fwd, grads = live[impl]
-            with pinned(fwd):
-                before = encodes[0]
-                ms = triton.testing.do_bench(fn, warmup=10, rep=rep_ms, grad_to_none=grads)
-                encoded = encodes[0] - before
-                med, p90 = issue_us(fn, grads, flush, iters=100, warmup=5)
-            cells.append(f"{impl} {ms * 1e3:7.1f} / {med:6.1f} {p90:6.1f} / {encoded}")
-        print(f"  round {r}: " + " | ".join(cells), flush=True)
+    cells: dict[int, list[str]] = {}
+    for r, impl in _interleaved(live, rounds):
+        fn, fwd, grads = live[impl]
+        with pinned(fwd):
+            before = encodes[0]
+            ms = triton.testing.do_bench(fn, warmup=10, rep=rep_ms, grad_to_none=grads)
+            encoded = encodes[0] - before
+            med, p90 = issue_us(fn, grads, flush, iters=100, warmup=5)
+        cells.setdefault(r, []).append(f"{impl} {ms * 1e3:7.1f} / {med:6.1f} {p90:6.1f} / {encoded}")
+    for r, row in cells.items():
+        print(f"  round {r}: " + " | ".join(row), flush=True)
 
 
 def main() -> None:
